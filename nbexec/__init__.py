@@ -1,0 +1,51 @@
+"""nbexec: run untrusted Python as a notebook in a throwaway, locked-down Docker sandbox."""
+
+from .config import SandboxConfig, from_env
+from .errors import (
+    ConfigError,
+    DockerError,
+    DockerUnavailableError,
+    FileTransferError,
+    ImageNotFoundError,
+    NbexecError,
+    NotebookError,
+    SandboxError,
+    SessionClosedError,
+    SessionDeadError,
+    SessionError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
+from .execute import execute_notebook, execute_notebook_async
+from .result import CellError, ExecutionResult, File, Image, SkippedFile
+from .session import Session, SessionManager
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CellError",
+    "ConfigError",
+    "DockerError",
+    "DockerUnavailableError",
+    "ExecutionResult",
+    "File",
+    "FileTransferError",
+    "Image",
+    "ImageNotFoundError",
+    "NbexecError",
+    "NotebookError",
+    "SandboxConfig",
+    "SandboxError",
+    "SessionClosedError",
+    "SessionDeadError",
+    "SessionError",
+    "Session",
+    "SessionLimitError",
+    "SessionManager",
+    "SessionNotFoundError",
+    "SkippedFile",
+    "__version__",
+    "execute_notebook",
+    "execute_notebook_async",
+    "from_env",
+]

@@ -1,0 +1,173 @@
+"""The sandbox policy: one frozen dataclass whose defaults are the safe choice, and the one reader of NBEXEC_*."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_IMAGE = "nbexec-jupyter:latest"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_size(value: str | int) -> int:
+    """Turn ``"1g"``, ``"512MiB"`` or a byte count into bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"size must not be negative, got {value}")
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ConfigError(f"not a size: {value!r} (use bytes or a suffix: 512m, 1g, 100k)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    """Where and how code runs. Every field is documented once, here; the CLI and NBEXEC_* reuse these texts."""
+
+    image: str = field(default=DEFAULT_IMAGE, metadata=_doc("Runtime image (build it with `nbexec image build`)."))
+    network: bool = field(default=False, metadata=_doc("Give the sandbox a network (off: no interface but loopback)."))
+    memory: str = field(default="1g", metadata=_doc("Memory limit of the sandbox; swap is off."))
+    cpus: float = field(default=1.0, metadata=_doc("CPU limit (cores)."))
+    pids: int = field(default=256, metadata=_doc("Limit on processes and threads in the sandbox."))
+    timeout: float = field(default=60.0, metadata=_doc("Wall-clock limit for one execution, in seconds."))
+    cell_timeout: float | None = field(
+        default=None, metadata=_doc("Wall-clock limit for one cell, in seconds (default: the execution limit).")
+    )
+    max_output: str = field(default="1m", metadata=_doc("Text kept per execution; the rest is dropped with a marker."))
+    max_display: str = field(
+        default="32m", metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker.")
+    )
+    max_data: str = field(default="1g", metadata=_doc("Size cap of /mnt/data; the cell is stopped past it."))
+    tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
+    user: str | None = field(
+        default=None, metadata=_doc("uid:gid inside the sandbox (default: yours, or 1000:1000 when you are root).")
+    )
+    env: Mapping[str, str] = field(
+        default_factory=dict, metadata=_doc("Environment variables for the sandbox; no host variable is passed otherwise.")
+    )
+    runtime: str | None = field(default=None, metadata=_doc("OCI runtime, e.g. runsc for gVisor (default: Docker's)."))
+    warm_imports: tuple[str, ...] = field(
+        default=("numpy", "pandas", "matplotlib.pyplot"),
+        metadata=_doc("Modules a waiting kernel imports in advance (only sys.modules changes)."),
+    )
+    pool_size: int = field(default=2, metadata=_doc("Warm sandboxes kept ready for one-shot calls (0: none)."))
+    startup_timeout: float = field(default=60.0, metadata=_doc("Seconds to wait for a new sandbox's kernel."))
+    interrupt_grace: float = field(
+        default=5.0, metadata=_doc("Seconds an interrupted cell gets to stop before the sandbox is killed.")
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("memory", "max_output", "max_display", "max_data", "tmp_size"):
+            parse_size(getattr(self, name))
+        if parse_size(self.memory) < 64 * 1024**2:
+            raise ConfigError(f"memory {self.memory!r} is too small: a kernel needs at least 64m")
+        if not 0 < self.cpus <= 256:
+            raise ConfigError(f"cpus must be above 0, got {self.cpus}")
+        if self.pids < 16:
+            raise ConfigError(f"pids must be at least 16 (a kernel runs several threads), got {self.pids}")
+        for name in ("timeout", "startup_timeout", "interrupt_grace"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be above 0, got {getattr(self, name)}")
+        if self.cell_timeout is not None and not self.cell_timeout > 0:
+            raise ConfigError(f"cell_timeout must be above 0, got {self.cell_timeout}")
+        if self.pool_size < 0:
+            raise ConfigError(f"pool_size must be 0 or more, got {self.pool_size}")
+        if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
+            raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
+        bad = [k for k in self.env if not _ENV_NAME.match(k)]
+        if bad:
+            raise ConfigError(f"invalid environment variable names: {bad}")
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.env.items())) + tuple(
+            getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"))
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
+        shown["env"] = sorted(self.env)  # names only: values may be secrets
+        return "SandboxConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    def replace(self, **changes: Any) -> SandboxConfig:
+        """Return a copy with some fields changed; ``None`` values are ignored."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def container_key(self) -> tuple[Any, ...]:
+        """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
+        return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
+                tuple(sorted(self.env.items())), self.runtime, self.warm_imports)
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_size(self.memory)
+
+    def uid_gid(self) -> tuple[int, int]:
+        """The uid and gid the sandbox runs as."""
+        if self.user:
+            uid, _, gid = self.user.partition(":")
+            return int(uid), int(gid or uid)
+        if hasattr(os, "getuid") and os.getuid() != 0:
+            return os.getuid(), os.getgid()
+        return 1000, 1000
+
+
+def describe(name: str) -> str:
+    """The documentation of a SandboxConfig field (the CLI's help text)."""
+    return next(f.metadata["doc"] for f in dataclasses.fields(SandboxConfig) if f.name == name)
+
+
+def _parse_field(name: str, raw: str) -> Any:
+    kind = {f.name: f.type for f in dataclasses.fields(SandboxConfig)}[name]
+    kind = str(kind)
+    try:
+        if kind == "bool":
+            lowered = raw.strip().lower()
+            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise ValueError(raw)
+            return lowered in {"1", "true", "yes", "on"}
+        if kind == "int":
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw) if raw.strip() else None
+        if kind.startswith("tuple"):
+            return tuple(m.strip() for m in raw.split(",") if m.strip())
+        if kind.startswith("Mapping"):
+            raise ConfigError("pass sandbox variables with NBEXEC_ENV_<NAME>=value")
+        return raw or None if kind.endswith("None") else raw
+    except ValueError as exc:
+        raise ConfigError(f"NBEXEC_{name.upper()}={raw!r} is not a valid {kind}") from exc
+
+
+def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> SandboxConfig:
+    """Build a SandboxConfig from NBEXEC_* variables (the only place nbexec reads them), then apply overrides.
+
+    NBEXEC_<FIELD> sets a field (NBEXEC_MEMORY=2g, NBEXEC_NETWORK=1, NBEXEC_WARM_IMPORTS=numpy,pandas);
+    NBEXEC_ENV_<NAME>=value passes NAME=value into the sandbox.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(SandboxConfig)} - {"env"}
+    for name in names:
+        raw = environ.get(f"NBEXEC_{name.upper()}")
+        if raw is not None:
+            values[name] = _parse_field(name, raw)
+    sandbox_env = {k[len("NBEXEC_ENV_"):]: v for k, v in environ.items() if k.startswith("NBEXEC_ENV_")}
+    if sandbox_env:
+        values["env"] = sandbox_env
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return SandboxConfig(**values)

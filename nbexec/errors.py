@@ -1,0 +1,73 @@
+"""Failures of nbexec itself. Errors in the user's code are never raised: they are data in the result.
+
+    NbexecError
+    ├── ConfigError              a bad option or environment variable
+    ├── NotebookError            input that is not a runnable notebook (missing, not UTF-8, invalid JSON)
+    ├── DockerError              the Docker engine failed or could not be reached
+    │   ├── DockerUnavailableError   no engine answers
+    │   └── ImageNotFoundError       the runtime image is not built
+    ├── SandboxError             a sandbox could not be started or was lost
+    ├── SessionError
+    │   ├── SessionDeadError         the session's kernel died or was killed; start a new session
+    │   ├── SessionClosedError       the session was closed (or reaped after its idle TTL)
+    │   ├── SessionLimitError        too many live sessions
+    │   └── SessionNotFoundError     no session with that id
+    └── FileTransferError        an upload or download into /mnt/data was refused
+"""
+
+from __future__ import annotations
+
+
+class NbexecError(Exception):
+    """Base of every error nbexec raises."""
+
+
+class ConfigError(NbexecError, ValueError):
+    """An option or environment variable has a bad value."""
+
+
+class NotebookError(NbexecError):
+    """The input cannot be turned into a runnable notebook."""
+
+
+class DockerError(NbexecError):
+    """The Docker engine failed."""
+
+
+class DockerUnavailableError(DockerError):
+    """No Docker engine answers."""
+
+
+class ImageNotFoundError(DockerError):
+    """The runtime image is missing."""
+
+
+class SandboxError(NbexecError):
+    """A sandbox could not be started, or was lost while in use."""
+
+
+class SessionError(NbexecError):
+    """A session cannot serve the request."""
+
+
+class SessionDeadError(SessionError):
+    """The session's kernel died or was killed."""
+
+
+class SessionClosedError(SessionError):
+    """The session was closed."""
+
+
+class SessionLimitError(SessionError):
+    """The cap on live sessions is reached."""
+
+
+class SessionNotFoundError(SessionError, KeyError):
+    """No session has that id."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class FileTransferError(NbexecError):
+    """A file could not be put into or fetched from /mnt/data."""

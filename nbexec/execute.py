@@ -1,0 +1,154 @@
+"""execute_notebook(): code or a notebook in, an ExecutionResult out, through one throwaway sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbformat import NotebookNode
+
+from . import artifacts, notebook, outputs, pool
+from .config import SandboxConfig, from_env, parse_size
+from .errors import ConfigError
+from .result import CellError, ExecutionResult
+from .runner import Budget, CellOutcome, OutputCallback, run_cell
+from .sandbox import Sandbox, work_root
+
+log = logging.getLogger(__name__)
+
+_KIND = {"timeout": "timeout", "oom": "oom", "died": "kernel_died", "limit": "limit"}
+
+
+def _outcome_error(outcome: CellOutcome, index: int, config: SandboxConfig, cell_limit: float) -> CellError:
+    if outcome.status == "timeout":
+        how = ("was interrupted" if outcome.message == "interrupted"
+               else f"did not stop within {config.interrupt_grace:g} s of being interrupted, so the sandbox was killed")
+        return CellError("TimeoutError", f"The cell ran past the {cell_limit:g} s time limit and {how}. "
+                         "Make it faster, or raise the limit (--timeout / NBEXEC_TIMEOUT).", (), "timeout", index)
+    names = {"oom": "MemoryError", "died": "DeadKernelError", "limit": "DataLimitError"}
+    return CellError(names[outcome.status], outcome.message, (), _KIND[outcome.status], index)
+
+
+def run_cells(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, *,
+              on_output: OutputCallback | None = None, first_index: int = 0) -> tuple[CellError | None, int]:
+    """Run every code cell from ``first_index`` until the first failure; return (the failure, bytes dropped)."""
+    budget = Budget.from_config(config)
+    deadline = time.monotonic() + config.timeout
+    error: CellError | None = None
+    for index in range(first_index, len(nb.cells)):
+        cell = nb.cells[index]
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        cell_limit = min(config.cell_timeout or config.timeout, config.timeout)
+        cell_deadline = min(deadline, time.monotonic() + cell_limit)
+        outcome = run_cell(sandbox, cell, index, deadline=cell_deadline, budget=budget, on_output=on_output)
+        if outcome.status == "error":
+            error = outputs.first_error([{"cell_index": index, **o} for o in cell.outputs])
+            break
+        if outcome.status != "ok":
+            limit = cell_limit if cell_deadline < deadline else config.timeout
+            error = _outcome_error(outcome, index, config, limit)
+            cell.outputs.append(nbformat.from_dict({"output_type": "error", "ename": error.ename,
+                                                    "evalue": error.evalue,
+                                                    "traceback": [f"{error.ename}: {error.evalue}"]}))
+            break
+    budget.finish(parse_size(config.max_output))
+    return error, budget.dropped
+
+
+def prepare_output_dir(output_dir: str | os.PathLike[str] | None, execution_id: str) -> Path:
+    if output_dir is None:
+        path = work_root().parent / "nbexec-output" / execution_id
+        path.mkdir(parents=True, mode=0o755)
+        return path
+    path = Path(output_dir).absolute()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"output_dir {path} exists and is not an empty folder; choose a new one.")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, output_dir: Path, data_dir: Path,
+           notebook_path: Path | None, started: float, timings: dict[str, float], dropped: int,
+           first_cell: int = 0) -> ExecutionResult:
+    """Save images, collect files, and build the result of the cells from ``first_cell`` on (shared with
+    sessions). The notebook is written to ``notebook_path`` (replaced) or to a new notebook.ipynb."""
+    flat = outputs.flatten(nb, first_cell)
+    view = outputs.views(flat)
+    images = artifacts.save_images(list(outputs.images(flat)), output_dir / "images")
+    files, skipped = artifacts.collect(data_dir)
+    if notebook_path is None:
+        notebook_path = artifacts.write_new(output_dir, "notebook.ipynb", notebook.dumps(nb))
+    else:
+        artifacts.replace(notebook_path, notebook.dumps(nb))
+    duration = time.monotonic() - started
+    timings = {**timings, "total_s": duration}
+    return ExecutionResult(
+        ok=error is None, execution_id=execution_id, stdout=view.stdout, stderr=view.stderr, text=view.text,
+        error=error, outputs=tuple(flat), images=tuple(images), files=tuple(files), skipped_files=tuple(skipped),
+        notebook=nb, notebook_path=str(notebook_path), output_dir=str(output_dir), duration_s=duration,
+        timings=timings, truncated_bytes=dropped)
+
+
+def adopt_data_dir(sandbox: Sandbox, target: Path) -> Path:
+    """Move the sandbox's data folder (mounted at /mnt/data) to ``target``; the mount follows the folder."""
+    try:
+        os.rename(sandbox.data_dir, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        return sandbox.data_dir
+    sandbox.data_dir = target
+    return target
+
+
+def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
+                     output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None, **overrides: Any) -> ExecutionResult:
+    """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
+
+    ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
+    change single fields for this call. The data folder mounted at /mnt/data ends up in
+    ``<output_dir>/data``; images go to ``<output_dir>/images`` and the executed notebook next to them.
+    Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
+    """
+    started = time.monotonic()
+    nb = notebook.coerce(source)
+    config = (config or from_env()).replace(**overrides)
+    execution_id = uuid.uuid4().hex[:16]
+    out = prepare_output_dir(output_dir, execution_id)
+    try:
+        sandbox = pool.acquire(config)
+    except BaseException:
+        if output_dir is None:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+    acquired = time.monotonic()
+    try:
+        data_dir = adopt_data_dir(sandbox, out / "data")
+        nb.metadata["language_info"] = sandbox.language_info or nb.metadata.get("language_info", {})
+        error, dropped = run_cells(sandbox, nb, config, on_output=on_output)
+        ran = time.monotonic()
+        if data_dir != out / "data":  # another filesystem: copy what the code left, links never followed
+            artifacts.copy_tree(data_dir, out / "data")
+            data_dir = out / "data"
+        nb.metadata["nbexec"] = {"execution_id": execution_id, "ok": error is None}
+        return finish(nb, error, execution_id=execution_id, output_dir=out, data_dir=data_dir,
+                      notebook_path=None, started=started,
+                      timings={"sandbox_s": acquired - started, "run_s": ran - acquired}, dropped=dropped)
+    finally:
+        # After the result is built, so the teardown and the pool's refill do not compete with it.
+        pool.release(sandbox)
+
+
+async def execute_notebook_async(source: Any, **options: Any) -> ExecutionResult:
+    """execute_notebook() for asyncio code: the same call, run in a worker thread."""
+    return await asyncio.to_thread(execute_notebook, source, **options)

@@ -1,0 +1,110 @@
+"""Read an executed notebook's outputs into the result's views. Pure: no I/O, tested on stored notebooks."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from nbformat import NotebookNode
+
+from .result import CellError
+
+IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "image/gif": "gif"}
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour and cursor escapes."""
+    return _ANSI.sub("", text)
+
+
+def _text(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def flatten(nb: NotebookNode, start: int = 0) -> list[dict[str, Any]]:
+    """Every output of the code cells from ``start`` on, in order, each a plain dict with its ``cell_index``."""
+    flat = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or index < start:
+            continue
+        for output in cell.get("outputs", []):
+            item = {"cell_index": index, **_plain(output)}
+            flat.append(item)
+    return flat
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Views:
+    stdout: str
+    stderr: str
+    text: str
+
+
+def views(outputs: Iterable[dict[str, Any]]) -> Views:
+    """The stdout, stderr and human-readable text of a list of flattened outputs."""
+    stdout, stderr, text = [], [], []
+    for output in outputs:
+        kind = output.get("output_type")
+        if kind == "stream":
+            chunk = strip_ansi(_text(output.get("text", "")))
+            (stdout if output.get("name") == "stdout" else stderr).append(chunk)
+            text.append(chunk)
+        elif kind in ("execute_result", "display_data"):
+            data = output.get("data", {})
+            if "text/plain" in data and (kind == "execute_result" or not any(m in data for m in IMAGE_TYPES)):
+                plain = strip_ansi(_text(data["text/plain"]))
+                text.append(plain if plain.endswith("\n") else plain + "\n")
+    return Views("".join(stdout), "".join(stderr), "".join(text))
+
+
+def first_error(outputs: Iterable[dict[str, Any]]) -> CellError | None:
+    """The first error output as a CellError (kind "exception"), or None."""
+    for output in outputs:
+        if output.get("output_type") == "error":
+            return CellError(
+                ename=strip_ansi(str(output.get("ename", ""))),
+                evalue=strip_ansi(str(output.get("evalue", ""))),
+                traceback=tuple(strip_ansi(line) for line in output.get("traceback", [])),
+                kind="exception",
+                cell_index=output.get("cell_index"),
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class ImageData:
+    cell_index: int
+    mime: str
+    extension: str
+    content: bytes
+
+
+def images(outputs: Iterable[dict[str, Any]]) -> Iterator[ImageData]:
+    """The decoded images of display and result outputs; undecodable data is skipped."""
+    for output in outputs:
+        if output.get("output_type") not in ("display_data", "execute_result"):
+            continue
+        for mime, extension in IMAGE_TYPES.items():
+            value = output.get("data", {}).get(mime)
+            if value is None:
+                continue
+            raw = _text(value)
+            try:
+                content = raw.encode("utf-8") if mime == "image/svg+xml" else base64.b64decode(raw, validate=False)
+            except (binascii.Error, ValueError):
+                continue
+            yield ImageData(output["cell_index"], mime, extension, content)
+            break

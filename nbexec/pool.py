@@ -1,0 +1,226 @@
+"""Warm sandboxes for one-shot executions, and background teardown of used ones.
+
+A pooled sandbox is started and hardened exactly like a cold one, optionally imports a few modules while it
+waits, is handed to exactly one execution, and is then destroyed. Pools are made lazily, one per distinct
+container shape, and everything they hold is removed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from . import daemon
+from .config import SandboxConfig
+from .errors import NbexecError
+from .sandbox import Sandbox, remove_stale_workdirs
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_pools: dict[tuple[Any, ...], Pool] = {}
+_executors: dict[str, ThreadPoolExecutor] = {}
+_pending: set[Future[None]] = set()
+_swept = False
+
+
+def warm(sandbox: Sandbox) -> None:
+    """Import the configured modules in the kernel without binding any name in the user's namespace."""
+    client = sandbox.client
+    assert client is not None
+    modules = list(sandbox.config.warm_imports)
+    code = (f"for __nbexec_m in {modules!r}:\n"
+            f"    __import__('importlib').import_module(__nbexec_m)\n"
+            f"del __nbexec_m\n") if modules else "pass"
+    msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
+    while True:
+        reply = client.get_shell_msg(timeout=sandbox.config.startup_timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    if reply["content"].get("status") != "ok":
+        log.warning("warm imports failed in the sandbox: %s", reply["content"].get("evalue"))
+    # The silent run still published busy/idle on iopub; drop them so the first cell starts clean.
+    with contextlib.suppress(Exception):
+        while True:
+            client.get_iopub_msg(timeout=0.01)
+    sandbox.warmed = True
+
+
+def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool) -> Sandbox:
+    """Start a sandbox, warming it when asked; never leaves a container behind on failure."""
+    _sweep_orphans()
+    sandbox = Sandbox.start(config, role=role)
+    if warm_up:
+        try:
+            warm(sandbox)
+        except BaseException:
+            sandbox.destroy()
+            raise
+    return sandbox
+
+
+def _workers(kind: str) -> ThreadPoolExecutor:
+    """The background threads that start ("start") or destroy ("teardown") sandboxes."""
+    with _lock:
+        executor = _executors.get(kind)
+        if executor is None:
+            if not _executors:
+                atexit.register(shutdown)
+            executor = _executors[kind] = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"nbexec-{kind}")
+        return executor
+
+
+def dispose(sandbox: Sandbox) -> None:
+    """Destroy a used sandbox in the background; the caller does not wait."""
+    executor = _workers("teardown")
+    with _lock:
+        try:
+            future = executor.submit(sandbox.destroy)
+        except RuntimeError:  # the interpreter is shutting down: no more background threads
+            future = None
+        else:
+            _pending.add(future)
+    if future is None:
+        sandbox.destroy()
+        return
+    future.add_done_callback(_pending.discard)
+
+
+def wait_for_teardown() -> None:
+    """Block until every background teardown has finished."""
+    for future in list(_pending):
+        with contextlib.suppress(Exception):
+            future.result()
+
+
+def _sweep_orphans() -> None:
+    """Once per process: remove containers and folders left by nbexec processes that died."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    with contextlib.suppress(NbexecError, OSError):
+        removed = daemon.cleanup(daemon.connect())
+        removed_dirs = remove_stale_workdirs()
+        if removed or removed_dirs:
+            log.info("removed %d orphaned containers and %d folders", len(removed), len(removed_dirs))
+
+
+class Pool:
+    """Ready sandboxes of one shape. ``acquire`` hands one out for a single execution."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.size = config.pool_size
+        self._ready: deque[Sandbox] = deque()
+        self._starting = 0
+        self._waiting = 0
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._cond = threading.Condition()
+
+    def acquire(self) -> Sandbox:
+        """Take a ready sandbox, waiting for one being started if none is ready."""
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._fill_locked(self._waiting)
+                while not self._ready:
+                    if self._failure is not None:
+                        failure, self._failure = self._failure, None
+                        raise failure
+                    if self._closed:
+                        raise NbexecError("the sandbox pool is closed")
+                    self._cond.wait()
+                sandbox = self._ready.popleft()
+            finally:
+                self._waiting -= 1
+            return sandbox
+
+    def replenish(self) -> None:
+        """Start replacements for handed-out sandboxes (called once an execution is done, so the start-up
+        does not compete with it for CPU)."""
+        with self._cond:
+            self._fill_locked(max(self.size, self._waiting))
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    def _fill_locked(self, want: int) -> None:
+        while not self._closed and len(self._ready) + self._starting < want:
+            self._starting += 1
+            try:
+                _workers("start").submit(self._start_one)
+            except RuntimeError:  # the interpreter is shutting down
+                self._starting -= 1
+                return
+
+    def _start_one(self) -> None:
+        try:
+            sandbox = start_sandbox(self.config, role="pool", warm_up=True)
+        except BaseException as exc:  # reported to a waiting caller
+            with self._cond:
+                self._starting -= 1
+                if self._waiting:
+                    self._failure = exc
+                else:
+                    log.warning("could not start a pooled sandbox: %s", exc)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._starting -= 1
+            if self._closed:
+                dispose(sandbox)
+            else:
+                self._ready.append(sandbox)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Destroy the waiting sandboxes; sandboxes still starting are destroyed when they are up."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            # Wait for sandboxes being started so none outlives the process (each disposes itself).
+            self._cond.wait_for(lambda: self._starting == 0, timeout=self.config.startup_timeout)
+            ready, self._ready = list(self._ready), deque()
+        for sandbox in ready:
+            sandbox.destroy()
+
+
+def _pool_for(config: SandboxConfig) -> Pool:
+    key = config.container_key + (config.pool_size, config.startup_timeout)
+    with _lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = Pool(config)
+    return pool
+
+
+def acquire(config: SandboxConfig) -> Sandbox:
+    """A sandbox for one execution: from the pool for this shape, or started now when pooling is off."""
+    if config.pool_size == 0:
+        return start_sandbox(config, role="oneshot", warm_up=False)
+    return _pool_for(config).acquire()
+
+
+def release(sandbox: Sandbox) -> None:
+    """Hand back a used sandbox: it is destroyed in the background and its pool refilled."""
+    dispose(sandbox)
+    if sandbox.config.pool_size:
+        _pool_for(sandbox.config).replenish()
+
+
+def shutdown() -> None:
+    """Close every pool and wait for background teardown (runs at interpreter exit)."""
+    with _lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+    wait_for_teardown()

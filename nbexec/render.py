@@ -1,0 +1,47 @@
+"""Results as text for people (the CLI). Pure."""
+
+from __future__ import annotations
+
+from .outputs import IMAGE_TYPES, strip_ansi
+from .result import ExecutionResult
+
+
+def _text(value: object) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def for_terminal(result: ExecutionResult) -> str:
+    """What a notebook would show, in order: text, ``[image: path]``, then files written and the error."""
+    lines: list[str] = []
+    images = iter(result.images)
+    for output in result.outputs:
+        kind = output.get("output_type")
+        if kind == "stream":
+            lines.append(strip_ansi(_text(output.get("text", ""))).rstrip("\n"))
+        elif kind in ("execute_result", "display_data"):
+            data = output.get("data", {})
+            if any(mime in data for mime in IMAGE_TYPES):
+                image = next(images, None)
+                lines.append(f"[image: {image.path}]" if image else "[image]")
+            elif "text/plain" in data:
+                lines.append(strip_ansi(_text(data["text/plain"])))
+    if result.files:
+        lines.append("")
+        lines.append("files written to /mnt/data:")
+        lines.extend(f"  {f.name} ({f.size:,} bytes) -> {f.url or f.path}" for f in result.files)
+    if result.skipped_files:
+        lines.append("not collected:")
+        lines.extend(f"  {s.name}: {s.reason}" for s in result.skipped_files)
+    if result.truncated_bytes:
+        lines.append(f"[output truncated: {result.truncated_bytes:,} bytes dropped]")
+    return "\n".join(line for line in lines if line is not None)
+
+
+def error_text(result: ExecutionResult) -> str:
+    """The traceback (or the limit that stopped the run), for stderr."""
+    error = result.error
+    if error is None:
+        return ""
+    if error.traceback:
+        return error.traceback_text
+    return f"{error.ename}: {error.evalue}"

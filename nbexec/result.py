@@ -1,0 +1,117 @@
+"""The value types of an execution's result and their stable JSON shape."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbformat import NotebookNode
+
+ERROR_KINDS = ("exception", "timeout", "oom", "kernel_died", "limit")
+
+
+@dataclass(frozen=True)
+class CellError:
+    """Why an execution failed. ``kind`` is one of ERROR_KINDS; ``traceback`` lines carry no ANSI escapes."""
+
+    ename: str
+    evalue: str
+    traceback: tuple[str, ...]
+    kind: str = "exception"
+    cell_index: int | None = None
+
+    @property
+    def traceback_text(self) -> str:
+        return "\n".join(self.traceback)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ename": self.ename, "evalue": self.evalue, "traceback": list(self.traceback), "kind": self.kind,
+                "cell_index": self.cell_index}
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image output, saved on the host."""
+
+    mime: str
+    path: str
+    cell_index: int
+    size: int
+    url: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mime": self.mime, "path": self.path, "cell_index": self.cell_index, "size": self.size,
+                "url": self.url}
+
+
+@dataclass(frozen=True)
+class File:
+    """A regular file the code left in /mnt/data. ``name`` is relative to /mnt/data."""
+
+    name: str
+    path: str
+    size: int
+    mime: str
+    sha256: str
+    url: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "size": self.size, "mime": self.mime, "sha256": self.sha256,
+                "url": self.url}
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """Something in /mnt/data that was not collected, and why (a link, a FIFO, a size cap, a bad name...)."""
+
+    name: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """Everything one execution produced. ``ok`` is False when the code raised, timed out or was stopped."""
+
+    ok: bool
+    execution_id: str
+    stdout: str
+    stderr: str
+    text: str
+    error: CellError | None
+    outputs: tuple[dict[str, Any], ...]
+    images: tuple[Image, ...]
+    files: tuple[File, ...]
+    skipped_files: tuple[SkippedFile, ...]
+    notebook: NotebookNode = field(repr=False, compare=False)
+    notebook_path: str | None
+    output_dir: str
+    duration_s: float
+    timings: dict[str, float]
+    truncated_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
+        return {
+            "ok": self.ok,
+            "execution_id": self.execution_id,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "text": self.text,
+            "error": self.error.to_dict() if self.error else None,
+            "outputs": [dict(o) for o in self.outputs],
+            "images": [i.to_dict() for i in self.images],
+            "files": [f.to_dict() for f in self.files],
+            "skipped_files": [s.to_dict() for s in self.skipped_files],
+            "notebook_path": self.notebook_path,
+            "output_dir": self.output_dir,
+            "duration_s": round(self.duration_s, 6),
+            "timings": {k: round(v, 6) for k, v in self.timings.items()},
+            "truncated_bytes": self.truncated_bytes,
+        }
+
+    def to_json(self, **dumps_options: Any) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, **dumps_options)

@@ -1,0 +1,330 @@
+"""Stateful sessions: one kernel kept across runs, its notebook growing cell by cell, /mnt/data kept for its life.
+
+A Session is used by one caller at a time (its methods take a lock). Idle sessions are closed after their TTL
+by one background reaper; every live session is closed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+from nbformat import NotebookNode
+
+from . import artifacts, notebook, pool
+from .config import SandboxConfig, from_env, parse_size
+from .errors import (
+    FileTransferError,
+    SessionClosedError,
+    SessionDeadError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
+from .execute import adopt_data_dir, finish, prepare_output_dir, run_cells
+from .result import ExecutionResult
+from .runner import OutputCallback
+from .sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 20 * 60.0
+_live: weakref.WeakSet[Session] = weakref.WeakSet()
+_reaper_lock = threading.Lock()
+_reaper: threading.Thread | None = None
+
+
+class Session:
+    """A kernel that keeps its state between ``run()`` calls. Starts on first use or on ``start()``."""
+
+    def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
+                 ttl: float | None = DEFAULT_TTL, session_id: str | None = None) -> None:
+        self.id = session_id or uuid.uuid4().hex
+        self._config = config
+        self._requested_dir = output_dir
+        self.ttl = ttl
+        self.output_dir: Path | None = None
+        self.notebook: NotebookNode = notebook.empty()
+        self.created_at = time.time()
+        self.last_activity = time.monotonic()
+        self._sandbox: Sandbox | None = None
+        self._dead_reason: str | None = None
+        self._closed = False
+        self._lock = threading.RLock()
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> SandboxConfig:
+        if self._config is None:
+            self._config = from_env()
+        return self._config
+
+    @property
+    def status(self) -> str:
+        """new, ready, busy, dead or closed."""
+        if self._closed:
+            return "closed"
+        if self._dead_reason:
+            return "dead"
+        if self._sandbox is None:
+            return "new"
+        return "busy" if self._lock_held() else "ready"
+
+    def _lock_held(self) -> bool:
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
+
+    def start(self) -> Session:
+        """Start the sandbox now (otherwise the first run starts it)."""
+        with self._lock:
+            self._check_usable()
+            if self._sandbox is None:
+                if self.output_dir is None:
+                    self.output_dir = prepare_output_dir(self._requested_dir, f"session-{self.id}")
+                self._sandbox = self._new_sandbox(self.output_dir / "data")
+                _register(self)
+            return self
+
+    def _new_sandbox(self, data_dir: Path) -> Sandbox:
+        if self.config.pool_size and not data_dir.exists():
+            sandbox = pool.acquire(self.config)
+            adopt_data_dir(sandbox, data_dir)
+            return sandbox
+        data_dir.mkdir(parents=True, exist_ok=True)
+        sandbox = Sandbox.start(self.config, role="session", data_dir=data_dir)
+        try:
+            pool.warm(sandbox)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
+        if self._dead_reason:
+            raise SessionDeadError(
+                f"Session {self.id} is dead: {self._dead_reason} Call restart() for a fresh kernel "
+                "(files in /mnt/data are kept), or start a new session.")
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sandbox. Idempotent; files under ``output_dir`` stay."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sandbox, self._sandbox = self._sandbox, None
+        _live.discard(self)
+        if sandbox is not None:
+            sandbox.destroy()
+
+    def restart(self) -> None:
+        """Replace the kernel with a fresh one (variables are lost, /mnt/data is kept); revives a dead session."""
+        with self._lock:
+            if self._closed:
+                raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
+            sandbox, self._sandbox = self._sandbox, None
+            if sandbox is not None:
+                sandbox.destroy()
+            self._dead_reason = None
+            self.start()
+
+    def interrupt(self) -> None:
+        """Interrupt the running cell (safe to call from another thread)."""
+        sandbox = self._sandbox
+        if sandbox is not None:
+            sandbox.interrupt()
+
+    # -- running code -------------------------------------------------------------------------------
+
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
+        """Run ``code`` as a new cell of the session's notebook and return that cell's result."""
+        started = time.monotonic()
+        cell = notebook.build(code).cells[0]
+        with self._lock:
+            self.start()
+            sandbox = self._sandbox
+            assert sandbox is not None and self.output_dir is not None
+            self.last_activity = time.monotonic()
+            config = self.config.replace(timeout=timeout)
+            index = len(self.notebook.cells)
+            self.notebook.cells.append(cell)
+            if not self.notebook.metadata.get("language_info", {}).get("version"):
+                self.notebook.metadata["language_info"] = sandbox.language_info
+            error, dropped = run_cells(sandbox, self.notebook, config, on_output=on_output, first_index=index)
+            ran = time.monotonic()
+            if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit") \
+                    and not sandbox.state().running:
+                self._dead_reason = error.evalue
+            self.last_activity = time.monotonic()
+            return finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
+                          data_dir=sandbox.data_dir, notebook_path=self.output_dir / "session.ipynb",
+                          started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the session's notebook so far to ``path``."""
+        path = Path(path)
+        path.write_bytes(notebook.dumps(self.notebook))
+        return path
+
+    # -- files --------------------------------------------------------------------------------------
+
+    def upload(self, source: str | Path | bytes, name: str | None = None) -> str:
+        """Put a host file or bytes into /mnt/data as ``name``; return its path inside the sandbox."""
+        if isinstance(source, bytes):
+            if not name:
+                raise FileTransferError("upload(bytes) needs a name")
+            content = source
+        else:
+            try:
+                content = Path(source).read_bytes()
+            except OSError as exc:
+                raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
+            name = name or Path(source).name
+        with self._lock:
+            self.start()
+            sandbox = self._sandbox
+            assert sandbox is not None
+            limit = parse_size(self.config.max_data)
+            if limit and len(content) > limit:
+                raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
+            artifacts.put(sandbox.data_dir, name, content, owner=_owner(self.config))
+            self.last_activity = time.monotonic()
+        return f"/mnt/data/{name}"
+
+    def download(self, name: str) -> bytes:
+        """The bytes of /mnt/data/``name`` (a regular file; links are refused)."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            return artifacts.get(self._sandbox.data_dir, name)
+
+    def files(self) -> list[Any]:
+        """The regular files now in /mnt/data (File entries), and nothing else."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            return artifacts.collect(self._sandbox.data_dir)[0]
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.status}>"
+
+
+def _owner(config: SandboxConfig) -> tuple[int, int] | None:
+    import os
+    return config.uid_gid() if os.getuid() == 0 else None
+
+
+# -- reaping ----------------------------------------------------------------------------------------
+
+def _register(session: Session) -> None:
+    global _reaper
+    _live.add(session)
+    with _reaper_lock:
+        if _reaper is None:
+            atexit.register(close_all)
+            _reaper = threading.Thread(target=_reap_forever, name="nbexec-session-reaper", daemon=True)
+            _reaper.start()
+
+
+def reap(now: float | None = None) -> list[str]:
+    """Close sessions idle for longer than their TTL; return their ids."""
+    now = time.monotonic() if now is None else now
+    reaped = []
+    for session in list(_live):
+        if session.ttl and now - session.last_activity > session.ttl and not session._lock_held():
+            log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
+            session.close()
+            reaped.append(session.id)
+    return reaped
+
+
+def _reap_forever() -> None:
+    while True:
+        ttls = [s.ttl for s in list(_live) if s.ttl]
+        time.sleep(max(0.2, min([t / 4 for t in ttls] + [30.0])))
+        with contextlib.suppress(Exception):
+            reap()
+
+
+def close_all() -> None:
+    """Close every live session (runs at interpreter exit)."""
+    for session in list(_live):
+        with contextlib.suppress(Exception):
+            session.close()
+
+
+class SessionManager:
+    """Sessions by id for a server with many chats: create, get, close, a cap on live sessions. Thread-safe."""
+
+    def __init__(self, config: SandboxConfig | None = None, *, max_sessions: int = 32,
+                 ttl: float | None = DEFAULT_TTL) -> None:
+        self.config = config
+        self.max_sessions = max_sessions
+        self.ttl = ttl
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def _prune_locked(self) -> None:
+        for key in [k for k, s in self._sessions.items() if s.status == "closed"]:
+            del self._sessions[key]
+
+    def create(self, *, session_id: str | None = None, **session_options: Any) -> Session:
+        """A new session (started lazily), or SessionLimitError when ``max_sessions`` are live."""
+        with self._lock:
+            self._prune_locked()
+            if len(self._sessions) >= self.max_sessions:
+                raise SessionLimitError(
+                    f"{len(self._sessions)} sessions are live, the cap is {self.max_sessions}; close one "
+                    "(or wait for idle ones to be reaped) before creating another.")
+            if session_id is not None and session_id in self._sessions:
+                raise SessionLimitError(f"a session with id {session_id!r} already exists")
+            session = Session(self.config, ttl=self.ttl, session_id=session_id, **session_options)
+            self._sessions[session.id] = session
+            return session
+
+    def get(self, session_id: str) -> Session:
+        with self._lock:
+            self._prune_locked()
+            try:
+                return self._sessions[session_id]
+            except KeyError:
+                raise SessionNotFoundError(f"no session with id {session_id!r} (closed, reaped or never made)") \
+                    from None
+
+    def close(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise SessionNotFoundError(f"no session with id {session_id!r}")
+        session.close()
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            self._prune_locked()
+            return list(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self.ids())
+
+    def close_all(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()
