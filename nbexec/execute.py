@@ -49,7 +49,8 @@ def run_cells(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, *,
             continue
         cell_limit = min(config.cell_timeout or config.timeout, config.timeout)
         cell_deadline = min(deadline, time.monotonic() + cell_limit)
-        outcome = run_cell(sandbox, cell, index, deadline=cell_deadline, budget=budget, on_output=on_output)
+        outcome = run_cell(sandbox, cell, index, config=config, deadline=cell_deadline, budget=budget,
+                           on_output=on_output)
         if outcome.status == "error":
             error = outputs.first_error([{"cell_index": index, **o} for o in cell.outputs])
             break

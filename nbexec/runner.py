@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[int, NotebookNode], None]
 _POLL = 0.25  # seconds between checks of the deadline while a cell is silent
-_LIVENESS_EVERY = 1.0  # seconds of silence between asking Docker whether the sandbox still runs
+_LIVENESS_EVERY = 1.0  # seconds between asking Docker whether the sandbox still runs
+_FLOOD = frozenset({"stream"})  # once the text cap is reached, stream messages are counted, not parsed
 
 
 @dataclass
@@ -87,6 +88,10 @@ class _CellState:
             return
         if self.clear_pending:
             self.cell.outputs, self.clear_pending = [], False
+        if "skipped_bytes" in content:  # a stream message past the cap, counted unparsed
+            self.budget.dropped_text += content["skipped_bytes"]
+            self._ensure_marker()
+            return
         output = _output(kind, content)
         if kind == "stream":
             self._add_stream(output)
@@ -110,8 +115,7 @@ class _CellState:
             kept = text.encode("utf-8", "surrogatepass")[: self.budget.text].decode("utf-8", "ignore")
             self.budget.dropped_text += size - len(kept.encode("utf-8"))
             text, size = kept, len(kept.encode("utf-8"))
-            if not self.budget.markers or self.budget.markers[-1] not in self.cell.outputs:
-                self._mark("stderr")
+            self._ensure_marker()
         self.budget.text -= size
         if not text:
             return
@@ -120,7 +124,7 @@ class _CellState:
         if self.on_output is not None:
             self.on_output(self.index, NotebookNode(output_type="stream", name=output["name"], text=text))
         if last is not None and last.get("output_type") == "stream" and last["name"] == output["name"] \
-                and last not in self.budget.markers:
+                and not any(last is marker for marker in self.budget.markers):
             last["text"] += text
         else:
             outputs.append(NotebookNode(output_type="stream", name=output["name"], text=text))
@@ -135,12 +139,14 @@ class _CellState:
             return True
         self.budget.dropped_text += text_size
         self.budget.dropped_display += display_size
-        if not self.budget.markers or self.budget.markers[-1] not in self.cell.outputs:
-            self._mark("stderr")
+        self._ensure_marker()
         return False
 
-    def _mark(self, name: str) -> None:
-        marker = NotebookNode(output_type="stream", name=name, text="")
+    def _ensure_marker(self) -> None:
+        """Put one truncation marker (filled in at the end) in this cell's outputs."""
+        if any(marker is output for marker in self.budget.markers for output in self.cell.outputs):
+            return
+        marker = NotebookNode(output_type="stream", name="stderr", text="")
         self.budget.markers.append(marker)
         self.cell.outputs.append(marker)
 
@@ -178,8 +184,8 @@ def _data_size(path: str) -> int:
     return total
 
 
-def run_cell(sandbox: Sandbox, cell: NotebookNode, index: int, *, deadline: float, budget: Budget,
-             on_output: OutputCallback | None = None) -> CellOutcome:
+def run_cell(sandbox: Sandbox, cell: NotebookNode, index: int, *, config: SandboxConfig, deadline: float,
+             budget: Budget, on_output: OutputCallback | None = None) -> CellOutcome:
     """Execute one code cell, filling ``cell.outputs``; stop it at ``deadline`` (a time.monotonic() value)."""
     client = sandbox.client
     assert client is not None
@@ -187,20 +193,22 @@ def run_cell(sandbox: Sandbox, cell: NotebookNode, index: int, *, deadline: floa
     cell.outputs = []
     state = _CellState(cell, index, budget, on_output)
     msg_id = client.execute(cell.source, store_history=True, allow_stdin=False, stop_on_error=True)
-    outcome = _wait_idle(sandbox, msg_id, state, deadline)
+    outcome = _wait_idle(sandbox, config, msg_id, state, deadline)
     outcome.duration_s = time.monotonic() - started
     cell.execution_count = outcome.execution_count
     cell.metadata.setdefault("nbexec", {})["duration_s"] = round(outcome.duration_s, 6)
     return outcome
 
 
-def _wait_idle(sandbox: Sandbox, msg_id: str, state: _CellState, deadline: float) -> CellOutcome:
+def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _CellState,
+               deadline: float) -> CellOutcome:
     outcome = CellOutcome(status="ok")
-    max_data = parse_size(sandbox.config.max_data)
+    max_data = parse_size(config.max_data)
     next_check = time.monotonic() + _LIVENESS_EVERY
     while True:
         now = time.monotonic()
-        msg = sandbox.recv("iopub", max(0.0, min(_POLL, deadline - now)))
+        skip = _FLOOD if state.budget.text <= 0 else frozenset()
+        msg = sandbox.recv("iopub", max(0.0, min(_POLL, deadline - now)), skip=skip)
         if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
             kind = msg["msg_type"]
             if kind == "status":
@@ -215,10 +223,10 @@ def _wait_idle(sandbox: Sandbox, msg_id: str, state: _CellState, deadline: float
                 state.add(msg)
         now = time.monotonic()
         if now >= deadline:
-            return _stop_overrun(sandbox, msg_id, state, outcome)
+            return _stop_overrun(sandbox, config.interrupt_grace, msg_id, state, outcome)
         if now >= next_check:
             next_check = now + _LIVENESS_EVERY
-            stopped = _check_sandbox(sandbox, max_data)
+            stopped = _check_sandbox(sandbox, config, max_data)
             if stopped is not None:
                 stopped.execution_count = outcome.execution_count
                 return stopped
@@ -226,7 +234,7 @@ def _wait_idle(sandbox: Sandbox, msg_id: str, state: _CellState, deadline: float
     return outcome
 
 
-def _check_sandbox(sandbox: Sandbox, max_data: int) -> CellOutcome | None:
+def _check_sandbox(sandbox: Sandbox, config: SandboxConfig, max_data: int) -> CellOutcome | None:
     """Return how the cell ended if the sandbox died or broke a limit; None while all is well."""
     container = sandbox.state()
     if not container.running:
@@ -240,14 +248,14 @@ def _check_sandbox(sandbox: Sandbox, max_data: int) -> CellOutcome | None:
     if max_data and _data_size(str(sandbox.data_dir)) > max_data:
         sandbox.kill()
         return CellOutcome(status="limit", message=(
-            f"/mnt/data grew past its {sandbox.config.max_data} cap, so the sandbox was stopped. "
+            f"/mnt/data grew past its {config.max_data} cap, so the sandbox was stopped. "
             "Write less, or raise the cap (--max-data / NBEXEC_MAX_DATA)."))
     return None
 
 
-def _stop_overrun(sandbox: Sandbox, msg_id: str, state: _CellState, outcome: CellOutcome) -> CellOutcome:
+def _stop_overrun(sandbox: Sandbox, grace: float, msg_id: str, state: _CellState,
+                  outcome: CellOutcome) -> CellOutcome:
     """Interrupt a cell past its deadline; kill the sandbox if the kernel does not come back in time."""
-    grace = sandbox.config.interrupt_grace
     sandbox.interrupt()
     give_up = time.monotonic() + grace
     while time.monotonic() < give_up:

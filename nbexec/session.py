@@ -38,6 +38,7 @@ DEFAULT_TTL = 20 * 60.0
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 _reaper_lock = threading.Lock()
 _reaper: threading.Thread | None = None
+_wake = threading.Event()
 
 
 class Session:
@@ -89,7 +90,7 @@ class Session:
             self._check_usable()
             if self._sandbox is None:
                 if self.output_dir is None:
-                    self.output_dir = prepare_output_dir(self._requested_dir, f"session-{self.id}")
+                    self.output_dir = prepare_output_dir(self._requested_dir, f"session-{uuid.uuid4().hex}")
                 self._sandbox = self._new_sandbox(self.output_dir / "data")
                 _register(self)
             return self
@@ -236,6 +237,7 @@ def _owner(config: SandboxConfig) -> tuple[int, int] | None:
 def _register(session: Session) -> None:
     global _reaper
     _live.add(session)
+    _wake.set()  # the reaper recomputes its interval from the shortest TTL
     with _reaper_lock:
         if _reaper is None:
             atexit.register(close_all)
@@ -258,7 +260,8 @@ def reap(now: float | None = None) -> list[str]:
 def _reap_forever() -> None:
     while True:
         ttls = [s.ttl for s in list(_live) if s.ttl]
-        time.sleep(max(0.2, min([t / 4 for t in ttls] + [30.0])))
+        _wake.wait(max(0.2, min([t / 4 for t in ttls] + [30.0])))
+        _wake.clear()
         with contextlib.suppress(Exception):
             reap()
 

@@ -1,0 +1,133 @@
+"""The nbexec command, run as a user would run it (a real process, real Docker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import IMAGE
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def nbexec(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "NBEXEC_IMAGE": IMAGE, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "nbexec.cli", *args], cwd=cwd, env=full_env, input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_example_prints_text_and_saves_plot_and_csv(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = nbexec("run", str(EXAMPLES / "analysis.py"), "--output-dir", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "best region:" in done.stdout
+    assert "[image: " in done.stdout
+    assert (tmp_path / "out" / "data" / "summary.csv").read_text().startswith("region,count,sum,mean")
+    assert (tmp_path / "out" / "data" / "revenue.png").read_bytes().startswith(b"\x89PNG")
+    assert list((tmp_path / "out" / "images").glob("*.png"))
+    assert "summary.csv" in done.stdout
+
+
+def test_failure_exits_1_with_traceback_and_earlier_output(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = nbexec("run", str(EXAMPLES / "failing.py"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "loading data" in done.stdout
+    assert "ZeroDivisionError" in done.stderr and "Traceback" in done.stderr
+
+
+def test_json_is_exactly_one_object(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = nbexec("run", "--json", "-", cwd=tmp_path, stdin="print('hi')\n")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] is True and data["stdout"] == "hi\n" and data["error"] is None
+
+
+def test_timeout_flag_exits_1(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = nbexec("run", "--json", "--timeout", "1", "-", cwd=tmp_path, stdin="import time; time.sleep(30)\n")
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error"]["kind"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["run", "missing.py"], None, "does not exist"),
+        (["run", "-"], "", "no code to run"),
+        (["run", "--memory", "lots", "-"], "1", "not a size"),
+        (["run", "--env", "NBEXEC_SURELY_UNSET", "-"], "1", "not set"),
+        (["run", "--bogus", "x.py"], None, "No such option"),
+    ],
+    ids=["missing-file", "empty-stdin", "bad-size", "unset-env", "unknown-option"],
+)
+def test_usage_errors_exit_2(tmp_path: Path, args: list[str], stdin: str | None, message: str) -> None:
+    done = nbexec(*args, cwd=tmp_path, stdin=stdin)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+
+
+def test_invalid_notebook_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "bad.ipynb").write_text("{oops")
+    done = nbexec("run", "bad.ipynb", cwd=tmp_path)
+    assert done.returncode == 2 and "not valid notebook JSON" in done.stderr
+
+
+def test_docker_unreachable_exits_3_naming_docker_host(tmp_path: Path) -> None:
+    done = nbexec("run", "-", cwd=tmp_path, stdin="1\n", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert done.returncode == 3
+    assert "Docker is not reachable" in done.stderr and "DOCKER_HOST" in done.stderr
+
+
+def test_missing_image_exits_3_naming_the_command(docker_ready: None, tmp_path: Path) -> None:
+    done = nbexec("run", "--image", "nbexec-missing:none", "-", cwd=tmp_path, stdin="1\n")
+    assert done.returncode == 3 and "nbexec image build" in done.stderr
+
+
+def test_doctor_reports_engine_and_image(docker_ready: None, tmp_path: Path) -> None:
+    done = nbexec("doctor", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "ok   Docker engine" in done.stdout and f"ok   image {IMAGE}" in done.stdout
+
+
+def test_cleanup_removes_orphans(docker_ready: None, tmp_path: Path) -> None:
+    from nbexec import daemon
+
+    client = daemon.connect()
+    orphan = client.containers.create(IMAGE, command=["sleep", "60"], labels={
+        daemon.LABEL: "1", daemon.LABEL_OWNER: f"{daemon.owner().split(':')[0]}:999999999", daemon.LABEL_ROLE: "pool"})
+    done = nbexec("cleanup", cwd=tmp_path)
+    assert done.returncode == 0
+    assert orphan.name in done.stdout
+    assert not client.containers.list(all=True, filters={"id": orphan.id})
+
+
+def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from nbexec import daemon
+
+    proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NBEXEC_IMAGE": IMAGE})
+    assert proc.stdin is not None
+    proc.stdin.write("print('started', flush=True)\nimport time\ntime.sleep(60)\n")
+    proc.stdin.close()
+    client = daemon.connect()
+    label = f"{daemon.LABEL_OWNER}={daemon.owner().split(':')[0]}:{proc.pid}"
+    deadline = time.monotonic() + 60
+    while not client.containers.list(filters={"label": label}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.containers.list(filters={"label": label}), "the run never started a container"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    for stream in (proc.stdout, proc.stderr):
+        assert stream is not None
+        stream.close()
+    assert proc.returncode != 0
+    assert client.containers.list(all=True, filters={"label": label}) == []
+    assert not [p for p in Path("/tmp/nbexec").glob(f"nbexec-{proc.pid}-*")]

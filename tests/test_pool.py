@@ -1,0 +1,39 @@
+"""The warm pool: one sandbox per execution, never reused; nothing left behind."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import nbexec
+from nbexec import execute_notebook, pool
+
+from .conftest import own_containers, own_workdirs
+
+
+def test_a_sandbox_is_never_reused(config: nbexec.SandboxConfig) -> None:
+    first = execute_notebook("leak = 'x'\nopen('/mnt/data/leak.txt', 'w').write('x')\n"
+                             "import socket; print(socket.gethostname())", config=config)
+    assert first.ok
+    for _ in range(4):
+        result = execute_notebook("import os\nprint('leak' in globals(), os.listdir('/mnt/data'))", config=config)
+        assert result.stdout == "False []\n"
+
+
+def test_warm_imports_only_touch_sys_modules(cleanup_ledger: None) -> None:
+    config = nbexec.SandboxConfig(pool_size=1, warm_imports=("numpy", "json"), timeout=30)
+    result = execute_notebook("import sys\nprint('numpy' in sys.modules, 'numpy' in dir(), 'json' in dir(), "
+                              "[k for k in globals() if 'nbexec' in k])\nprint(len(In), Out)", config=config)
+    assert result.stdout == "True False False []\n2 {}\n", result.stdout
+
+
+def test_two_hundred_executions_from_four_threads_leave_nothing(config: nbexec.SandboxConfig) -> None:
+    def one(n: int) -> str:
+        return execute_notebook(f"print({n} * 2)", config=config).stdout
+
+    with ThreadPoolExecutor(4) as workers:
+        outputs = list(workers.map(one, range(200)))
+    assert outputs == [f"{n * 2}\n" for n in range(200)]
+    pool.shutdown()
+    pool.wait_for_teardown()
+    assert own_containers(include_pool=True) == []
+    assert own_workdirs() == []
