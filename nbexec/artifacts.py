@@ -66,19 +66,19 @@ def _walk(dir_fd: int, parts: tuple[bytes, ...], skipped: list[SkippedFile]) -> 
             continue
         if stat.S_ISDIR(st.st_mode):
             if len(parts) >= MAX_DEPTH:
-                skipped.append(SkippedFile(display_name(b"/".join(parts + (raw,))), "folder nested too deep"))
+                skipped.append(SkippedFile(display_name(b"/".join((*parts, raw))), "folder nested too deep"))
                 continue
             try:
                 child = os.open(raw, _DIR_FLAGS, dir_fd=dir_fd)
             except OSError as exc:
-                skipped.append(SkippedFile(display_name(b"/".join(parts + (raw,))), f"unreadable: {exc.strerror}"))
+                skipped.append(SkippedFile(display_name(b"/".join((*parts, raw))), f"unreadable: {exc.strerror}"))
                 continue
             try:
-                yield from _walk(child, parts + (raw,), skipped)
+                yield from _walk(child, (*parts, raw), skipped)
             finally:
                 os.close(child)
         else:
-            yield _Entry(parts + (raw,), st)
+            yield _Entry((*parts, raw), st)
 
 
 def _open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:

@@ -41,7 +41,8 @@ def sandbox_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click_type = {"int": int, "float": float}.get(kind.split(" ")[0], str)
             func = click.option(flag, name, type=click_type, default=None, help=help_text)(func)
     func = click.option("--env", "env_names", multiple=True, metavar="NAME",
-                        help="Pass the host variable NAME into the sandbox (repeatable); none is passed otherwise.")(func)
+                        help="Pass the host variable NAME into the sandbox (repeatable); none is passed otherwise.",
+                        )(func)
     return func
 
 

@@ -48,7 +48,8 @@ class SandboxConfig:
     )
     max_output: str = field(default="1m", metadata=_doc("Text kept per execution; the rest is dropped with a marker."))
     max_display: str = field(
-        default="32m", metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker.")
+        default="32m",
+        metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker."),
     )
     max_data: str = field(default="1g", metadata=_doc("Size cap of /mnt/data; the cell is stopped past it."))
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
@@ -56,7 +57,8 @@ class SandboxConfig:
         default=None, metadata=_doc("uid:gid inside the sandbox (default: yours, or 1000:1000 when you are root).")
     )
     env: Mapping[str, str] = field(
-        default_factory=dict, metadata=_doc("Environment variables for the sandbox; no host variable is passed otherwise.")
+        default_factory=dict,
+        metadata=_doc("Environment variables for the sandbox; no host variable is passed otherwise."),
     )
     runtime: str | None = field(default=None, metadata=_doc("OCI runtime, e.g. runsc for gVisor (default: Docker's)."))
     warm_imports: tuple[str, ...] = field(

@@ -112,7 +112,8 @@ def adopt_data_dir(sandbox: Sandbox, target: Path) -> Path:
 
 
 def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
-                     output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None, **overrides: Any) -> ExecutionResult:
+                     output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None,
+                     **overrides: Any) -> ExecutionResult:
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)

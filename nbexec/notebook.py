@@ -40,7 +40,7 @@ def build(code: str) -> NotebookNode:
     if not code.strip():
         raise NotebookError("There is no code to run: the input is empty.")
     # Built by hand and known valid: skipping jsonschema here saves a few ms on every call.
-    cell = {"id": uuid.uuid4().hex[:8], "cell_type": "code", "metadata": {}, "execution_count": None,
+    cell: dict[str, Any] = {"id": uuid.uuid4().hex[:8], "cell_type": "code", "metadata": {}, "execution_count": None,
             "outputs": [], "source": code}
     nb = from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]})
     return _finish(nb, validate=False)

@@ -55,7 +55,9 @@ class Views:
 
 def views(outputs: Iterable[dict[str, Any]]) -> Views:
     """The stdout, stderr and human-readable text of a list of flattened outputs."""
-    stdout, stderr, text = [], [], []
+    stdout: list[str] = []
+    stderr: list[str] = []
+    text: list[str] = []
     for output in outputs:
         kind = output.get("output_type")
         if kind == "stream":

@@ -78,14 +78,11 @@ def _workers(kind: str) -> ThreadPoolExecutor:
 def dispose(sandbox: Sandbox) -> None:
     """Destroy a used sandbox in the background; the caller does not wait."""
     executor = _workers("teardown")
-    with _lock:
-        try:
+    try:
+        with _lock:
             future = executor.submit(sandbox.destroy)
-        except RuntimeError:  # the interpreter is shutting down: no more background threads
-            future = None
-        else:
             _pending.add(future)
-    if future is None:
+    except RuntimeError:  # the interpreter is shutting down: no more background threads
         sandbox.destroy()
         return
     future.add_done_callback(_pending.discard)
@@ -194,7 +191,7 @@ class Pool:
 
 
 def _pool_for(config: SandboxConfig) -> Pool:
-    key = config.container_key + (config.pool_size, config.startup_timeout)
+    key = (*config.container_key, config.pool_size, config.startup_timeout)
     with _lock:
         pool = _pools.get(key)
         if pool is None:

@@ -165,7 +165,7 @@ class Sandbox:
             delay = min(delay * 1.5, 0.02)
         client = BlockingKernelClient()
         info = {**self._connection, "ip": str(self.runtime_dir / "kernel")}
-        client.load_connection_info(info)
+        client.load_connection_info(info)  # type: ignore[arg-type]
         client.start_channels(hb=False)
         self.client = client
         asked: set[str] = set()
@@ -254,9 +254,8 @@ class Sandbox:
 
     def kill(self) -> None:
         """Stop every process of the sandbox at once; its folders stay."""
-        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError, DockerError):
-            with daemon.translated("kill a sandbox"):
-                self.container.kill()
+        with contextlib.suppress(DockerError), daemon.translated("kill a sandbox"):
+            self.container.kill()
 
     def destroy(self) -> None:
         """Remove the container and the working folder except the data folder's contents when kept elsewhere."""

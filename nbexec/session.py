@@ -153,7 +153,8 @@ class Session:
 
     # -- running code -------------------------------------------------------------------------------
 
-    def run(self, code: str, *, timeout: float | None = None, on_output: OutputCallback | None = None) -> ExecutionResult:
+    def run(self, code: str, *, timeout: float | None = None,
+            on_output: OutputCallback | None = None) -> ExecutionResult:
         """Run ``code`` as a new cell of the session's notebook and return that cell's result."""
         started = time.monotonic()
         cell = notebook.build(code).cells[0]

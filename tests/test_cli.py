@@ -15,7 +15,8 @@ from .conftest import IMAGE
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-def nbexec(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+def nbexec(*args: str, cwd: Path, env: dict[str, str] | None = None,
+           stdin: str | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "NBEXEC_IMAGE": IMAGE, **(env or {})}
     return subprocess.run([sys.executable, "-m", "nbexec.cli", *args], cwd=cwd, env=full_env, input=stdin,
                           capture_output=True, text=True, timeout=300)
