@@ -57,6 +57,7 @@ def wait_pool_ready(config: nbexec.SandboxConfig) -> Callable[[], None]:
     def wait() -> None:
         pool.wait_for_teardown()
         current = pool._pool_for(config)
+        current.replenish()
         deadline = time.monotonic() + 120
         while current.ready < config.pool_size and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -1,6 +1,6 @@
 """nbexec: run untrusted Python as a notebook in a throwaway, locked-down Docker sandbox."""
 
-from .config import SandboxConfig, from_env
+from .config import SandboxConfig, from_env, store_from_env
 from .errors import (
     ConfigError,
     DockerError,
@@ -15,9 +15,11 @@ from .errors import (
     SessionError,
     SessionLimitError,
     SessionNotFoundError,
+    StorageError,
 )
 from .execute import execute_notebook, execute_notebook_async
-from .result import CellError, ExecutionResult, File, Image, SkippedFile
+from .links import rewrite as rewrite_links
+from .result import CellError, ExecutionResult, File, Image, SkippedFile, Upload
 from .session import Session, SessionManager
 
 __version__ = "0.1.0"
@@ -44,8 +46,12 @@ __all__ = [
     "SessionManager",
     "SessionNotFoundError",
     "SkippedFile",
+    "StorageError",
+    "Upload",
     "__version__",
     "execute_notebook",
     "execute_notebook_async",
     "from_env",
+    "rewrite_links",
+    "store_from_env",
 ]

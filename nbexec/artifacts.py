@@ -115,6 +115,10 @@ def _digest(root_fd: int, entry: _Entry) -> tuple[str, int] | str:
         os.close(fd)
 
 
+def sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
 def collect(data_dir: Path, *, max_file: int = 0, max_total: int = 0) -> tuple[list[File], list[SkippedFile]]:
     """List the regular files under ``data_dir`` with size, MIME type and sha256; report everything else."""
     files: list[File] = []

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from . import __version__, daemon, image, render
-from .config import SandboxConfig, describe, from_env
+from .config import SandboxConfig, describe, from_env, store_from_env
 from .errors import ConfigError, NbexecError, NotebookError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
@@ -69,25 +69,71 @@ def main(verbose: int) -> None:
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object (the result) on stdout.")
+@click.argument("inputs", nargs=-1, required=True, metavar="FILE...")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where data/, images/ and the executed notebook go [default: ./nbexec-output/<name>-<id>].")
+              help="One file: where data/, images/ and the notebook go [default: ./nbexec-output/<name>-<id>]. "
+                   "Several: the folder that gets one sub-folder per file [default: ./nbexec-output].")
 @click.option("--save-notebook", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also copy the executed notebook here.")
+              help="Also copy the executed notebook here (one file only).")
+@click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
+              help="Where files and images go: kept locally (file:// links) or uploaded to Azure Blob Storage "
+                   "(read-only SAS links; AZURE_* variables, see .env.example).")
+@click.option("--upload", type=click.Choice(["azure"]), help="Same as --store azure.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Files run at once, each in its own sandbox.")
+@click.option("-p", "--parameter", "parameter_pairs", nargs=2, multiple=True, metavar="NAME VALUE",
+              help="Inject NAME = VALUE (a Python/YAML literal) after the cell tagged `parameters` (repeatable).")
+@click.option("--parameters-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="YAML mapping of parameters (the -p values win).")
+@click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
+@click.option("--html-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write an HTML render of each executed notebook (images embedded).")
+@click.option("--fail-fast", is_flag=True, help="Start no new file after the first failure.")
+@click.option("--mount-input", "input_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Mount this host folder read-only at /mnt/input.")
 @sandbox_options
-def run(file: Path, as_json: bool, output_dir: Path | None, save_notebook: Path | None, **options: Any) -> None:
-    """Run FILE (.py with optional `# %%` cells, .ipynb, or - for stdin) in a fresh sandbox."""
-    from .execute import execute_notebook
-    from .notebook import load
+def run(inputs: tuple[str, ...], as_json: bool, output_dir: Path | None, save_notebook: Path | None, store: str,
+        upload: str | None, jobs: int, parameter_pairs: tuple[tuple[str, str], ...], parameters_file: Path | None,
+        junit_xml: Path | None, html_dir: Path | None, fail_fast: bool, input_dir: Path | None,
+        **options: Any) -> None:
+    """Run FILE... (.py with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each in a fresh
+    sandbox. One file prints what its notebook shows; several print progress and a summary table."""
+    from . import batch, parameters
 
     try:
-        config = build_config(options, pool_size=0)  # one run per process: a warm pool would only cost
-        nb = load(file)
+        single = len(inputs) == 1 and not Path(inputs[0]).is_dir() and not any(c in inputs[0] for c in "*?[") \
+            and not (junit_xml or html_dir or fail_fast)
+        values = parameters.load_file(parameters_file) if parameters_file else {}
+        values.update({name: parameters.parse_value(raw) for name, raw in parameter_pairs})
+        parameters.validate(values)
+        fixed: dict[str, Any] = {"pool_size": 0 if single or jobs == 1 else min(jobs, 4)}
+        if input_dir:
+            fixed["input_dir"] = str(input_dir)
+        config = build_config(options, **fixed)
+        artifact_store = store_from_env(upload or store)
+        paths = batch.discover(list(inputs))
+    except (NotebookError, ConfigError) as exc:
+        _fail(str(exc), EXIT_USAGE, as_json)
+    if single:
+        _run_single(paths[0], config, artifact_store, values, output_dir, save_notebook, as_json)
+    _run_batch(paths, config, batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"),
+                                                 parameters=values, fail_fast=fail_fast, store=artifact_store),
+               junit_xml, html_dir, as_json)
+
+
+def _run_single(path: Path, config: SandboxConfig, artifact_store: Any, values: dict[str, Any],
+                output_dir: Path | None, save_notebook: Path | None, as_json: bool) -> None:
+    from .execute import execute_notebook
+    from .notebook import load
+    from .parameters import inject
+
+    try:
+        nb = inject(load(path), values)
         if output_dir is None:
-            stem = "stdin" if str(file) == "-" else file.stem
+            stem = "stdin" if str(path) == "-" else path.stem
             output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"
-        result = execute_notebook(nb, config=config, output_dir=output_dir)
+        result = execute_notebook(nb, config=config, output_dir=output_dir, store=artifact_store)
     except (NotebookError, ConfigError) as exc:
         _fail(str(exc), EXIT_USAGE, as_json)
     except NbexecError as exc:
@@ -104,6 +150,61 @@ def run(file: Path, as_json: bool, output_dir: Path | None, save_notebook: Path 
             click.echo(render.error_text(result), err=True)
         click.echo(f"notebook: {result.notebook_path}", err=True)
     sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml: Path | None,
+               html_dir: Path | None, as_json: bool) -> None:
+    from . import batch, reports
+
+    progress = Progress(len(paths), live=sys.stderr.isatty() and not as_json)
+    try:
+        items = batch.run(paths, config, options, on_event=progress.event)
+    except NbexecError as exc:
+        _fail(str(exc), EXIT_INFRA, as_json)
+    progress.close()
+    if junit_xml:
+        reports.junit_xml(items, junit_xml)
+    if html_dir:
+        reports.html(items, html_dir)
+    failed = any(i.status != "passed" for i in items)
+    if as_json:
+        click.echo(json.dumps({"ok": not failed, "results": [
+            {"file": i.name, "status": i.status, "duration_s": round(i.duration_s, 3), "message": i.message,
+             "result": i.result.to_dict() if i.result else None} for i in items]}, ensure_ascii=False))
+    else:
+        click.echo(reports.summary(items))
+    if any(i.status == "error" for i in items):
+        sys.exit(EXIT_INFRA)
+    sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+class Progress:
+    """A live status line on a terminal; one line per finished file otherwise (CI logs)."""
+
+    def __init__(self, total: int, *, live: bool) -> None:
+        self.total, self.live = total, live
+        self.done = self.failed = 0
+        self.running: list[str] = []
+
+    def event(self, kind: str, subject: Any) -> None:
+        if kind == "start":
+            self.running.append(str(subject))
+        else:
+            self.done += 1
+            self.failed += subject.status != "passed"
+            if subject.name in self.running:
+                self.running.remove(subject.name)
+            if not self.live:
+                note = f" ({subject.message.splitlines()[0][:100]})" if subject.message else ""
+                click.echo(f"[{self.done}/{self.total}] {subject.status.upper():7} {subject.name} "
+                           f"{subject.duration_s:.1f} s{note}", err=True)
+        if self.live:
+            line = f"[{self.done}/{self.total}] {self.failed} failed; running: {', '.join(self.running)[:60]}"
+            click.echo(f"\r\x1b[K{line}", err=True, nl=False)
+
+    def close(self) -> None:
+        if self.live:
+            click.echo("\r\x1b[K", err=True, nl=False)
 
 
 def _fail(message: str, code: int, as_json: bool) -> None:

@@ -61,6 +61,7 @@ class SandboxConfig:
         metadata=_doc("Environment variables for the sandbox; no host variable is passed otherwise."),
     )
     runtime: str | None = field(default=None, metadata=_doc("OCI runtime, e.g. runsc for gVisor (default: Docker's)."))
+    input_dir: str | None = field(default=None, metadata=_doc("Host folder mounted read-only at /mnt/input."))
     warm_imports: tuple[str, ...] = field(
         default=("numpy", "pandas", "matplotlib.pyplot"),
         metadata=_doc("Modules a waiting kernel imports in advance (only sys.modules changes)."),
@@ -93,6 +94,8 @@ class SandboxConfig:
         if bad:
             raise ConfigError(f"invalid environment variable names: {bad}")
         object.__setattr__(self, "env", dict(self.env))
+        if self.input_dir is not None:
+            object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
         object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
 
     def __hash__(self) -> int:
@@ -112,7 +115,7 @@ class SandboxConfig:
     def container_key(self) -> tuple[Any, ...]:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
-                tuple(sorted(self.env.items())), self.runtime, self.warm_imports)
+                tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir)
 
     @property
     def memory_bytes(self) -> int:
@@ -153,6 +156,34 @@ def _parse_field(name: str, raw: str) -> Any:
         return raw or None if kind.endswith("None") else raw
     except ValueError as exc:
         raise ConfigError(f"NBEXEC_{name.upper()}={raw!r} is not a valid {kind}") from exc
+
+
+def store_from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> Any:
+    """The artifact store named ``kind`` ("local" or "azure"), configured from AZURE_* variables.
+
+    Reads AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (without a
+    key, DefaultAzureCredential); AZURE_BLOB_CONTAINER_NAME (default nbexec); NBEXEC_BLOB_PREFIX (default nbexec);
+    NBEXEC_SAS_EXPIRY (seconds, default 3600).
+    """
+    from .storage import AzureBlobSettings, AzureBlobStore, LocalStore
+
+    environ = os.environ if environ is None else environ
+    if kind == "local":
+        return LocalStore()
+    if kind != "azure":
+        raise ConfigError(f"unknown store {kind!r}: use local or azure")
+    try:
+        expiry = float(environ.get("NBEXEC_SAS_EXPIRY", "3600"))
+    except ValueError as exc:
+        raise ConfigError("NBEXEC_SAS_EXPIRY must be a number of seconds") from exc
+    return AzureBlobStore(AzureBlobSettings(
+        connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
+        account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
+        account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
+        container=environ.get("AZURE_BLOB_CONTAINER_NAME") or "nbexec",
+        prefix=environ.get("NBEXEC_BLOB_PREFIX") or "nbexec",
+        sas_expiry_s=expiry,
+    ))
 
 
 def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> SandboxConfig:

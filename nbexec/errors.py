@@ -12,7 +12,8 @@
     │   ├── SessionClosedError       the session was closed (or reaped after its idle TTL)
     │   ├── SessionLimitError        too many live sessions
     │   └── SessionNotFoundError     no session with that id
-    └── FileTransferError        an upload or download into /mnt/data was refused
+    ├── FileTransferError        an upload or download into /mnt/data was refused
+    └── StorageError             an artifact store failed (reported per file in results, raised elsewhere)
 """
 
 from __future__ import annotations
@@ -71,3 +72,7 @@ class SessionNotFoundError(SessionError, KeyError):
 
 class FileTransferError(NbexecError):
     """A file could not be put into or fetched from /mnt/data."""
+
+
+class StorageError(NbexecError):
+    """An artifact store could not store a file."""

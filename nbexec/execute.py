@@ -15,12 +15,13 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from . import artifacts, notebook, outputs, pool
+from . import artifacts, notebook, outputs, pool, uploads
 from .config import SandboxConfig, from_env, parse_size
 from .errors import ConfigError
 from .result import CellError, ExecutionResult
 from .runner import Budget, CellOutcome, OutputCallback, run_cell
 from .sandbox import Sandbox, work_root
+from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,14 @@ def adopt_data_dir(sandbox: Sandbox, target: Path) -> Path:
 
 def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
                      output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None,
-                     **overrides: Any) -> ExecutionResult:
+                     store: ArtifactStore | None = None, **overrides: Any) -> ExecutionResult:
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
     change single fields for this call. The data folder mounted at /mnt/data ends up in
     ``<output_dir>/data``; images go to ``<output_dir>/images`` and the executed notebook next to them.
+    ``store`` receives every file and image (default: a LocalStore, whose URLs are file:// URLs of the
+    files where they lie); links to them replace `sandbox:/mnt/data/...` references in the text views.
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
     """
     started = time.monotonic()
@@ -142,13 +145,15 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
         if data_dir != out / "data":  # another filesystem: copy what the code left, links never followed
             artifacts.copy_tree(data_dir, out / "data")
             data_dir = out / "data"
-        nb.metadata["nbexec"] = {"execution_id": execution_id, "ok": error is None}
-        return finish(nb, error, execution_id=execution_id, output_dir=out, data_dir=data_dir,
-                      notebook_path=None, started=started,
-                      timings={"sandbox_s": acquired - started, "run_s": ran - acquired}, dropped=dropped)
+        nb.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
+        result = finish(nb, error, execution_id=execution_id, output_dir=out, data_dir=data_dir,
+                        notebook_path=None, started=started,
+                        timings={"sandbox_s": acquired - started, "run_s": ran - acquired}, dropped=dropped)
     finally:
         # After the result is built, so the teardown and the pool's refill do not compete with it.
         pool.release(sandbox)
+    target: ArtifactStore = store if store is not None else LocalStore()
+    return uploads.publish(result, target, prefix=target.prefix)
 
 
 async def execute_notebook_async(source: Any, **options: Any) -> ExecutionResult:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from .outputs import IMAGE_TYPES, strip_ansi
-from .result import ExecutionResult
+from .result import ExecutionResult, Image
 
 
 def _text(value: object) -> str:
     return "".join(value) if isinstance(value, list) else str(value)
+
+
+def _image_line(image: Image | None) -> str:
+    if image is None:
+        return "[image]"
+    uploaded = image.url and not image.url.startswith("file:")
+    return f"[image: {image.url if uploaded else image.path}]"
 
 
 def for_terminal(result: ExecutionResult) -> str:
@@ -21,14 +28,17 @@ def for_terminal(result: ExecutionResult) -> str:
         elif kind in ("execute_result", "display_data"):
             data = output.get("data", {})
             if any(mime in data for mime in IMAGE_TYPES):
-                image = next(images, None)
-                lines.append(f"[image: {image.path}]" if image else "[image]")
+                lines.append(_image_line(next(images, None)))
             elif "text/plain" in data:
                 lines.append(strip_ansi(_text(data["text/plain"])))
     if result.files:
         lines.append("")
         lines.append("files written to /mnt/data:")
         lines.extend(f"  {f.name} ({f.size:,} bytes) -> {f.url or f.path}" for f in result.files)
+    failed = [u for u in result.uploads if u.status in ("failed", "skipped")]
+    if failed:
+        lines.append("not uploaded (kept on disk):")
+        lines.extend(f"  {u.name}: {u.reason}" for u in failed)
     if result.skipped_files:
         lines.append("not collected:")
         lines.extend(f"  {s.name}: {s.reason}" for s in result.skipped_files)

@@ -73,6 +73,23 @@ class SkippedFile:
 
 
 @dataclass(frozen=True)
+class Upload:
+    """What happened to one file or image in the artifact store: uploaded, kept (local store), failed or
+    skipped (a cap). ``url`` is set when the file can be fetched; ``reason`` says why not."""
+
+    name: str
+    kind: str
+    status: str
+    url: str | None
+    reason: str | None = None
+    blob: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "status": self.status, "url": self.url, "reason": self.reason,
+                "blob": self.blob}
+
+
+@dataclass(frozen=True)
 class ExecutionResult:
     """Everything one execution produced. ``ok`` is False when the code raised, timed out or was stopped."""
 
@@ -92,6 +109,7 @@ class ExecutionResult:
     duration_s: float
     timings: dict[str, float]
     truncated_bytes: int = 0
+    uploads: tuple[Upload, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
@@ -111,6 +129,7 @@ class ExecutionResult:
             "duration_s": round(self.duration_s, 6),
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
             "truncated_bytes": self.truncated_bytes,
+            "uploads": [u.to_dict() for u in self.uploads],
         }
 
     def to_json(self, **dumps_options: Any) -> str:

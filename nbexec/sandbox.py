@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RUNTIME_MOUNT = "/run/nbexec"
 DATA_MOUNT = "/mnt/data"
+INPUT_MOUNT = "/mnt/input"
 HOME = "/home/sandbox"
 WORKDIR_PREFIX = "nbexec-"
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
@@ -131,7 +132,9 @@ class Sandbox:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={parse_size(config.tmp_size)},mode=1777",
                       HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700"},
             "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
-                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")],
+                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")]
+            + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]
+               if config.input_dir else []),
             "mem_limit": memory,
             "memswap_limit": memory,
             "nano_cpus": int(config.cpus * 1e9),

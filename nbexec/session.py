@@ -18,7 +18,7 @@ from typing import Any
 
 from nbformat import NotebookNode
 
-from . import artifacts, notebook, pool
+from . import artifacts, notebook, pool, uploads
 from .config import SandboxConfig, from_env, parse_size
 from .errors import (
     FileTransferError,
@@ -31,6 +31,7 @@ from .execute import adopt_data_dir, finish, prepare_output_dir, run_cells
 from .result import ExecutionResult
 from .runner import OutputCallback
 from .sandbox import Sandbox
+from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class Session:
     """A kernel that keeps its state between ``run()`` calls. Starts on first use or on ``start()``."""
 
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
-                 ttl: float | None = DEFAULT_TTL, session_id: str | None = None) -> None:
+                 ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
+                 store: ArtifactStore | None = None) -> None:
         self.id = session_id or uuid.uuid4().hex
         self._config = config
         self._requested_dir = output_dir
@@ -58,6 +60,8 @@ class Session:
         self._dead_reason: str | None = None
         self._closed = False
         self._lock = threading.RLock()
+        self.store: ArtifactStore = store if store is not None else LocalStore()
+        self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -174,9 +178,10 @@ class Session:
                     and not sandbox.state().running:
                 self._dead_reason = error.evalue
             self.last_activity = time.monotonic()
-            return finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
-                          data_dir=sandbox.data_dir, notebook_path=self.output_dir / "session.ipynb",
-                          started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index)
+            result = finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
+                            data_dir=sandbox.data_dir, notebook_path=self.output_dir / "session.ipynb",
+                            started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index)
+            return uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
 
     def save(self, path: str | Path) -> Path:
         """Write the session's notebook so far to ``path``."""

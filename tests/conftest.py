@@ -15,6 +15,8 @@ import nbexec
 from nbexec import daemon, pool
 from nbexec.sandbox import work_root
 
+from . import azurite as azurite_module
+
 FILES = Path(__file__).parent / "files"
 IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)
 
@@ -82,3 +84,15 @@ def config(cleanup_ledger: None) -> nbexec.SandboxConfig:
 def cold(cleanup_ledger: None) -> nbexec.SandboxConfig:
     """A config without a pool: every execution starts its own sandbox."""
     return nbexec.SandboxConfig(image=IMAGE, pool_size=0, timeout=30, interrupt_grace=3)
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[azurite_module.Azurite]:
+    """A real Azure Blob API (Azurite), started once for the test session."""
+    binary = azurite_module.find_binary()
+    if binary is None:
+        pytest.fail("these tests need Azurite: run scripts/setup.sh (or `npm install --prefix .tools azurite`)",
+                    pytrace=False)
+    server = azurite_module.start(binary)
+    yield server
+    server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import types
 import sys
 
 import nbexec
@@ -10,10 +11,9 @@ import nbexec
 
 def test_exported_members() -> None:
     exported = set(nbexec.__all__)
-    public = {name for name in vars(nbexec) if not name.startswith("_")} - {
-        "config", "errors", "execute", "result", "session", "notebook", "outputs", "artifacts", "pool",
-        "sandbox", "runner", "daemon"}
-    assert public <= exported | {"annotations"}
+    public = {name for name, value in vars(nbexec).items()
+              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    assert public == exported - {"__version__"}
     for name in exported:
         assert hasattr(nbexec, name), name
 

@@ -1,0 +1,42 @@
+"""A LangChain tool that runs Python in nbexec's sandbox (needs the langchain extra: langchain-core)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import tools
+from ..config import SandboxConfig
+from ..session import SessionManager
+from ..storage import ArtifactStore
+from ..toolcall import _outcome
+
+try:
+    from langchain_core.tools import StructuredTool
+    from pydantic import BaseModel, Field
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError("the LangChain tool needs the langchain extra: pip install 'nbexec[langchain]'") from exc
+
+
+class CodeInput(BaseModel):
+    code: str = Field(description="Python source to run.")
+    session_id: str | None = Field(default=None, description="Session to run in; reuse it to keep state.")
+
+
+def execute_python_tool(config: SandboxConfig | None = None, *, sessions: SessionManager | None = None,
+                        store: ArtifactStore | None = None, name: str = tools.DEFAULT_NAME,
+                        budget: int = tools.DEFAULT_BUDGET) -> StructuredTool:
+    """A StructuredTool named ``execute_python``; stateful when given a SessionManager."""
+
+    def run(code: str, session_id: str | None = None) -> str:
+        arguments: dict[str, Any] = {"code": code}
+        if session_id:
+            arguments["session_id"] = session_id
+        result, problem = _outcome(arguments, config=config, sessions=sessions, store=store)
+        if problem:
+            return f"Tool error: {problem}"
+        assert result is not None
+        return tools.render_for_llm(result, budget=budget)
+
+    return StructuredTool.from_function(
+        func=run, name=name, description=tools.description(config, stateful=sessions is not None),
+        args_schema=CodeInput)

@@ -1,0 +1,72 @@
+"""Reports of a batch for CI: JUnit XML for the test tab, HTML renders for people, a summary table."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+
+from .batch import Item
+
+_INVALID_XML = dict.fromkeys(c for c in range(32) if c not in (9, 10, 13))
+
+
+def _clean(text: str) -> str:
+    return text.translate(_INVALID_XML)
+
+
+def junit_xml(items: list[Item], path: Path, *, suite: str = "nbexec") -> None:
+    """One testcase per input: failures carry ename, evalue and the ANSI-free traceback; timeouts say so."""
+    failures = sum(i.status in ("failed", "timeout") for i in items)
+    errors = sum(i.status == "error" for i in items)
+    skipped = sum(i.status == "skipped" for i in items)
+    root = ET.Element("testsuites")
+    node = ET.SubElement(root, "testsuite", name=suite, tests=str(len(items)), failures=str(failures),
+                         errors=str(errors), skipped=str(skipped), time=f"{sum(i.duration_s for i in items):.3f}")
+    for item in items:
+        case = ET.SubElement(node, "testcase", classname=suite, name=item.name, time=f"{item.duration_s:.3f}")
+        error = item.result.error if item.result else None
+        if item.status in ("failed", "timeout"):
+            kind = "timeout" if item.status == "timeout" else error.ename if error else "InvalidInput"
+            detail = (error.traceback_text or error.evalue) if error else item.message
+            failure = ET.SubElement(case, "failure", type=kind, message=_clean(item.message))
+            failure.text = _clean(detail)
+        elif item.status == "error":
+            ET.SubElement(case, "error", type="nbexec", message=_clean(item.message)).text = _clean(item.message)
+        elif item.status == "skipped":
+            ET.SubElement(case, "skipped", message=item.message)
+        if item.result is not None and item.result.stdout:
+            ET.SubElement(case, "system-out").text = _clean(item.result.stdout[-65536:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def html(items: list[Item], folder: Path) -> list[Path]:
+    """An HTML render (images embedded) of each executed notebook; returns the files written."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for item in items:
+        if item.result is None or not item.result.notebook_path:
+            continue
+        nb = nbformat.read(item.result.notebook_path, as_version=4)
+        body, _ = exporter.from_notebook_node(nb)
+        target = folder / f"{Path(item.result.output_dir).name}.html"
+        target.write_text(body, encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def summary(items: list[Item]) -> str:
+    """A plain table: file, status, duration, error."""
+    rows = [("file", "status", "duration", "error")]
+    rows += [(i.name, i.status.upper(), f"{i.duration_s:.1f} s", i.message.splitlines()[0][:80] if i.message else "")
+             for i in items]
+    widths = [max(len(r[c]) for r in rows) for c in range(3)]
+    lines = ["  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows]
+    passed = sum(i.status == "passed" for i in items)
+    lines.append(f"{passed} passed, {len(items) - passed} failed")
+    return "\n".join(line.rstrip() for line in lines)

@@ -1,0 +1,112 @@
+"""Run a model's tool call and answer in that API's shape. Malformed calls and sandbox failures come back to the
+model as tool errors; nothing here raises into the caller's loop.
+
+Every handler takes ``config``, ``sessions`` (a SessionManager: stateful, by ``session_id``), ``store`` and
+``on_result`` (called with each ExecutionResult, e.g. to keep the file links for the final answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import tools
+from .config import SandboxConfig
+from .errors import NbexecError, SessionError
+from .execute import execute_notebook
+from .result import ExecutionResult
+from .session import SessionManager
+from .storage import ArtifactStore
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(arguments, None) or (None, an error message for the model)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            return None, ('The arguments were not JSON. Call the tool with a JSON object such as '
+                          '{"code": "print(1 + 1)"}.')
+    if not isinstance(raw, Mapping):
+        return None, 'The arguments must be a JSON object such as {"code": "print(1 + 1)"}.'
+    code = raw.get("code")
+    if not isinstance(code, str) or not code.strip():
+        return None, 'The "code" argument is missing or empty: pass the Python source to run as "code".'
+    session_id = raw.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        return None, 'The "session_id" argument must be a string.'
+    return dict(raw), None
+
+
+def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, sessions: SessionManager | None = None,
+        store: ArtifactStore | None = None) -> ExecutionResult | str:
+    """Execute parsed arguments one-shot, or in the named session when ``sessions`` is given."""
+    code = arguments["code"]
+    session_id = arguments.get("session_id")
+    if sessions is None:
+        return execute_notebook(code, config=config, store=store)
+    try:
+        session = sessions.get(session_id) if session_id else sessions.create(store=store)
+    except SessionError:
+        try:
+            session = sessions.create(session_id=session_id, store=store)
+        except SessionError as exc:
+            return f"Cannot start a session: {exc}"
+    try:
+        result = session.run(code)
+    except SessionError as exc:
+        return f"{exc}"
+    if not session_id:  # the model must learn the id to keep its state
+        note = f"[session_id: {session.id}; pass it again to keep variables and files]\n"
+        result = dataclasses.replace(result, text=note + result.text)
+    return result
+
+
+def _outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None,
+             **options: Any) -> tuple[ExecutionResult | None, str | None]:
+    arguments, problem = parse_arguments(raw_arguments)
+    if arguments is None:
+        return None, problem
+    try:
+        outcome = run(arguments, **options)
+    except NbexecError as exc:  # the sandbox itself failed: tell the model it was not its fault
+        return None, f"The sandbox is unavailable ({exc}). This is not an error in the code; try again later."
+    if isinstance(outcome, str):
+        return None, outcome
+    if on_result is not None:
+        on_result(outcome)
+    return outcome, None
+
+
+def handle_openai_tool_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
+    """Chat Completions: take a tool call (SDK object or dict) and return the ``role: tool`` message."""
+    function = _field(call, "function", {})
+    result, problem = _outcome(_field(function, "arguments", "{}"), **options)
+    content = f"Tool error: {problem}" if problem else tools.render_for_llm(result, budget=budget)  # type: ignore[arg-type]
+    return {"role": "tool", "tool_call_id": _field(call, "id", ""), "content": content}
+
+
+def handle_openai_function_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
+    """Responses API: take a ``function_call`` item and return the ``function_call_output`` item (with images)."""
+    result, problem = _outcome(_field(call, "arguments", "{}"), **options)
+    output: Any = f"Tool error: {problem}" if problem else tools.openai_content(result, budget=budget)  # type: ignore[arg-type]
+    return {"type": "function_call_output", "call_id": _field(call, "call_id", ""), "output": output}
+
+
+def handle_anthropic_tool_use(block: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
+    """Messages API: take a ``tool_use`` block and return the ``tool_result`` block (text and images)."""
+    result, problem = _outcome(_field(block, "input", {}), **options)
+    if problem:
+        return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": True,
+                "content": [{"type": "text", "text": f"Tool error: {problem}"}]}
+    assert result is not None
+    return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": not result.ok,
+            "content": tools.anthropic_content(result, budget=budget)}

@@ -1,0 +1,152 @@
+"""Artifacts in Azure Blob Storage, against Azurite: SAS links that read the exact bytes and nothing more."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import nbexec
+from nbexec.storage import AzureBlobSettings, AzureBlobStore
+
+from .azurite import KEY, Azurite
+
+
+def fetch(url: str, method: str = "GET", data: bytes | None = None) -> tuple[int, bytes, str]:
+    request = urllib.request.Request(url, method=method, data=data, headers={"x-ms-blob-type": "BlockBlob"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read(), response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), ""
+
+
+def store_for(azurite: Azurite, **options: object) -> AzureBlobStore:
+    container = f"t{time.time_ns()}"
+    return AzureBlobStore(AzureBlobSettings(connection_string=azurite.connection_string, container=container,
+                                            **options))  # type: ignore[arg-type]
+
+
+PRODUCE = (
+    "import matplotlib.pyplot as plt, os\n"
+    "open('/mnt/data/table.csv', 'w').write('a,b\\n1,2\\n')\n"
+    "os.makedirs('/mnt/data/deep', exist_ok=True)\n"
+    "open('/mnt/data/deep/blob.bin', 'wb').write(bytes(range(256)) * 40)\n"
+    "os.symlink('/etc/passwd', '/mnt/data/link')\n"
+    "plt.plot([1, 3, 2]); plt.show()\n"
+    "print('see [the table](sandbox:/mnt/data/table.csv)')\n"
+)
+
+
+def test_files_and_images_upload_with_read_only_links(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    store = store_for(azurite)
+    result = nbexec.execute_notebook(PRODUCE, config=config, store=store)
+    assert result.ok, result.error
+    statuses = {u.name: u.status for u in result.uploads}
+    assert statuses == {"table.csv": "uploaded", "deep/blob.bin": "uploaded", "images/cell0-1.png": "uploaded"}
+    for item in result.files:
+        assert item.url is not None
+        status, body, content_type = fetch(item.url)
+        assert status == 200 and hashlib.sha256(body).hexdigest() == item.sha256
+        assert body == Path(item.path).read_bytes()
+        assert content_type == item.mime
+        assert f"/nbexec/{result.execution_id}/{item.name}?" in item.url
+    image = result.images[0]
+    assert image.url and fetch(image.url)[1] == Path(image.path).read_bytes()
+    table_url = next(f.url for f in result.files if f.name == "table.csv")
+    assert f"[the table]({table_url})" in result.stdout  # sandbox: link rewritten
+    assert nbexec.rewrite_links("final: sandbox:/mnt/data/table.csv", result) == f"final: {table_url}"
+    assert [s.name for s in result.skipped_files] == ["link"]
+    data = json.loads(result.to_json())
+    assert {f["name"]: f["url"] for f in data["files"]}["table.csv"] == table_url
+    assert KEY not in result.to_json()
+
+
+def test_sas_refuses_writes_and_expires(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    store = store_for(azurite, sas_expiry_s=2)
+    result = nbexec.execute_notebook("open('/mnt/data/x.txt', 'w').write('x')", config=config, store=store)
+    url = result.files[0].url
+    assert url is not None and fetch(url)[0] == 200
+    assert fetch(url, method="PUT", data=b"overwritten")[0] == 403
+    assert fetch(url)[1] == b"x"
+    time.sleep(7)  # the SAS starts 5 minutes in the past and ends 2 s after upload; allow clock slack
+    assert fetch(url)[0] == 403
+
+
+def test_store_unreachable_keeps_files_and_reports(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    from .azurite import free_port
+
+    dead = AzureBlobStore(AzureBlobSettings(
+        connection_string=azurite.connection_string.replace(str(azurite.port), str(free_port())), retries=1,
+        timeout_s=2))
+    started = time.monotonic()
+    result = nbexec.execute_notebook("open('/mnt/data/kept.txt', 'w').write('kept')", config=config, store=dead)
+    assert time.monotonic() - started < 60
+    assert result.ok
+    assert [(u.name, u.status) for u in result.uploads] == [("kept.txt", "failed")]
+    assert "failed" in (result.uploads[0].reason or "") and KEY not in (result.uploads[0].reason or "")
+    assert Path(result.files[0].path).read_text() == "kept" and result.files[0].url is None
+
+
+def test_stopped_azurite_mid_way(config: nbexec.SandboxConfig) -> None:
+    from . import azurite as azurite_module
+
+    binary = azurite_module.find_binary()
+    assert binary, "Azurite is needed"
+    server = azurite_module.start(binary)
+    store = AzureBlobStore(AzureBlobSettings(connection_string=server.connection_string, retries=1, timeout_s=2))
+    first = nbexec.execute_notebook("open('/mnt/data/a.txt', 'w').write('a')", config=config, store=store)
+    assert first.uploads[0].status == "uploaded"
+    server.stop()
+    second = nbexec.execute_notebook("open('/mnt/data/b.txt', 'w').write('b')", config=config, store=store)
+    assert second.uploads[0].status == "failed" and Path(second.files[0].path).read_text() == "b"
+
+
+def test_upload_caps_are_reported(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    from nbexec import uploads
+
+    result = nbexec.execute_notebook("open('/mnt/data/big.bin', 'wb').write(b'x' * 5000)\n"
+                                     "open('/mnt/data/small.bin', 'wb').write(b'x')", config=config)
+    published = uploads.publish(result, store_for(azurite), limits=uploads.UploadLimits(max_file=1000))
+    assert {u.name: u.status for u in published.uploads} == {"big.bin": "skipped", "small.bin": "uploaded"}
+
+
+def test_session_uploads_only_new_and_changed(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    with nbexec.Session(config, store=store_for(azurite)) as session:
+        first = session.run("open('a.txt', 'w').write('1'); open('b.txt', 'w').write('1')")
+        assert sorted(u.name for u in first.uploads) == ["a.txt", "b.txt"]
+        second = session.run("open('b.txt', 'w').write('2'); open('c.txt', 'w').write('3')")
+        assert sorted(u.name for u in second.uploads) == ["b.txt", "c.txt"]
+        b_url = next(f.url for f in second.files if f.name == "b.txt")
+        assert b_url and fetch(b_url)[1] == b"2"
+
+
+def test_secrets_stay_out_of_reprs_and_logs(azurite: Azurite, caplog: pytest.LogCaptureFixture) -> None:
+    store = store_for(azurite)
+    assert KEY not in repr(store) and KEY not in repr(store.settings)
+    caplog.set_level(logging.DEBUG)
+    url = store.upload("n/x.txt", b"x", "text/plain")
+    assert fetch(url)[1] == b"x"
+    assert KEY not in caplog.text
+
+
+def test_cli_upload_azure_prints_urls(cleanup_ledger: None, azurite: Azurite, tmp_path: Path) -> None:
+    from .test_cli import nbexec as run_cli
+
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "AZURE_BLOB_CONTAINER_NAME": "cli"}
+    done = run_cli("run", "--upload", "azure", "--json", "-", cwd=tmp_path, env=env,
+                   stdin="open('/mnt/data/r.txt', 'w').write('r')\n")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert fetch(data["files"][0]["url"])[1] == b"r"
+    human = run_cli("run", "--store", "azure", "-", cwd=tmp_path, env=env, stdin="open('/mnt/data/h.txt','w')\n")
+    assert "h.txt (0 bytes) -> http://127.0.0.1" in human.stdout
+    missing = run_cli("run", "--upload", "azure", "-", cwd=tmp_path, env={"AZURE_STORAGE_CONNECTION_STRING": ""},
+                      stdin="1\n")
+    assert missing.returncode == 2 and "AZURE_STORAGE_CONNECTION_STRING" in missing.stderr
