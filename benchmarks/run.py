@@ -40,7 +40,7 @@ HOST_PLOT = "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def timed(func: Callable[[], object], samples: int, before: Callable[[], None] = lambda: None) -> list[float]:
@@ -92,23 +92,26 @@ def host_python(code: str) -> None:
         subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
-def latency(args: argparse.Namespace) -> list[dict[str, object]]:
-    rows = []
+def modes(name: str, samples: int) -> dict[str, Callable[[], list[float]]]:
+    """Each way of running one workload, as a function that returns its sample times."""
+    code = WORKLOADS[name]
     pooled = nbexec.from_env(pool_size=2)
     cold = nbexec.from_env(pool_size=0)
+    return {
+        "nbexec pooled one-shot": lambda: timed(lambda: check(nbexec.execute_notebook(code, config=pooled)),
+                                                samples, wait_pool_ready(pooled)),
+        "nbexec cold one-shot": lambda: timed(lambda: check(nbexec.execute_notebook(code, config=cold)),
+                                              samples, pool.wait_for_teardown),
+        "nbexec session run": lambda: session_times(pooled, code, samples),
+        "reference flow": lambda: timed(lambda: reference_flow(pooled.image, code), max(3, samples // 2)),
+        "host python3 -c": lambda: timed(lambda: host_python(HOST_PLOT if name == "plot" else code), samples),
+    }
+
+
+def latency(args: argparse.Namespace) -> list[dict[str, object]]:
+    rows = []
     for name in args.only:
-        code = WORKLOADS[name]
-        modes: dict[str, Callable[[], list[float]]] = {
-            "nbexec pooled one-shot": lambda: timed(lambda: check(nbexec.execute_notebook(code, config=pooled)),
-                                                    args.samples, wait_pool_ready(pooled)),
-            "nbexec cold one-shot": lambda: timed(lambda: check(nbexec.execute_notebook(code, config=cold)),
-                                                  args.samples, pool.wait_for_teardown),
-            "nbexec session run": lambda: session_times(pooled, code, args.samples),
-            "reference flow": lambda: timed(lambda: reference_flow(pooled.image, code), max(3, args.samples // 2)),
-            "host python3 -c": lambda: timed(lambda: host_python(HOST_PLOT if name == "plot" else code),
-                                             args.samples),
-        }
-        for mode, run in modes.items():
+        for mode, run in modes(name, args.samples).items():
             times = run()
             rows.append({"workload": name, "mode": mode, "n": len(times), "p50_ms": 1000 * statistics.median(times),
                          "p90_ms": 1000 * percentile(times, 0.9)})
@@ -140,7 +143,7 @@ def throughput(args: argparse.Namespace) -> list[dict[str, object]]:
         count = [0]
         stop = time.monotonic() + args.duration
 
-        def caller(run: Callable[[], None] = run) -> None:
+        def caller(run: Callable[[], None] = run, stop: float = stop, count: list[int] = count) -> None:
             while time.monotonic() < stop:
                 run()
                 count[0] += 1

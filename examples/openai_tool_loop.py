@@ -18,8 +18,8 @@ from openai.types.chat import ChatCompletion
 
 import nbexec
 from nbexec.links import url_map
-from nbexec.tools import openai_tool
 from nbexec.toolcall import handle_openai_tool_call
+from nbexec.tools import openai_tool
 
 MAX_RETRIES = 3
 

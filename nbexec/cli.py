@@ -280,6 +280,29 @@ def doctor() -> None:
     sys.exit(EXIT_INFRA if problems else EXIT_OK)
 
 
+@main.command(name="mcp", epilog=EXIT_CODES)
+@click.option("--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address for streamable HTTP.")
+@click.option("--port", type=int, default=8765, show_default=True, help="Port for streamable HTTP.")
+@click.option("--max-sessions", type=int, default=16, show_default=True, help="Clients served at once.")
+@sandbox_options
+def mcp_command(transport: str, host: str, port: int, max_sessions: int, **options: Any) -> None:
+    """Serve the execute_python tool over MCP (stdio by default); state is kept per client session."""
+    try:
+        from . import mcp_server
+
+        config = build_config(options)
+        server = mcp_server.build(config, max_sessions=max_sessions)
+    except ImportError as exc:
+        _fail(str(exc), EXIT_USAGE, False)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE, False)
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host=host, port=port)
+
+
 @main.command(epilog=EXIT_CODES)
 @click.option("--all", "everything", is_flag=True, help="Also remove containers of nbexec processes still running.")
 def cleanup(everything: bool) -> None:

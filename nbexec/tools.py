@@ -44,8 +44,8 @@ def openai_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_NAME
     """A function tool for OpenAI's Chat Completions (``api="chat"``) or Responses API (``api="responses"``)."""
     body = {"name": name, "description": description(config, stateful=sessions),
             "parameters": json_schema(sessions=sessions)}
-    if api == "responses":
-        return {"type": "function", **body}
+    if api == "responses":  # strict schemas need every property required: true only without session_id
+        return {"type": "function", **body, "strict": not sessions}
     if api != "chat":
         raise ValueError("api must be 'chat' or 'responses'")
     return {"type": "function", "function": body}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import tools
 from ..config import SandboxConfig
+from ..result import ExecutionResult
 from ..session import SessionManager
 from ..storage import ArtifactStore
 from ..toolcall import _outcome
@@ -24,14 +26,15 @@ class CodeInput(BaseModel):
 
 def execute_python_tool(config: SandboxConfig | None = None, *, sessions: SessionManager | None = None,
                         store: ArtifactStore | None = None, name: str = tools.DEFAULT_NAME,
-                        budget: int = tools.DEFAULT_BUDGET) -> StructuredTool:
+                        budget: int = tools.DEFAULT_BUDGET,
+                        on_result: Callable[[ExecutionResult], None] | None = None) -> StructuredTool:
     """A StructuredTool named ``execute_python``; stateful when given a SessionManager."""
 
     def run(code: str, session_id: str | None = None) -> str:
         arguments: dict[str, Any] = {"code": code}
         if session_id:
             arguments["session_id"] = session_id
-        result, problem = _outcome(arguments, config=config, sessions=sessions, store=store)
+        result, problem = _outcome(arguments, on_result=on_result, config=config, sessions=sessions, store=store)
         if problem:
             return f"Tool error: {problem}"
         assert result is not None

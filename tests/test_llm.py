@@ -1,0 +1,162 @@
+"""Tool definitions against the SDKs' own types, model-facing rendering, tool-call handlers, MCP, LangChain,
+and the LLM examples replayed end to end on real Docker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import TypeAdapter
+
+import nbexec
+from nbexec import tools
+from nbexec.toolcall import handle_anthropic_tool_use, handle_openai_function_call, handle_openai_tool_call
+
+from .conftest import IMAGE
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_openai_tool_shapes_validate_against_the_sdk() -> None:
+    from openai.types.chat import ChatCompletionToolParam
+    from openai.types.responses import FunctionToolParam
+
+    chat = tools.openai_tool(sessions=True)
+    TypeAdapter(ChatCompletionToolParam).validate_python(chat, strict=True)
+    assert chat["function"]["name"] == "execute_python"
+    assert chat["function"]["parameters"]["required"] == ["code"]
+    assert "session_id" in chat["function"]["parameters"]["properties"]
+    TypeAdapter(FunctionToolParam).validate_python(tools.openai_tool(api="responses"), strict=True)
+
+
+def test_anthropic_tool_validates_against_the_sdk() -> None:
+    from anthropic.types import ToolParam
+
+    tool = tools.anthropic_tool()
+    TypeAdapter(ToolParam).validate_python(tool, strict=True)
+    assert tool["input_schema"]["properties"].keys() == {"code"}
+
+
+def test_description_tells_the_truth() -> None:
+    closed = tools.description(nbexec.SandboxConfig(timeout=30))
+    assert "no internet" in closed and "30 s" in closed and "/mnt/data" in closed and "fresh" in closed
+    opened = tools.description(nbexec.SandboxConfig(network=True), stateful=True)
+    assert "internet access" in opened and "no internet" not in opened and "session_id" in opened
+
+
+def test_truncate_keeps_head_and_tail() -> None:
+    text = "HEAD" + "x" * 20000 + "TAIL"
+    cut = tools.truncate(text, 1000)
+    assert len(cut) <= 1000 and cut.startswith("HEAD") and cut.endswith("TAIL") and "characters omitted" in cut
+
+
+def test_render_trims_library_frames_and_hints(config: nbexec.SandboxConfig) -> None:
+    result = nbexec.execute_notebook("import pandas as pd\nprint('before')\npd.DataFrame({'a': [1]})['missing']",
+                                     config=config)
+    text = tools.render_for_llm(result)
+    assert text.startswith("before\n")
+    assert "Cell In[1], line 3" in text and "KeyError: 'missing'" in text
+    assert "frames inside libraries omitted" in text and "site-packages" not in text
+    assert "Fix the code and call the tool again." in text
+    assert len(tools.render_for_llm(result, budget=300)) <= 300
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [("print(1)", "not JSON"), ("[1]", "JSON object"), ("{}", "missing or empty"), ('{"code": 3}', "missing")],
+    ids=["bare-string", "array", "no-code", "code-not-string"],
+)
+def test_malformed_calls_become_tool_errors(arguments: str, message: str) -> None:
+    from openai.types.chat import ChatCompletionMessageToolCall
+
+    call = ChatCompletionMessageToolCall.model_validate(
+        {"id": "call_9", "type": "function", "function": {"name": "execute_python", "arguments": arguments}})
+    reply = handle_openai_tool_call(call)
+    assert reply["role"] == "tool" and reply["tool_call_id"] == "call_9"
+    assert reply["content"].startswith("Tool error:") and message in reply["content"]
+
+
+def test_openai_handlers_run_code(config: nbexec.SandboxConfig) -> None:
+    reply = handle_openai_tool_call({"id": "c1", "function": {"arguments": '{"code": "print(6 * 7)"}'}},
+                                    config=config)
+    assert reply == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    output = handle_openai_function_call(
+        {"type": "function_call", "call_id": "c2", "arguments": json.dumps(
+            {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()"})}, config=config)
+    assert output["call_id"] == "c2"
+    assert [p["type"] for p in output["output"]] == ["input_text", "input_image"]
+    assert output["output"][1]["image_url"].startswith("data:image/png;base64,")
+
+
+def test_anthropic_handler_with_sdk_block_and_sessions(config: nbexec.SandboxConfig) -> None:
+    from anthropic.types import ToolResultBlockParam, ToolUseBlock
+
+    manager = nbexec.SessionManager(config)
+    first = handle_anthropic_tool_use(ToolUseBlock(type="tool_use", id="t1", name="execute_python",
+                                                   input={"code": "x = 41"}), sessions=manager)
+    session_id = first["content"][0]["text"].split("session_id: ", 1)[1].split(";", 1)[0]
+    second = handle_anthropic_tool_use(
+        {"type": "tool_use", "id": "t2", "input": {"code": "import matplotlib.pyplot as plt\nprint(x + 1)\n"
+                                                           "plt.plot([1]); plt.show()", "session_id": session_id}},
+        sessions=manager)
+    TypeAdapter(ToolResultBlockParam).validate_python(second)
+    assert second["is_error"] is False and second["content"][0]["text"].startswith("42")
+    assert second["content"][1]["type"] == "image"
+    failed = handle_anthropic_tool_use({"id": "t3", "input": {"code": "1/0", "session_id": session_id}},
+                                       sessions=manager)
+    assert failed["is_error"] is True and "ZeroDivisionError" in failed["content"][0]["text"]
+    manager.close_all()
+
+
+def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    async def talk() -> dict:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "nbexec.cli", "mcp", "--timeout", "30"],
+                                       env={**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_POOL_SIZE": "0"})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            listed = await client.list_tools()
+            first = await client.call_tool("execute_python", {"code": "x = 41\nopen('out.txt', 'w').write('hi')"})
+            second = await client.call_tool("execute_python", {"code": "import matplotlib.pyplot as plt\n"
+                                                                       "print(x + 1)\nplt.plot([1]); plt.show()"})
+            error = await client.call_tool("execute_python", {"code": "1/0"})
+            resources = await client.list_resources()
+            content = await client.read_resource(resources.resources[0].uri)
+            return {"tools": [t.name for t in listed.tools], "first": first, "second": second, "error": error,
+                    "resources": [r.name for r in resources.resources], "content": content}
+
+    out = asyncio.run(talk())
+    assert out["tools"] == ["execute_python"]
+    assert not out["first"].is_error
+    assert [c.type for c in out["second"].content] == ["text", "image"]
+    assert out["second"].content[0].text.startswith("42")
+    assert "ZeroDivisionError" in out["error"].content[0].text
+    assert out["resources"] == ["out.txt"]
+    assert out["content"].contents[0].blob == "aGk="  # base64 of b"hi"
+
+
+def test_langchain_tool(config: nbexec.SandboxConfig) -> None:
+    from nbexec.integrations.langchain import execute_python_tool
+
+    tool = execute_python_tool(config)
+    assert tool.name == "execute_python" and "/mnt/data" in tool.description
+    assert tool.invoke({"code": "print(sum(range(10)))"}) == "45"
+    assert "ZeroDivisionError" in tool.invoke({"code": "1/0"})
+
+
+@pytest.mark.parametrize("example", ["openai_tool_loop.py", "anthropic_tool_loop.py", "langchain_agent.py"])
+def test_examples_replay_end_to_end(cleanup_ledger: None, example: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / example), "--replay"], cwd=tmp_path,
+                          env={**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_POOL_SIZE": "0"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Error (exception)" in done.stderr and "KeyError" in done.stderr  # a real failure, then a retry
+    assert "assistant:" in done.stdout and "file:///" in done.stdout and "revenue_by_region.csv" in done.stdout
+    assert "sandbox:/mnt/data" not in done.stdout
