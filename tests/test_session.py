@@ -132,3 +132,34 @@ def test_sessions_do_not_see_each_other(config: nbexec.SandboxConfig) -> None:
         a.run("secret = 'a'; open('a.txt', 'w').write('a')")
         result = b.run("import os\nprint('secret' in globals(), os.listdir('.'))")
         assert result.stdout == "False []\n"
+
+
+def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tmp_path: Path) -> None:
+    """The engine disappears (its API stops answering and the sandbox is gone): the next run fails fast with a
+    DockerError naming the problem, instead of hanging."""
+    import docker as docker_sdk
+
+    from nbexec import daemon
+
+    from .conftest import IMAGE
+    from .socketproxy import SocketProxy
+
+    proxy = SocketProxy(tmp_path / "docker.sock")
+    saved = daemon._client
+    daemon._client = docker_sdk.DockerClient(base_url=f"unix://{proxy.path}", timeout=10)
+    try:
+        config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, timeout=30)
+        session = Session(config).start()
+        assert session.run("x = 1").ok
+        container_name = session._sandbox.container.name  # type: ignore[union-attr]
+        proxy.cut()
+        saved.containers.get(container_name).kill() if saved else None  # the engine took its containers along
+        started = time.monotonic()
+        with pytest.raises(nbexec.DockerError, match="Docker"):
+            session.run("import time; time.sleep(5)")
+        assert time.monotonic() - started < 20
+    finally:
+        daemon._client = saved
+    session.close()  # cannot reach the engine through the cut socket: warns and leaves the container
+    if saved is not None:  # what `nbexec cleanup` would do once the engine is back
+        saved.containers.get(container_name).remove(force=True)
