@@ -134,6 +134,8 @@ def test_sessions_do_not_see_each_other(config: nbexec.SandboxConfig) -> None:
         assert result.stdout == "False []\n"
 
 
+# docker-py does not close the socket of a connection that failed to connect; that warning is not ours.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tmp_path: Path) -> None:
     """The engine disappears (its API stops answering and the sandbox is gone): the next run fails fast with a
     DockerError naming the problem, instead of hanging."""
@@ -146,7 +148,8 @@ def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tm
 
     proxy = SocketProxy(tmp_path / "docker.sock")
     saved = daemon._client
-    daemon._client = docker_sdk.DockerClient(base_url=f"unix://{proxy.path}", timeout=10)
+    cut_client = docker_sdk.DockerClient(base_url=f"unix://{proxy.path}", timeout=10)
+    daemon._client = cut_client
     try:
         config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, timeout=30)
         session = Session(config).start()
@@ -161,5 +164,6 @@ def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tm
     finally:
         daemon._client = saved
     session.close()  # cannot reach the engine through the cut socket: warns and leaves the container
+    cut_client.close()
     if saved is not None:  # what `nbexec cleanup` would do once the engine is back
         saved.containers.get(container_name).remove(force=True)
