@@ -20,11 +20,14 @@ class SocketProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while self.open:
+        while True:
             try:
                 client, _ = self.server.accept()
             except OSError:
                 return
+            if not self.open:  # cut: hang up at once, like an engine that is gone
+                client.close()
+                continue
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(self.target)
             self.connections += [client, upstream]
@@ -40,11 +43,13 @@ class SocketProxy:
             sink.shutdown(socket.SHUT_WR)
 
     def cut(self) -> None:
-        """Refuse new connections and drop open ones."""
+        """Drop open connections and hang up on new ones."""
         self.open = False
-        self.server.close()
         for conn in self.connections:
             with contextlib.suppress(OSError):
                 conn.close()
+
+    def close(self) -> None:
+        self.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)

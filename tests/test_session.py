@@ -134,8 +134,6 @@ def test_sessions_do_not_see_each_other(config: nbexec.SandboxConfig) -> None:
         assert result.stdout == "False []\n"
 
 
-# docker-py does not close the socket of a connection that failed to connect; that warning is not ours.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tmp_path: Path) -> None:
     """The engine disappears (its API stops answering and the sandbox is gone): the next run fails fast with a
     DockerError naming the problem, instead of hanging."""
@@ -167,3 +165,4 @@ def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tm
     cut_client.close()
     if saved is not None:  # what `nbexec cleanup` would do once the engine is back
         saved.containers.get(container_name).remove(force=True)
+    proxy.close()
