@@ -304,6 +304,53 @@ def mcp_command(transport: str, host: str, port: int, max_sessions: int, **optio
 
 
 @main.command(epilog=EXIT_CODES)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="File with accepted bearer tokens, one per line (also NBEXEC_API_TOKENS, comma-separated).")
+@click.option("--no-auth", is_flag=True, help="Accept requests without a token (only with a loopback --host).")
+@click.option("--max-sessions-per-token", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--max-running-per-token", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--max-body", default="16m", show_default=True, help="Largest request body.")
+@click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
+              help="Where produced files go (azure: read-only SAS links).")
+@sandbox_options
+def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
+          max_running_per_token: int, max_body: str, store: str, **options: Any) -> None:
+    """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /healthz, /readyz, /metrics)."""
+    import ipaddress
+
+    try:
+        import uvicorn
+
+        from . import server
+    except ImportError as exc:
+        _fail(f"{exc} (pip install 'nbexec[server]')", EXIT_USAGE, False)
+    tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
+    if token_file:
+        tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()]
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if no_auth and not loopback:
+        _fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
+    if no_auth:
+        click.echo("nbexec: WARNING: authentication is OFF; anyone who can reach "
+                   f"{host}:{port} can run code", err=True)
+    try:
+        from .config import parse_size
+
+        settings = server.ServerSettings(
+            config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=store_from_env(store),
+            max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
+            max_running_per_token=max_running_per_token)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE, False)
+    uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False)
+
+
+@main.command(epilog=EXIT_CODES)
 @click.option("--all", "everything", is_flag=True, help="Also remove containers of nbexec processes still running.")
 def cleanup(everything: bool) -> None:
     """Remove containers and working folders nbexec left behind (found by label)."""

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -114,12 +115,14 @@ def adopt_data_dir(sandbox: Sandbox, target: Path) -> Path:
 
 def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
                      output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None,
-                     store: ArtifactStore | None = None, **overrides: Any) -> ExecutionResult:
+                     store: ArtifactStore | None = None, files: Mapping[str, bytes] | None = None,
+                     **overrides: Any) -> ExecutionResult:
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
     change single fields for this call. The data folder mounted at /mnt/data ends up in
     ``<output_dir>/data``; images go to ``<output_dir>/images`` and the executed notebook next to them.
+    ``files`` ({name: bytes}) are put into /mnt/data before the code runs (and are listed in the result).
     ``store`` receives every file and image (default: a LocalStore, whose URLs are file:// URLs of the
     files where they lie); links to them replace `sandbox:/mnt/data/...` references in the text views.
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
@@ -139,6 +142,8 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     acquired = time.monotonic()
     try:
         data_dir = adopt_data_dir(sandbox, out / "data")
+        for name, content in (files or {}).items():
+            artifacts.put(data_dir, name, content, owner=config.uid_gid() if os.getuid() == 0 else None)
         nb.metadata["language_info"] = sandbox.language_info or nb.metadata.get("language_info", {})
         error, dropped = run_cells(sandbox, nb, config, on_output=on_output)
         ran = time.monotonic()

@@ -120,6 +120,7 @@ class Pool:
         self._closed = False
         self._failure: BaseException | None = None
         self._cond = threading.Condition()
+        self.filled = False  # reached its size at least once (readiness of a service)
 
     def acquire(self) -> Sandbox:
         """Take a ready sandbox, waiting for one being started if none is ready."""
@@ -176,6 +177,7 @@ class Pool:
                 dispose(sandbox)
             else:
                 self._ready.append(sandbox)
+                self.filled = self.filled or len(self._ready) >= self.size
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -221,3 +223,27 @@ def shutdown() -> None:
     for pool in pools:
         pool.close()
     wait_for_teardown()
+
+
+def ready_count(config: SandboxConfig) -> int:
+    """How many sandboxes wait ready in the pool for this config (0 when pooling is off or not started)."""
+    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    with _lock:
+        found = _pools.get(key)
+    return found.ready if found is not None else 0
+
+
+def has_filled(config: SandboxConfig) -> bool:
+    """Whether the pool for this config has been full at least once (always true when pooling is off)."""
+    if not config.pool_size:
+        return True
+    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    with _lock:
+        found = _pools.get(key)
+    return found is not None and found.filled
+
+
+def warm_up(config: SandboxConfig) -> None:
+    """Start filling the pool for this config now instead of on the first execution."""
+    if config.pool_size:
+        _pool_for(config).replenish()

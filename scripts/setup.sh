@@ -57,10 +57,10 @@ ensure_image() {
 
 ensure_azurite() {
     # Azurite (Microsoft's Azure Storage emulator, from npm) for the Azure upload tests; kept in .tools/.
-    if [ -x .tools/node_modules/.bin/azurite-blob ]; then return; fi
+    if [ -x .tools/node_modules/.bin/azurite-blob ] && [ -x .tools/node_modules/.bin/tsc ]; then return; fi
     command -v npm >/dev/null || { echo "npm is needed to install Azurite (apt-get install nodejs npm)" >&2; exit 3; }
-    log "installing Azurite into .tools/"
-    npm install --silent --no-audit --no-fund --prefix .tools azurite@3.37.0 >/dev/null
+    log "installing Azurite and TypeScript (for the TypeScript example's test) into .tools/"
+    npm install --silent --no-audit --no-fund --prefix .tools azurite@3.37.0 typescript@5 @types/node@20 >/dev/null
 }
 
 ensure_docker

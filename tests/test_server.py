@@ -1,0 +1,190 @@
+"""`nbexec serve` on a loopback port with real Docker: every endpoint, auth, isolation, limits, streaming."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+import nbexec
+from nbexec.server import ServerSettings, create_app
+
+from .azurite import free_port
+from .conftest import IMAGE
+
+TOKEN_A = "token-a-" + "a" * 24
+TOKEN_B = "token-b-" + "b" * 24
+
+
+@dataclass
+class Running:
+    url: str
+    server: uvicorn.Server
+
+    def client(self, token: str | None = TOKEN_A) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def service(docker_ready: None) -> Iterator[Running]:
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
+    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=2,
+                              max_running_per_token=1, max_body=1024 * 1024)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "the server did not start"
+    yield Running(f"http://127.0.0.1:{port}", server)
+    server.should_exit = True
+    thread.join(timeout=60)
+
+
+def test_health_ready_metrics(service: Running) -> None:
+    with service.client(None) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        deadline = time.monotonic() + 60
+        while (ready := client.get("/readyz")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ready.json()["ready"] is True and ready.json()["image"] == "ok"
+        assert "nbexec_live_sessions" in client.get("/metrics").text
+
+
+def test_auth_is_required(service: Running) -> None:
+    with service.client(None) as anonymous, service.client("wrong-token-xxxxxxxxxxxx") as wrong:
+        assert anonymous.post("/v1/execute", json={"code": "1"}).status_code == 401
+        response = wrong.post("/v1/sessions")
+        assert response.status_code == 401 and "wrong-token" not in response.text
+
+
+def test_execute_one_shot_with_files(service: Running) -> None:
+    with service.client() as client:
+        payload = {"code": "print(open('/mnt/data/in.txt').read().upper())\nopen('/mnt/data/out.txt','w').write('o')",
+                   "files": {"in.txt": base64.b64encode(b"hello").decode()}}
+        data = client.post("/v1/execute", json=payload).json()
+        assert data["ok"] and data["stdout"] == "HELLO\n"
+        assert sorted(f["name"] for f in data["files"]) == ["in.txt", "out.txt"]
+        failed = client.post("/v1/execute", json={"code": "1/0"}).json()
+        assert failed["ok"] is False and failed["error"]["ename"] == "ZeroDivisionError"
+        assert client.post("/v1/execute", json={"code": ""}).status_code == 422
+        assert client.post("/v1/execute", json={"code": "1", "files": {"x": "%%%"}}).status_code == 422
+        assert client.post("/v1/execute", json={"code": "1", "files": {"../x": "eA=="}}).status_code == 400
+
+
+def test_sessions_files_and_isolation(service: Running) -> None:
+    with service.client() as a, service.client(TOKEN_B) as b:
+        created = a.post("/v1/sessions")
+        assert created.status_code == 201
+        sid = created.json()["id"]
+        assert a.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 41"}).json()["ok"]
+        assert a.post(f"/v1/sessions/{sid}/execute", json={"code": "print(x + 1)"}).json()["stdout"] == "42\n"
+        blob = bytes(range(256)) * 50
+        assert a.put(f"/v1/sessions/{sid}/files/dir/blob.bin", content=blob).status_code == 201
+        assert a.get(f"/v1/sessions/{sid}/files/dir/blob.bin").content == blob
+        assert [f["name"] for f in a.get(f"/v1/sessions/{sid}/files").json()["files"]] == ["dir/blob.bin"]
+        assert a.get(f"/v1/sessions/{sid}").json()["status"] == "ready"
+        for response in (b.get(f"/v1/sessions/{sid}"), b.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}),
+                         b.get(f"/v1/sessions/{sid}/files/dir/blob.bin"), b.delete(f"/v1/sessions/{sid}")):
+            assert response.status_code == 404
+        assert a.get(f"/v1/sessions/{sid}/files/missing.txt").status_code == 404
+        assert a.delete(f"/v1/sessions/{sid}").status_code == 204
+        assert a.get(f"/v1/sessions/{sid}").status_code == 404
+
+
+def test_limits_answer_429_and_413(service: Running) -> None:
+    with service.client() as client:
+        ids = [client.post("/v1/sessions").json()["id"] for _ in range(2)]
+        refused = client.post("/v1/sessions")
+        assert refused.status_code == 429 and refused.headers["Retry-After"]
+        results: list[int] = []
+        slow = threading.Thread(target=lambda: results.append(client.post(
+            "/v1/execute", json={"code": "import time; time.sleep(3)"}).status_code))
+        slow.start()
+        time.sleep(1.0)
+        with service.client() as other:
+            busy = other.post("/v1/execute", json={"code": "1"})
+        slow.join()
+        assert busy.status_code == 429 and results == [200]
+        assert client.put(f"/v1/sessions/{ids[0]}/files/big.bin", content=b"x" * (2 * 1024 * 1024)).status_code == 413
+        for sid in ids:
+            client.delete(f"/v1/sessions/{sid}")
+
+
+def test_streaming_delivers_output_before_the_cell_ends(service: Running) -> None:
+    code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')"
+    with service.client() as client:
+        started = time.monotonic()
+        seen: list[tuple[str, float]] = []
+        with client.stream("POST", "/v1/execute?stream=true", json={"code": code}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    seen.append((line[7:], time.monotonic() - started))
+        kinds = [k for k, _ in seen]
+        assert kinds[0] == "output" and kinds[-1] == "result"
+        assert seen[0][1] < seen[-1][1] - 1.5  # the first output arrived while the cell still slept
+
+
+def test_openapi_documents_the_routes(service: Running) -> None:
+    with service.client(None) as client:
+        paths = client.get("/openapi.json").json()["paths"]
+    for route in ("/v1/execute", "/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/execute",
+                  "/v1/sessions/{session_id}/files", "/v1/sessions/{session_id}/files/{name}", "/healthz"):
+        assert route in paths, route
+
+
+
+def test_fuzzing_finds_no_server_error(service: Running) -> None:
+    """Requests generated from the server's own OpenAPI document (schemathesis + hypothesis) never get a 5xx."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import not_a_server_error
+
+    schema = schemathesis.openapi.from_url(f"{service.url}/openapi.json")
+    auth = {"Authorization": f"Bearer {TOKEN_A}"}
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 10
+
+    def run_case(case) -> None:  # type: ignore[no-untyped-def]
+        case.headers = {**(case.headers or {}), **auth}
+        response = case.call(base_url=service.url, timeout=60)
+        case.validate_response(response, checks=[not_a_server_error])
+        if case.path == "/v1/sessions" and case.method.upper() == "POST" and response.status_code == 201:
+            httpx.delete(f"{service.url}/v1/sessions/{response.json()['id']}", headers=auth, timeout=60)
+
+    budget = settings(max_examples=6, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    for operation in operations:
+        budget(given(case=operation.as_strategy())(lambda case: run_case(case)))()
+
+
+def test_typescript_client_runs_with_node(service: Running, tmp_path: Path) -> None:
+    root = Path(__file__).parent.parent
+    tsc = root / ".tools" / "node_modules" / ".bin" / "tsc"
+    node = shutil.which("node")
+    assert node and tsc.exists(), "needs Node.js and TypeScript in .tools/ (run scripts/setup.sh)"
+    compiled = subprocess.run([str(tsc), str(root / "examples" / "typescript" / "client.ts"), "--target", "es2022",
+                               "--module", "nodenext", "--types", "node", "--typeRoots",
+                               str(root / ".tools" / "node_modules" / "@types"), "--outDir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+    assert compiled.returncode == 0, compiled.stdout  # the example type-checks
+    done = subprocess.run([node, str(tmp_path / "client.js")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NBEXEC_URL": service.url, "NBEXEC_TOKEN": TOKEN_B})
+    assert done.returncode == 0, done.stderr
+    assert "one-shot: ok=true stdout=5050" in done.stdout
+    assert "session: ok=true stdout=43 files=input.csv,sums.csv" in done.stdout
+    assert "download: ,0 | a,4 | b,6" in done.stdout
+    assert "error: ZeroDivisionError: division by zero" in done.stdout
