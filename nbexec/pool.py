@@ -127,18 +127,23 @@ class Pool:
         with self._cond:
             self._waiting += 1
             try:
-                self._fill_locked(self._waiting)
-                while not self._ready:
-                    if self._failure is not None:
-                        failure, self._failure = self._failure, None
-                        raise failure
-                    if self._closed:
-                        raise NbexecError("the sandbox pool is closed")
-                    self._cond.wait()
-                sandbox = self._ready.popleft()
+                while True:
+                    self._fill_locked(self._waiting)
+                    while not self._ready:
+                        if self._failure is not None:
+                            failure, self._failure = self._failure, None
+                            raise failure
+                        if self._closed:
+                            raise NbexecError("the sandbox pool is closed")
+                        self._cond.wait()
+                    sandbox = self._ready.popleft()
+                    if sandbox.seems_alive():
+                        return sandbox
+                    # Killed from outside while it waited, or the engine restarted: never hand it out.
+                    log.warning("a pooled sandbox died while waiting; using another")
+                    dispose(sandbox)
             finally:
                 self._waiting -= 1
-            return sandbox
 
     def replenish(self) -> None:
         """Start replacements for handed-out sandboxes (called once an execution is done, so the start-up

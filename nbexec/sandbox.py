@@ -72,6 +72,7 @@ class Sandbox:
         self.warmed = False
         self._connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
+        self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
 
     @property
     def runtime_dir(self) -> Path:
@@ -153,6 +154,8 @@ class Sandbox:
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
+            self.container.reload()
+        self._init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
 
     def _connect(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
@@ -237,6 +240,14 @@ class Sandbox:
         content = {"skipped_bytes": len(parts[4])} if kind in skip else json.loads(parts[4])
         return {"header": header, "msg_type": kind, "parent_header": json.loads(parts[2]), "content": content}
 
+    def seems_alive(self) -> bool:
+        """A cheap check (no Docker call) that the container's init still runs: False once it is gone.
+
+        Uses the host's /proc when the engine is local; assumes alive when that cannot be known."""
+        if self._init_process is None:
+            return self.container is not None
+        return _process_identity(self._init_process[0]) == self._init_process
+
     def state(self) -> ContainerState:
         """Ask Docker whether the container still runs and how it ended."""
         try:
@@ -275,6 +286,17 @@ class Sandbox:
                     log.warning("could not remove container %s: %s (run `nbexec cleanup`)", self.id, exc)
             self.container = None
         remove_tree(self.workdir)
+
+
+def _process_identity(pid: Any) -> tuple[int, str] | None:
+    """(pid, start time) of a host process, or None when it does not exist here."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return pid, fields[19]  # starttime, in clock ticks since boot
 
 
 def remove_tree(path: Path) -> None:
