@@ -110,32 +110,30 @@ def render_for_llm(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET) -> 
     return truncate(body, budget)
 
 
-def _image_payload(path: str, mime: str) -> str | None:
-    if mime not in ("image/png", "image/jpeg", "image/gif"):
-        return None
-    try:
-        return base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    except OSError:
-        return None
+def _encoded_images(result: ExecutionResult, max_images: int) -> list[tuple[str, str]]:
+    """(mime, base64) of the first raster images a model API accepts (SVG is left out)."""
+    encoded = []
+    for image in result.images[:max_images]:
+        if image.mime not in ("image/png", "image/jpeg", "image/gif"):
+            continue
+        try:
+            encoded.append((image.mime, base64.b64encode(Path(image.path).read_bytes()).decode("ascii")))
+        except OSError:
+            continue
+    return encoded
 
 
 def anthropic_content(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET,
                       max_images: int = 4) -> list[dict[str, Any]]:
     """Content blocks for an Anthropic tool_result: the text, then the images."""
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": render_for_llm(result, budget=budget)}]
-    for image in result.images[:max_images]:
-        data = _image_payload(image.path, image.mime)
-        if data:
-            blocks.append({"type": "image", "source": {"type": "base64", "media_type": image.mime, "data": data}})
-    return blocks
+    return [{"type": "text", "text": render_for_llm(result, budget=budget)}] + [
+        {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
+        for mime, data in _encoded_images(result, max_images)]
 
 
 def openai_content(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET,
                    max_images: int = 4) -> list[dict[str, Any]]:
     """Content parts for an OpenAI Responses ``function_call_output``: input_text, then input_image."""
-    parts: list[dict[str, Any]] = [{"type": "input_text", "text": render_for_llm(result, budget=budget)}]
-    for image in result.images[:max_images]:
-        data = _image_payload(image.path, image.mime)
-        if data:
-            parts.append({"type": "input_image", "image_url": f"data:{image.mime};base64,{data}"})
-    return parts
+    return [{"type": "input_text", "text": render_for_llm(result, budget=budget)}] + [
+        {"type": "input_image", "image_url": f"data:{mime};base64,{data}"}
+        for mime, data in _encoded_images(result, max_images)]
