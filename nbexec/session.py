@@ -210,7 +210,7 @@ class Session:
             limit = parse_size(self.config.max_data)
             if limit and len(content) > limit:
                 raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
-            artifacts.put(sandbox.data_dir, name, content, owner=_owner(self.config))
+            artifacts.put(sandbox.data_dir, name, content, owner=self.config.file_owner())
             self.last_activity = time.monotonic()
         return f"/mnt/data/{name}"
 
@@ -231,11 +231,6 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status}>"
-
-
-def _owner(config: SandboxConfig) -> tuple[int, int] | None:
-    import os
-    return config.uid_gid() if os.getuid() == 0 else None
 
 
 # -- reaping ----------------------------------------------------------------------------------------
