@@ -102,8 +102,11 @@ class Session:
     def _new_sandbox(self, data_dir: Path) -> Sandbox:
         if self.config.pool_size and not data_dir.exists():
             sandbox = pool.acquire(self.config)
-            adopt_data_dir(sandbox, data_dir)
-            return sandbox
+            if adopt_data_dir(sandbox, data_dir) == data_dir:
+                return sandbox
+            # output_dir is on another filesystem: the pooled folder cannot move there, and would be deleted
+            # with the sandbox, so start one that mounts data_dir itself.
+            pool.release(sandbox)
         data_dir.mkdir(parents=True, exist_ok=True)
         sandbox = Sandbox.start(self.config, role="session", data_dir=data_dir)
         try:
