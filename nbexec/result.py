@@ -8,7 +8,7 @@ from typing import Any
 
 from nbformat import NotebookNode
 
-ERROR_KINDS = ("exception", "timeout", "oom", "kernel_died", "limit")
+ERROR_KINDS = ("exception", "timeout", "oom", "kernel_died", "limit", "protocol")
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class ExecutionResult:
     timings: dict[str, float]
     truncated_bytes: int = 0
     uploads: tuple[Upload, ...] = ()
+    notes: tuple[str, ...] = ()  # nbexec's own remarks on what it capped, dropped or enforced (never the code's)
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
@@ -130,6 +131,7 @@ class ExecutionResult:
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
             "truncated_bytes": self.truncated_bytes,
             "uploads": [u.to_dict() for u in self.uploads],
+            "notes": list(self.notes),
         }
 
     def to_json(self, **dumps_options: Any) -> str:
