@@ -130,11 +130,6 @@ class SandboxConfig:
             return os.getuid(), os.getgid()
         return 1000, 1000
 
-    def file_owner(self) -> tuple[int, int] | None:
-        """Who files the host puts into /mnt/data must belong to: the sandbox user when nbexec runs as root
-        (it can chown), else None (the files are already the host user's, who is the sandbox user)."""
-        return self.uid_gid() if hasattr(os, "getuid") and os.getuid() == 0 else None
-
 
 def describe(name: str) -> str:
     """The documentation of a SandboxConfig field (the CLI's help text)."""

@@ -143,7 +143,7 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     try:
         data_dir = adopt_data_dir(sandbox, out / "data")
         for name, content in (files or {}).items():
-            artifacts.put(data_dir, name, content, owner=config.file_owner())
+            artifacts.put(data_dir, name, content, owner=sandbox.file_owner())
         nb.metadata["language_info"] = sandbox.language_info or nb.metadata.get("language_info", {})
         error, dropped = run_cells(sandbox, nb, config, on_output=on_output)
         ran = time.monotonic()

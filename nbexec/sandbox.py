@@ -63,6 +63,7 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path, data_dir: Path) -> None:
         self.config = config
+        self.uid, self.gid = config.uid_gid()  # who the code runs as (the one place that decides it per sandbox)
         self.id = sandbox_id
         self.workdir = workdir
         self.data_dir = data_dir
@@ -73,6 +74,11 @@ class Sandbox:
         self._connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
+
+    def file_owner(self) -> tuple[int, int] | None:
+        """Who files the host puts into /mnt/data must belong to: the sandbox user when nbexec runs as root
+        (it can chown), else None (the files are already the host user's, who is the sandbox user)."""
+        return (self.uid, self.gid) if os.getuid() == 0 else None
 
     @property
     def runtime_dir(self) -> Path:
@@ -98,7 +104,7 @@ class Sandbox:
         return sandbox
 
     def _prepare_folders(self) -> None:
-        uid, gid = self.config.uid_gid()
+        uid, gid = self.uid, self.gid
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
                 "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
@@ -115,7 +121,7 @@ class Sandbox:
 
     def _container_options(self, role: str) -> dict[str, Any]:
         config = self.config
-        uid, gid = config.uid_gid()
+        uid, gid = self.uid, self.gid
         memory = config.memory_bytes
         options: dict[str, Any] = {
             "image": config.image,

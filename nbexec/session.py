@@ -213,7 +213,7 @@ class Session:
             limit = parse_size(self.config.max_data)
             if limit and len(content) > limit:
                 raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
-            artifacts.put(sandbox.data_dir, name, content, owner=self.config.file_owner())
+            artifacts.put(sandbox.data_dir, name, content, owner=sandbox.file_owner())
             self.last_activity = time.monotonic()
         return f"/mnt/data/{name}"
 
