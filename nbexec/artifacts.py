@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import FileTransferError
+from .folders import OutputFolder
 from .outputs import ImageData
 from .result import File, Image, SkippedFile
 
@@ -172,39 +173,44 @@ def _why_skip(entry: _Entry, links: dict[tuple[int, int], int], bad_name: str | 
     return bad_name
 
 
-def save_images(images: list[ImageData], images_dir: Path) -> list[Image]:
-    """Write image outputs into a host-only folder; names are made here, never taken from the code."""
+def save_images(images: list[ImageData], folder: OutputFolder) -> list[Image]:
+    """Write image outputs into ``folder``/images; names are made here, never taken from the code."""
+    if not images:
+        return []
     saved = []
-    images_dir.mkdir(parents=True, exist_ok=True)
     counts: dict[int, int] = {}
-    for image in images:
-        counts[image.cell_index] = counts.get(image.cell_index, 0) + 1
-        name = f"cell{image.cell_index}-{counts[image.cell_index]}.{image.extension}"
-        path = write_new(images_dir, name, image.content)
-        saved.append(Image(image.mime, str(path), image.cell_index, len(image.content)))
+    with folder.child("images") as images_dir:
+        for image in images:
+            counts[image.cell_index] = counts.get(image.cell_index, 0) + 1
+            name = f"cell{image.cell_index}-{counts[image.cell_index]}.{image.extension}"
+            path = write_new(images_dir, name, image.content)
+            saved.append(Image(image.mime, str(path), image.cell_index, len(image.content)))
     return saved
 
 
-def write_new(folder: Path, name: str, content: bytes) -> Path:
-    """Create ``folder/name`` exclusively (never through a link), adding a suffix if the name is taken."""
+def write_new(folder: OutputFolder, name: str, content: bytes) -> Path:
+    """Create ``name`` in ``folder`` exclusively (through its descriptor, never through a link), adding a suffix
+    if the name is taken; the file is private (0600) unless the folder is shared. Returns its shown path."""
     stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
     candidate = name
     for attempt in range(1, 1000):
         try:
-            fd = os.open(folder / candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                         folder.file_mode, dir_fd=folder.fd)
         except FileExistsError:
             candidate = f"{stem}-{attempt}{dot}{ext}"
             continue
         with os.fdopen(fd, "wb") as handle:
             handle.write(content)
-        return folder / candidate
-    raise FileTransferError(f"cannot find a free name for {name} in {folder}")
+        return folder.path / candidate
+    raise FileTransferError(f"cannot find a free name for {name} in {folder.path}")
 
 
-def replace(path: Path, content: bytes) -> None:
-    """Write ``path`` atomically in a host-only folder (a new file renamed over the old one)."""
-    temp = write_new(path.parent, f".{path.name}.tmp", content)
-    os.replace(temp, path)
+def replace(folder: OutputFolder, name: str, content: bytes) -> Path:
+    """Write ``name`` in ``folder`` atomically (a new file renamed over the old one, through the descriptor)."""
+    temp = write_new(folder, f".{name}.tmp", content).name
+    os.replace(temp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+    return folder.path / name
 
 
 def _relative_parts(name: str) -> tuple[bytes, ...]:

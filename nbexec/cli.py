@@ -276,8 +276,32 @@ def doctor() -> None:
                        "Install it (gVisor: runsc install) and restart Docker, or unset NBEXEC_RUNTIME.")
         else:
             click.echo(f"ok   runtime {config.runtime}")
+    _check_sandbox_uid(config)
     click.echo(f"     policy: {config!r}")
     sys.exit(EXIT_INFRA if problems else EXIT_OK)
+
+
+def _check_sandbox_uid(config: SandboxConfig) -> None:
+    """Warn when sandboxes run as a login account: code there shares its files' ownership and per-uid limits."""
+    import pwd
+
+    if not config.user and os.getuid() == 0:
+        click.echo("ok   sandbox uid: a fresh uid per sandbox with no account (nbexec runs as root)")
+        return
+    uid = config.uid_gid()[0]
+    try:
+        account = pwd.getpwuid(uid)
+    except KeyError:
+        click.echo(f"ok   sandbox uid {uid}: no account on this host")
+        return
+    shell = os.path.basename(account.pw_shell or "")
+    if shell in ("", "nologin", "false", "sync"):
+        click.echo(f"ok   sandbox uid {uid}: account {account.pw_name} cannot log in ({account.pw_shell})")
+        return
+    where = "NBEXEC_USER / --user" if config.user else "your own uid (nbexec does not run as root)"
+    click.echo(f"WARN sandbox uid {uid} is the login account {account.pw_name} ({account.pw_shell}), from {where}: "
+               "sandboxed code shares that account's per-uid kernel limits and file ownership. Run nbexec as root "
+               "(a fresh uid per sandbox) or set NBEXEC_USER to a uid no account has.")
 
 
 @main.command(name="mcp", epilog=EXIT_CODES)
@@ -352,15 +376,28 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
 
 @main.command(epilog=EXIT_CODES)
 @click.option("--all", "everything", is_flag=True, help="Also remove containers of nbexec processes still running.")
-def cleanup(everything: bool) -> None:
-    """Remove containers and working folders nbexec left behind (found by label)."""
-    from .sandbox import remove_stale_workdirs
+@click.option("--older-than", metavar="AGE",
+              help="Also remove nbexec's own output and working folders (in its private folders in the temporary "
+                   "folder, never an --output-dir you chose) unchanged for longer than AGE (30m, 12h, 1d), and the "
+                   "containers that use them.")
+def cleanup(everything: bool, older_than: str | None) -> None:
+    """Remove containers and working folders nbexec left behind (found by label); with --older-than, also old
+    output folders. Without it, outputs are kept: the CLI never deletes what it handed back."""
+    from . import folders as host_folders
+    from .config import parse_duration
+    from .sandbox import remove_stale_workdirs, remove_tree
 
     try:
-        removed = daemon.cleanup(daemon.connect(), everything=everything)
+        old = host_folders.older_than(parse_duration(older_than)) if older_than is not None else []
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE, False)
+    try:
+        removed = daemon.cleanup(daemon.connect(), everything=everything, mounting=old)
     except NbexecError as exc:
         _fail(str(exc), EXIT_INFRA, False)
-    folders = remove_stale_workdirs()
+    for path in old:
+        remove_tree(path)
+    folders = old + remove_stale_workdirs()
     for item in removed:
         click.echo(f"removed container {item.name} ({item.id}, {item.role or 'unknown role'}, owner {item.owner})")
     for folder in folders:

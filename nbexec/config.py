@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import secrets
+import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +18,14 @@ DEFAULT_IMAGE = "nbexec-jupyter:latest"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Sandbox uids when nbexec runs as root: far above any login account (useradd stops at 60000), below 2**31 so
+# tools that keep uids in a signed 32-bit integer still work.
+SANDBOX_UID_BASE = 2_000_000_000
+SANDBOX_UID_SPAN = 140_000_000
+_ids_lock = threading.Lock()
+_ids_given: set[int] = set()
 
 
 def parse_size(value: str | int) -> int:
@@ -27,6 +38,40 @@ def parse_size(value: str | int) -> int:
     if not match:
         raise ConfigError(f"not a size: {value!r} (use bytes or a suffix: 512m, 1g, 100k)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_duration(value: str) -> float:
+    """Turn ``"30m"``, ``"12h"``, ``"1d"`` (or seconds) into seconds."""
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ConfigError(f"not a duration: {value!r} (use seconds or a suffix: 30m, 12h, 1d)")
+    return float(match.group(1)) * _SECONDS[match.group(2).lower()]
+
+
+def fresh_ids() -> tuple[int, int]:
+    """A uid and gid that no account or group on this host has and this process has not handed out yet."""
+    import grp
+    import pwd
+
+    with _ids_lock:
+        while True:
+            candidate = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
+            if candidate in _ids_given:
+                continue
+            try:
+                pwd.getpwuid(candidate)
+                continue
+            except KeyError:
+                pass
+            try:
+                grp.getgrgid(candidate)
+                continue
+            except KeyError:
+                pass
+            if len(_ids_given) > 100_000:  # a long-lived service: forget the oldest-made ones
+                _ids_given.clear()
+            _ids_given.add(candidate)
+            return candidate, candidate
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -54,7 +99,9 @@ class SandboxConfig:
     max_data: str = field(default="1g", metadata=_doc("Size cap of /mnt/data; the cell is stopped past it."))
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
     user: str | None = field(
-        default=None, metadata=_doc("uid:gid inside the sandbox (default: yours, or 1000:1000 when you are root).")
+        default=None, metadata=_doc(
+            "uid:gid inside the sandbox (default: yours; when nbexec runs as root, a fresh uid per sandbox above "
+            "2,000,000,000 that no account has).")
     )
     env: Mapping[str, str] = field(
         default_factory=dict,
@@ -122,13 +169,15 @@ class SandboxConfig:
         return parse_size(self.memory)
 
     def uid_gid(self) -> tuple[int, int]:
-        """The uid and gid the sandbox runs as."""
+        """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when
+        nbexec runs as root, a fresh pair per call (per sandbox) that is no account on this host, so sandboxes
+        share no per-uid kernel limit with each other or with a login."""
         if self.user:
             uid, _, gid = self.user.partition(":")
             return int(uid), int(gid or uid)
         if hasattr(os, "getuid") and os.getuid() != 0:
             return os.getuid(), os.getgid()
-        return 1000, 1000
+        return fresh_ids()
 
 
 def describe(name: str) -> str:
@@ -156,6 +205,32 @@ def _parse_field(name: str, raw: str) -> Any:
         return raw or None if kind.endswith("None") else raw
     except ValueError as exc:
         raise ConfigError(f"NBEXEC_{name.upper()}={raw!r} is not a valid {kind}") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostConfig:
+    """How nbexec itself behaves on the host (not the sandbox policy); read by `host_from_env`."""
+
+    node_name: str = field(default_factory=socket.gethostname, metadata=_doc(
+        "NBEXEC_NODE_NAME: this nbexec instance's name on the Docker engine (default: the hostname). Give each "
+        "instance sharing an engine its own, and keep it across restarts: the automatic sweep removes containers "
+        "of its own node whose process is gone, never those of other nodes."))
+    shared_output: bool = field(default=False, metadata=_doc(
+        "NBEXEC_SHARED_OUTPUT=1: output folders and files nbexec makes are readable (never writable) by other "
+        "local users, 0755/0644 instead of 0700/0600 (the private roots in the temporary folder stay 0700)."))
+
+
+def host_from_env(environ: Mapping[str, str] | None = None) -> HostConfig:
+    """The HostConfig from NBEXEC_NODE_NAME and NBEXEC_SHARED_OUTPUT."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    if environ.get("NBEXEC_NODE_NAME", "").strip():
+        values["node_name"] = environ["NBEXEC_NODE_NAME"].strip()
+    shared = environ.get("NBEXEC_SHARED_OUTPUT", "").strip().lower()
+    if shared not in {"", "1", "0", "true", "false", "yes", "no", "on", "off"}:
+        raise ConfigError(f"NBEXEC_SHARED_OUTPUT={shared!r} is not 1 or 0")
+    values["shared_output"] = shared in {"1", "true", "yes", "on"}
+    return HostConfig(**values)
 
 
 def store_from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> Any:

@@ -5,29 +5,59 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
 import requests.exceptions
 
+from .config import host_from_env
 from .errors import DockerError, DockerUnavailableError, ImageNotFoundError
 
 log = logging.getLogger(__name__)
 
 LABEL = "nbexec"
-LABEL_OWNER = "nbexec.owner"  # "<hostname>:<pid>" of the process that made the container
+LABEL_NODE = "nbexec.node"  # the nbexec instance's node name (NBEXEC_NODE_NAME, default the hostname)
+LABEL_OWNER = "nbexec.owner"  # "<node>:<pid>" of the process that made the container
+LABEL_OWNER_START = "nbexec.owner.start"  # "<boot id>/<start time>" of that process: a reused pid is another owner
 LABEL_ROLE = "nbexec.role"  # "pool", "oneshot" or "session"
 _lock = threading.Lock()
 _client: docker.DockerClient | None = None
 
 
+def node() -> str:
+    """This nbexec instance's node name."""
+    return host_from_env().node_name
+
+
 def owner() -> str:
     """This process as written on the containers it makes."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{node()}:{os.getpid()}"
+
+
+def process_start(pid: int) -> str | None:
+    """``"<boot id>/<start time in clock ticks>"`` of a process in this pid namespace, or None when none runs.
+
+    A service restarted in a container is PID 1 again: its start time tells the new instance from the old."""
+    try:
+        stat_fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{stat_fields[19]}"
+
+
+def owner_labels() -> dict[str, str]:
+    """The labels that mark a container as made by this process of this node."""
+    found = {LABEL: "1", LABEL_NODE: node(), LABEL_OWNER: owner()}
+    start = process_start(os.getpid())
+    if start:
+        found[LABEL_OWNER_START] = start
+    return found
 
 
 def _where() -> str:
@@ -92,11 +122,15 @@ class Leftover:
     role: str
 
 
-def _owner_alive(owner_label: str) -> bool:
-    host, _, pid = owner_label.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True  # another machine's: not ours to judge
-    try:
+def _owner_alive(found: dict[str, str]) -> bool:
+    """Whether the process that made a container (by its labels) still runs; other nodes' always count as alive."""
+    host, _, pid = found.get(LABEL_OWNER, "").rpartition(":")
+    if (found.get(LABEL_NODE) or host) != node() or not pid.isdigit():
+        return True  # another node's: not ours to judge
+    start = found.get(LABEL_OWNER_START)
+    if start is not None and Path("/proc/self/stat").exists():
+        return process_start(int(pid)) == start
+    try:  # made by an nbexec without start labels, or no /proc here
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
@@ -105,15 +139,22 @@ def _owner_alive(owner_label: str) -> bool:
     return True
 
 
-def cleanup(client: docker.DockerClient, *, everything: bool = False) -> list[Leftover]:
-    """Remove nbexec containers whose owning process is gone (or all of them with ``everything``)."""
+def _mounts_from(container: Any, folders: Sequence[Path]) -> bool:
+    sources = [Path(m.get("Source", "")) for m in container.attrs.get("Mounts") or []]
+    return any(source == folder or folder in source.parents for source in sources for folder in folders)
+
+
+def cleanup(client: docker.DockerClient, *, everything: bool = False,
+            mounting: Sequence[Path] = ()) -> list[Leftover]:
+    """Remove nbexec containers whose owning process is gone, those that mount a folder in ``mounting`` (being
+    deleted), or all of them with ``everything``."""
     removed: list[Leftover] = []
     with translated("list nbexec containers"):
         containers = client.containers.list(all=True, filters={"label": LABEL})
     for container in containers:
         labels = container.labels
         owner_label = labels.get(LABEL_OWNER, "")
-        if not everything and owner_label and _owner_alive(owner_label):
+        if not everything and owner_label and _owner_alive(labels) and not _mounts_from(container, mounting):
             continue
         with contextlib.suppress(docker.errors.NotFound), translated("remove a leftover container"):
             container.remove(force=True)

@@ -16,12 +16,11 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from . import artifacts, notebook, outputs, pool, uploads
+from . import artifacts, folders, notebook, outputs, pool, uploads
 from .config import SandboxConfig, from_env, parse_size
-from .errors import ConfigError
 from .result import CellError, ExecutionResult
 from .runner import Budget, CellOutcome, OutputCallback, run_cell
-from .sandbox import Sandbox, work_root
+from .sandbox import Sandbox
 from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)
@@ -68,30 +67,28 @@ def run_cells(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, *,
 
 
 def prepare_output_dir(output_dir: str | os.PathLike[str] | None, execution_id: str) -> Path:
+    """Make the run's output folder (0700): ``<tmp>/nbexec-output-<uid>/<id>`` by default. A given one that
+    exists must be an empty real folder of ours, else ConfigError (see `folders`)."""
     if output_dir is None:
-        path = work_root().parent / "nbexec-output" / execution_id
-        path.mkdir(parents=True, mode=0o755)
-        return path
-    path = Path(output_dir).absolute()
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ConfigError(f"output_dir {path} exists and is not an empty folder; choose a new one.")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+        return folders.make_output_dir(folders.output_root() / execution_id, may_exist=False)
+    return folders.make_output_dir(Path(output_dir).absolute(), may_exist=True)
 
 
 def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, output_dir: Path, data_dir: Path,
            notebook_path: Path | None, started: float, timings: dict[str, float], dropped: int,
-           first_cell: int = 0) -> ExecutionResult:
+           first_cell: int = 0, folder: folders.OutputFolder | None = None) -> ExecutionResult:
     """Save images, collect files, and build the result of the cells from ``first_cell`` on (shared with
-    sessions). The notebook is written to ``notebook_path`` (replaced) or to a new notebook.ipynb."""
+    sessions). The notebook is written to ``notebook_path`` (replaced) or to a new notebook.ipynb. Writes go
+    through ``folder`` (the output folder a session holds open) or a descriptor of ``output_dir`` opened now."""
     flat = outputs.flatten(nb, first_cell)
     view = outputs.views(flat)
-    images = artifacts.save_images(list(outputs.images(flat)), output_dir / "images")
-    files, skipped = artifacts.collect(data_dir)
-    if notebook_path is None:
-        notebook_path = artifacts.write_new(output_dir, "notebook.ipynb", notebook.dumps(nb))
-    else:
-        artifacts.replace(notebook_path, notebook.dumps(nb))
+    with contextlib.nullcontext(folder) if folder else folders.OutputFolder.open(output_dir) as out:
+        images = artifacts.save_images(list(outputs.images(flat)), out)
+        files, skipped = artifacts.collect(data_dir)
+        if notebook_path is None:
+            notebook_path = artifacts.write_new(out, "notebook.ipynb", notebook.dumps(nb))
+        else:
+            artifacts.replace(out, notebook_path.name, notebook.dumps(nb))
     duration = time.monotonic() - started
     timings = {**timings, "total_s": duration}
     return ExecutionResult(

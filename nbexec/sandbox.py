@@ -31,6 +31,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from . import daemon
 from .config import SandboxConfig, parse_size
 from .errors import DockerError, SandboxError
+from .folders import work_root
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,6 @@ INPUT_MOUNT = "/mnt/input"
 HOME = "/home/sandbox"
 WORKDIR_PREFIX = "nbexec-"
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-
-
-def work_root() -> Path:
-    """The folder that holds every sandbox's working folder."""
-    root = Path(tempfile.gettempdir()) / "nbexec"
-    root.mkdir(mode=0o711, exist_ok=True)
-    return root
 
 
 @dataclass(frozen=True)
@@ -63,7 +57,8 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path, data_dir: Path) -> None:
         self.config = config
-        self.uid, self.gid = config.uid_gid()  # who the code runs as (the one place that decides it per sandbox)
+        # Who the code runs as (the one place that decides it per sandbox): as root, a fresh uid with no account.
+        self.uid, self.gid = config.uid_gid()
         self.id = sandbox_id
         self.workdir = workdir
         self.data_dir = data_dir
@@ -130,8 +125,9 @@ class Sandbox:
             "hostname": "sandbox",
             "detach": True,
             "user": f"{uid}:{gid}",
-            "environment": {**config.env, "HOME": HOME},
-            "labels": {daemon.LABEL: "1", daemon.LABEL_OWNER: daemon.owner(), daemon.LABEL_ROLE: role},
+            # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
+            "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
+            "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role},
             "network_mode": "bridge" if config.network else "none",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],

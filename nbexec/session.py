@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -18,9 +19,10 @@ from typing import Any
 
 from nbformat import NotebookNode
 
-from . import artifacts, notebook, pool, uploads
+from . import artifacts, folders, notebook, pool, uploads
 from .config import SandboxConfig, from_env, parse_size
 from .errors import (
+    ConfigError,
     FileTransferError,
     SessionClosedError,
     SessionDeadError,
@@ -30,7 +32,7 @@ from .errors import (
 from .execute import adopt_data_dir, finish, prepare_output_dir, run_cells
 from .result import ExecutionResult
 from .runner import OutputCallback
-from .sandbox import Sandbox
+from .sandbox import Sandbox, remove_tree
 from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)
@@ -43,16 +45,21 @@ _wake = threading.Event()
 
 
 class Session:
-    """A kernel that keeps its state between ``run()`` calls. Starts on first use or on ``start()``."""
+    """A kernel that keeps its state between ``run()`` calls. Starts on first use or on ``start()``.
+
+    Its output folder is opened once and written only through that descriptor. With ``keep_files=False``,
+    ``close()`` also deletes it (services that have delivered the results)."""
 
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
-                 store: ArtifactStore | None = None) -> None:
+                 store: ArtifactStore | None = None, keep_files: bool = True) -> None:
         self.id = session_id or uuid.uuid4().hex
         self._config = config
         self._requested_dir = output_dir
         self.ttl = ttl
+        self.keep_files = keep_files
         self.output_dir: Path | None = None
+        self._folder: folders.OutputFolder | None = None
         self.notebook: NotebookNode = notebook.empty()
         self.created_at = time.time()
         self.last_activity = time.monotonic()
@@ -95,11 +102,16 @@ class Session:
             if self._sandbox is None:
                 if self.output_dir is None:
                     self.output_dir = prepare_output_dir(self._requested_dir, f"session-{uuid.uuid4().hex}")
+                    self._folder = folders.OutputFolder.open(self.output_dir)
                 self._sandbox = self._new_sandbox(self.output_dir / "data")
                 _register(self)
             return self
 
     def _new_sandbox(self, data_dir: Path) -> Sandbox:
+        if self._folder is not None and not self._folder.still_at_path():
+            # Docker mounts data_dir by path: refuse when the folder (or a parent) was renamed or replaced.
+            raise ConfigError(f"The session's output folder {self.output_dir} was moved or replaced since it was "
+                              "made; nbexec does not start a sandbox on what is there now. Start a new session.")
         if self.config.pool_size and not data_dir.exists():
             sandbox = pool.acquire(self.config)
             if adopt_data_dir(sandbox, data_dir) == data_dir:
@@ -131,15 +143,23 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        """Stop the sandbox. Idempotent; files under ``output_dir`` stay."""
+        """Stop the sandbox. Idempotent; files under ``output_dir`` stay unless ``keep_files`` is False."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             sandbox, self._sandbox = self._sandbox, None
+            folder, self._folder = self._folder, None
         _live.discard(self)
         if sandbox is not None:
             sandbox.destroy()
+        if folder is not None:
+            if not self.keep_files:
+                if folder.still_at_path():
+                    remove_tree(folder.path)
+                else:
+                    log.warning("not deleting %s: it was moved or replaced since the session made it", folder.path)
+            folder.close()
 
     def restart(self) -> None:
         """Replace the kernel with a fresh one (variables are lost, /mnt/data is kept); revives a dead session."""
@@ -183,13 +203,21 @@ class Session:
             self.last_activity = time.monotonic()
             result = finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
                             data_dir=sandbox.data_dir, notebook_path=self.output_dir / "session.ipynb",
-                            started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index)
+                            started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index,
+                            folder=self._folder)
             return uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
 
     def save(self, path: str | Path) -> Path:
-        """Write the session's notebook so far to ``path``."""
-        path = Path(path)
-        path.write_bytes(notebook.dumps(self.notebook))
+        """Write the session's notebook so far to ``path`` (atomically; inside the output folder through its
+        descriptor, elsewhere through a descriptor of the folder ``path`` names; never through a final link)."""
+        path = Path(path).absolute()
+        with self._lock:
+            content = notebook.dumps(self.notebook)
+            if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
+                return artifacts.replace(self._folder, path.name, content)
+        # A place the caller chose: its links are the caller's own, so only the final name is never followed.
+        with folders.OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
+            artifacts.replace(parent, path.name, content)
         return path
 
     # -- files --------------------------------------------------------------------------------------
@@ -281,10 +309,11 @@ class SessionManager:
     """Sessions by id for a server with many chats: create, get, close, a cap on live sessions. Thread-safe."""
 
     def __init__(self, config: SandboxConfig | None = None, *, max_sessions: int = 32,
-                 ttl: float | None = DEFAULT_TTL) -> None:
+                 ttl: float | None = DEFAULT_TTL, keep_files: bool = True) -> None:
         self.config = config
         self.max_sessions = max_sessions
         self.ttl = ttl
+        self.keep_files = keep_files  # False: a session's output folder is deleted when it closes
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -302,6 +331,7 @@ class SessionManager:
                     "(or wait for idle ones to be reaped) before creating another.")
             if session_id is not None and session_id in self._sessions:
                 raise SessionLimitError(f"a session with id {session_id!r} already exists")
+            session_options.setdefault("keep_files", self.keep_files)
             session = Session(self.config, ttl=self.ttl, session_id=session_id, **session_options)
             self._sessions[session.id] = session
             return session
