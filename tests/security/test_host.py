@@ -33,11 +33,11 @@ DAY = 24 * 3600
 
 @pytest.fixture(scope="module")
 def attacker() -> Iterator[int]:
-    """The uid of a fresh local account (no home, no shell), deleted afterwards."""
+    """The uid of a fresh local account (no home, no password, a login shell), deleted afterwards."""
     if os.getuid() != 0:
         pytest.fail("these tests make a local user: run them as root", pytrace=False)
     name = f"nbx{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
     try:
         yield pwd.getpwnam(name).pw_uid
     finally:
@@ -180,6 +180,24 @@ def test_concurrent_sandboxes_get_distinct_uids_without_accounts(cold: nbexec.Sa
         assert user
     assert ids[0] != ids[1]
     assert all(uid >= 2_000_000_000 for uid in ids)
+
+
+def test_doctor_warns_when_sandboxes_would_run_as_a_login_account(docker_ready: None, attacker: int) -> None:
+    done = _cli("doctor", env={"NBEXEC_USER": str(attacker)})
+    assert f"WARN sandbox uid {attacker} is the login account" in done.stdout, done.stdout
+    done = _cli("doctor")
+    assert "WARN sandbox uid" not in done.stdout and "sandbox uid" in done.stdout, done.stdout
+
+
+def test_session_without_keep_files_deletes_its_folder_at_close(config: nbexec.SandboxConfig) -> None:
+    kept = nbexec.Session(config)
+    dropped = nbexec.SessionManager(config, keep_files=False).create()
+    for session in (kept, dropped):
+        assert session.run("open('/mnt/data/x.txt', 'w').write('x')").ok
+        session.close()
+    assert kept.output_dir is not None and (kept.output_dir / "data" / "x.txt").exists()
+    assert dropped.output_dir is not None and not dropped.output_dir.exists()
+    shutil.rmtree(kept.output_dir)
 
 
 _EXHAUST = """
