@@ -167,6 +167,9 @@ class _Gate:
         except NbexecError as exc:
             log.warning("execution failed: %s", exc)
             raise _http_error(exc) from exc
+        except Exception as exc:  # a bug or a broken store: the client gets a plain 500, the log the details
+            log.exception("execution failed unexpectedly")
+            raise HTTPException(500, "nbexec failed to run this; see the server's log") from exc
 
     async def respond(self, who: str, render: Render, interrupt: Callable[[], None], stream: bool) -> Any:
         if not stream:
