@@ -287,3 +287,42 @@ def copy_tree(source: Path, target: Path) -> None:
     files, _ = collect(source)
     for item in files:
         put(target, item.name, get(source, item.name))
+
+
+def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, Iterator[bytes]]:
+    """Open ``data_dir/name`` for streaming: (its size at open, an iterator of at most that many bytes).
+
+    Opened through directory descriptors without following links, a regular file by fstat; a size over
+    ``max_bytes`` (0: no cap) raises FileTransferError before anything is read. The file is closed when the
+    iterator ends or is dropped.
+    """
+    parts = _relative_parts(name)
+    try:
+        root = os.open(data_dir, _DIR_FLAGS)
+    except OSError as exc:
+        raise FileTransferError(f"{name!r}: the folder is unreadable ({exc.strerror})") from exc
+    try:
+        parent = _open_parent(root, parts)
+        try:
+            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except OSError as exc:
+        raise FileTransferError(f"{name!r} is not a readable regular file ({exc.strerror})") from exc
+    finally:
+        os.close(root)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (max_bytes and st.st_size > max_bytes):
+        os.close(fd)
+        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else f"is larger than {max_bytes:,} bytes"
+        raise FileTransferError(f"{name!r} {why}")
+    handle = os.fdopen(fd, "rb", buffering=0)  # closed with the iterator, or when it is collected unread
+
+    def chunks() -> Iterator[bytes]:
+        with handle:
+            left = st.st_size
+            while left > 0 and (data := handle.read(min(chunk, left))):
+                left -= len(data)
+                yield data
+
+    return st.st_size, chunks()

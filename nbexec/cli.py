@@ -338,9 +338,11 @@ def mcp_command(transport: str, host: str, port: int, max_sessions: int, **optio
 @click.option("--max-body", default="16m", show_default=True, help="Largest request body.")
 @click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
               help="Where produced files go (azure: read-only SAS links).")
+@click.option("--result-ttl", type=click.FloatRange(min=0, min_open=True), default=15 * 60.0, show_default=True,
+              help="Seconds a one-shot result's files stay downloadable before they are deleted.")
 @sandbox_options
 def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
-          max_running_per_token: int, max_body: str, store: str, **options: Any) -> None:
+          max_running_per_token: int, max_body: str, store: str, result_ttl: float, **options: Any) -> None:
     """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /healthz, /readyz, /metrics)."""
     import ipaddress
 
@@ -368,10 +370,13 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
         settings = server.ServerSettings(
             config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=store_from_env(store),
             max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
-            max_running_per_token=max_running_per_token)
+            max_running_per_token=max_running_per_token, result_ttl=result_ttl)
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE, False)
-    uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False)
+    # On SIGTERM/SIGINT, requests get a few seconds to finish; then the app's shutdown interrupts and closes
+    # every run and removes its folders (uvicorn re-raises SIGTERM afterwards: no atexit handler runs).
+    uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False,
+                timeout_graceful_shutdown=3)
 
 
 @main.command(epilog=EXIT_CODES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -36,11 +37,9 @@ class Running:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def service(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=2,
-                              max_running_per_token=1, max_body=1024 * 1024)
+@contextlib.contextmanager
+def running(settings: ServerSettings) -> Iterator[Running]:
+    """``create_app(settings)`` under uvicorn in this process, on a free loopback port."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -49,9 +48,20 @@ def service(docker_ready: None) -> Iterator[Running]:
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "the server did not start"
-    yield Running(f"http://127.0.0.1:{port}", server)
-    server.should_exit = True
-    thread.join(timeout=60)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def service(docker_ready: None) -> Iterator[Running]:
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
+    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=2,
+                              max_running_per_token=1, max_body=1024 * 1024)
+    with running(settings) as service:
+        yield service
 
 
 def test_health_ready_metrics(service: Running) -> None:
@@ -188,3 +198,31 @@ def test_typescript_client_runs_with_node(service: Running, tmp_path: Path) -> N
     assert "session: ok=true stdout=43 files=input.csv,sums.csv" in done.stdout
     assert "download: ,0 | a,4 | b,6" in done.stdout
     assert "error: ZeroDivisionError: division by zero" in done.stdout
+
+
+class BrokenStore:
+    """An artifact store that fails in a way nbexec does not expect (not a StorageError)."""
+
+    kind = "broken"
+    prefix = "nbexec"
+
+    def upload(self, blob_name: str, content: bytes, content_type: str) -> str:
+        raise RuntimeError("the store fell over")
+
+    def local_url(self, path: Path) -> str | None:
+        return None
+
+
+def test_a_stream_whose_run_fails_oddly_ends_with_an_error_event(docker_ready: None) -> None:
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
+    settings = ServerSettings(config=config, tokens=(TOKEN_A,), store=BrokenStore())  # type: ignore[arg-type]
+    code = "print('made', flush=True)\nopen('/mnt/data/x.txt', 'w').write('x')"
+    with running(settings) as service, service.client() as client:
+        with client.stream("POST", "/v1/execute?stream=true", json={"code": code}, timeout=60) as response:
+            lines = list(response.iter_lines())  # ends only if the server ends the stream
+        kinds = [line[7:] for line in lines if line.startswith("event: ")]
+        assert kinds[0] == "output" and kinds[-1] == "error", kinds
+        assert '"status": 500' in lines[-2] and not any("fell over" in line for line in lines)
+        plain = client.post("/v1/execute", json={"code": code})
+        assert plain.status_code == 500 and "fell over" not in plain.text
+        assert client.post("/v1/execute", json={"code": "print(1)"}).json()["stdout"] == "1\n"  # slots were freed

@@ -1,0 +1,267 @@
+"""What each token of `nbexec serve` holds, and for how long: its sessions and one-shot results, their folders
+on the host, and its own worker threads.
+
+Every folder lives under one private root made at start-up (a working folder of this process, so the orphan
+sweep of a later nbexec removes it if this one is killed). A session's folder goes when it is deleted or reaped;
+a one-shot result's folder goes ``result_ttl`` seconds after its run; the root goes at shutdown, after every
+session was interrupted and closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from . import pool
+from .config import SandboxConfig
+from .errors import SessionNotFoundError, StorageError
+from .result import ExecutionResult
+from .sandbox import WORKDIR_PREFIX, remove_tree, work_root
+from .session import Session, SessionManager
+from .storage import ArtifactStore
+
+log = logging.getLogger(__name__)
+IO_THREADS = 2  # per token, for file and session work besides runs
+
+
+class RouteStore:
+    """Files stay in the server's folder; each one's URL is the (relative) route that serves it to its owner."""
+
+    kind = "local"
+
+    def __init__(self, base: str, folder: Path) -> None:
+        self.base = base
+        self.folder = folder
+
+    @property
+    def prefix(self) -> str:
+        return "nbexec"
+
+    @staticmethod
+    def url(base: str, route: str, name: str) -> str:
+        return f"{base}/{route}/{quote(name)}"
+
+    def upload(self, blob_name: str, content: bytes, content_type: str) -> str:
+        raise StorageError("this file is outside the run's folder and is not served")
+
+    def local_url(self, path: Path) -> str | None:
+        try:
+            parts = Path(path).relative_to(self.folder).parts
+        except ValueError:
+            return None
+        route = {"data": "files", "images": "images"}.get(parts[0] if parts else "")
+        return self.url(self.base, route, "/".join(parts[1:])) if route and len(parts) > 1 else None
+
+
+def _served(store: ArtifactStore | None, base: str, folder: Path) -> ArtifactStore:
+    """The operator's store when it uploads (its URLs are the links); else files are served from ``base``."""
+    return store if store is not None and store.kind != "local" else RouteStore(base, folder)
+
+
+def public(result: ExecutionResult, execution_id: str | None = None) -> dict[str, Any]:
+    """The result as sent to HTTP clients: relative names and URLs, no host path."""
+    data = result.to_dict()
+    for key in ("output_dir", "notebook_path"):
+        data.pop(key, None)
+    for item in data["files"]:
+        item.pop("path", None)
+    for item in data["images"]:
+        item["name"] = Path(item.pop("path")).name
+    if execution_id is not None:
+        data["execution_id"] = execution_id
+    return data
+
+
+@dataclass
+class _Lanes:
+    """One token's worker threads: runs (as many as its execution slots) and I/O."""
+
+    runs: ThreadPoolExecutor
+    io: ThreadPoolExecutor
+
+
+@dataclass
+class _Kept:
+    owner: str
+    folder: Path
+    session: Session
+    expires: float = math.inf  # time.monotonic() after which the folder is deleted
+
+
+@dataclass
+class Tenants:
+    """Sessions and results by owner (a token id), their folders, and each owner's threads. Thread-safe."""
+
+    config: SandboxConfig
+    max_sessions: int
+    session_ttl: float
+    result_ttl: float
+    runs_per_token: int
+    root: Path | None = None
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.sessions = SessionManager(self.config, max_sessions=self.max_sessions, ttl=self.session_ttl)
+        self._owners: dict[str, str] = {}  # session id -> owner
+        self._results: dict[str, _Kept] = {}
+        self._lanes: dict[str, _Lanes] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def open(self) -> None:
+        """Make the private root folder (at start-up: constructors do no I/O)."""
+        self.root = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-serve-", dir=work_root()))
+
+    def _folder(self, name: str) -> Path:
+        assert self.root is not None, "Tenants.open() was not called"
+        return self.root / name
+
+    def lanes(self, who: str) -> _Lanes:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("shutting down")
+            lanes = self._lanes.get(who)
+            if lanes is None:
+                lanes = self._lanes[who] = _Lanes(
+                    ThreadPoolExecutor(self.runs_per_token, thread_name_prefix=f"nbexec-run-{who[:6]}"),
+                    ThreadPoolExecutor(IO_THREADS, thread_name_prefix=f"nbexec-io-{who[:6]}"))
+            return lanes
+
+    def capped(self, asked: float | None) -> float:
+        """The time limit of a run: the client's, never above the operator's."""
+        return min(asked, self.config.timeout) if asked else self.config.timeout
+
+    # -- sessions ---------------------------------------------------------------------------------------
+
+    def new_session(self, who: str, store: ArtifactStore | None) -> Session:
+        session_id = uuid.uuid4().hex
+        folder = self._folder(f"session-{session_id}")
+        session = self.sessions.create(session_id=session_id, output_dir=folder,
+                                       store=_served(store, f"/v1/sessions/{session_id}", folder))
+        with self._lock:
+            self._owners[session.id] = who
+        return session
+
+    def session(self, who: str, session_id: str) -> Session | None:
+        with self._lock:
+            if self._owners.get(session_id) != who:
+                return None
+        try:
+            return self.sessions.get(session_id)
+        except SessionNotFoundError:
+            return None
+
+    def session_folder(self, session: Session) -> Path | None:
+        return session.output_dir
+
+    def live_for(self, who: str) -> int:
+        live = set(self.sessions.ids())
+        with self._lock:
+            return sum(1 for sid, o in self._owners.items() if o == who and sid in live)
+
+    def delete_session(self, session_id: str) -> None:
+        # TODO(after the keep_files merge): SessionManager(keep_files=False) deletes the folder itself.
+        with contextlib.suppress(SessionNotFoundError):
+            self.sessions.close(session_id)
+        with self._lock:
+            self._owners.pop(session_id, None)
+        remove_tree(self._folder(f"session-{session_id}"))
+
+    # -- one-shot results -------------------------------------------------------------------------------
+
+    def one_shot(self, execution_id: str, store: ArtifactStore | None) -> Session:
+        """A throwaway session for one execution (so a client that leaves can interrupt it); no I/O yet."""
+        folder = self._folder(f"run-{execution_id}")
+        return Session(self.config, output_dir=folder, ttl=None, session_id=execution_id,
+                       store=_served(store, f"/v1/executions/{execution_id}", folder))
+
+    def keep(self, who: str, execution_id: str, session: Session) -> None:
+        """Record a one-shot run as it starts: shutdown interrupts it, and its files belong to ``who``."""
+        assert session.output_dir is None or session.output_dir == self._folder(f"run-{execution_id}")
+        with self._lock:
+            self._results[execution_id] = _Kept(who, self._folder(f"run-{execution_id}"), session)
+
+    def finish_one_shot(self, execution_id: str) -> None:
+        """Stop the run's sandbox and start the clock on its files."""
+        with self._lock:
+            kept = self._results.get(execution_id)
+        if kept is None:
+            return
+        pool.warm_up(self.config)  # the throwaway session took a pooled sandbox: start its replacement
+        kept.session.close()
+        kept.expires = time.monotonic() + self.result_ttl
+
+    def result_folder(self, who: str, execution_id: str) -> Path | None:
+        with self._lock:
+            kept = self._results.get(execution_id)
+        if kept is None or kept.owner != who or kept.expires <= time.monotonic():
+            return None
+        return kept.folder
+
+    # -- retention --------------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Delete the folders of expired results and of sessions that were reaped."""
+        now = time.monotonic()
+        live = set(self.sessions.ids())
+        with self._lock:
+            expired = [k for k, kept in self._results.items() if kept.expires <= now]
+            gone = [sid for sid in self._owners if sid not in live]
+            folders = [self._results.pop(k).folder for k in expired]
+            for sid in gone:
+                del self._owners[sid]
+                folders.append(self._folder(f"session-{sid}"))
+        for folder in folders:
+            remove_tree(folder)
+
+    async def sweep_forever(self) -> None:
+        interval = max(0.2, min(30.0, self.result_ttl / 4, self.session_ttl / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(self.sweep)
+            except Exception:  # the janitor must outlive one bad folder
+                log.exception("could not delete expired folders")
+
+    def close(self) -> None:
+        """Shutdown: interrupt every run, close every session, stop the threads, delete every folder."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._lanes.values())
+            one_shots = [kept.session for kept in self._results.values()]
+        live = [*one_shots, *(s for sid in self.sessions.ids() if (s := _get(self.sessions, sid)) is not None)]
+        for session in live:
+            with contextlib.suppress(Exception):
+                session.interrupt()
+        closers = [threading.Thread(target=session.close, daemon=True) for session in live]
+        for closer in closers:
+            closer.start()
+        deadline = time.monotonic() + self.config.interrupt_grace + 10
+        for closer in closers:
+            closer.join(max(0.0, deadline - time.monotonic()))
+        self.sessions.close_all()
+        for lane in lanes:
+            lane.runs.shutdown(wait=False, cancel_futures=True)
+            lane.io.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown()  # under SIGTERM uvicorn ends the process without atexit handlers: nothing else would
+        if self.root is not None:
+            remove_tree(self.root)
+
+
+def _get(manager: SessionManager, session_id: str) -> Session | None:
+    try:
+        return manager.get(session_id)
+    except SessionNotFoundError:
+        return None
