@@ -113,7 +113,8 @@ class Tenants:
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.sessions = SessionManager(self.config, max_sessions=self.max_sessions, ttl=self.session_ttl)
+        self.sessions = SessionManager(self.config, max_sessions=self.max_sessions, ttl=self.session_ttl,
+                                       keep_files=False)  # a session's folder goes when it is closed or reaped
         self._owners: dict[str, str] = {}  # session id -> owner
         self._results: dict[str, _Kept] = {}
         self._lanes: dict[str, _Lanes] = {}
@@ -172,12 +173,10 @@ class Tenants:
             return sum(1 for sid, o in self._owners.items() if o == who and sid in live)
 
     def delete_session(self, session_id: str) -> None:
-        # TODO(after the keep_files merge): SessionManager(keep_files=False) deletes the folder itself.
         with contextlib.suppress(SessionNotFoundError):
             self.sessions.close(session_id)
         with self._lock:
             self._owners.pop(session_id, None)
-        remove_tree(self._folder(f"session-{session_id}"))
 
     # -- one-shot results -------------------------------------------------------------------------------
 
