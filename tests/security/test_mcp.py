@@ -172,12 +172,12 @@ def test_two_http_clients_never_share_variables_or_files(http_server: McpProcess
 
     out = anyio.run(attack)
     assert out["alice_x"].splitlines()[0] == "1"
-    assert str(http_server.tmp) not in out["alice_x"], "host paths were sent to an HTTP client"
     assert len(out["alice_uris"]) == 1 and out["alice_read"].blob == "YWxpY2Utc2VjcmV0"  # b"alice-secret"
     assert "NameError" in out["bob_x"], "client B saw client A's variable"
     assert "a.txt" not in out["bob_ls"], "client B's /mnt/data holds client A's file"
     assert out["bob_uris"] == [], "client B lists client A's resources"
     assert out["bob_reads"] == [], "client B read client A's file through a resource URI"
+    assert str(http_server.tmp) not in out["alice_x"], "host paths were sent to an HTTP client"
 
 
 def test_resources_are_capped(http_server: McpProcess) -> None:
