@@ -150,3 +150,46 @@ def test_cli_upload_azure_prints_urls(cleanup_ledger: None, azurite: Azurite, tm
     missing = run_cli("run", "--upload", "azure", "-", cwd=tmp_path, env={"AZURE_STORAGE_CONNECTION_STRING": ""},
                       stdin="1\n")
     assert missing.returncode == 2 and "AZURE_STORAGE_CONNECTION_STRING" in missing.stderr
+
+
+ACTIVE_PAGE = b"<html><body><script>document.title = 'ran'</script></body></html>"
+ACTIVE_SVG = b'<svg xmlns="http://www.w3.org/2000/svg"><script>alert(document.domain)</script></svg>'
+
+
+def headers_of(url: str) -> dict[str, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        response.read()
+        return {k.lower(): v for k, v in response.headers.items()}
+
+
+@pytest.mark.parametrize(
+    ("name", "mime", "content", "attachment"),
+    [("page.html", "text/html", ACTIVE_PAGE, True),
+     ("drawing.svg", "image/svg+xml", ACTIVE_SVG, True),
+     ("app.js", "text/javascript", b"alert(1)", True),
+     ("feed.xml", "application/xml", b"<a/>", True),
+     ("page.xhtml", "application/xhtml+xml", ACTIVE_PAGE, True),
+     ("looks-plain.html", "text/plain", ACTIVE_PAGE, True),  # the extension decides too
+     ("notes.txt", "text/html; charset=utf-8", ACTIVE_PAGE, True),  # and the MIME, parameters and all
+     ("noext", "image/SVG+XML", ACTIVE_SVG, True),
+     ("table.csv", "text/csv", b"a,b\n1,2\n", False),
+     ("chart.png", "image/png", b"\x89PNG\r\n\x1a\n", False)],
+    ids=["html", "svg", "js", "xml", "xhtml", "html-named-plain", "plain-named-html", "mime-case", "csv", "png"])
+def test_active_uploads_are_served_as_attachments(azurite: Azurite, name: str, mime: str, content: bytes,
+                                                  attachment: bool) -> None:
+    url = store_for(azurite).upload(f"nbexec/x/{name}", content, mime)
+    disposition = headers_of(url).get("content-disposition", "")
+    assert disposition.startswith("attachment") is attachment, disposition
+
+
+def test_active_files_from_an_execution_are_attachments(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    code = (f"open('/mnt/data/page.html', 'wb').write({ACTIVE_PAGE!r})\n"
+            f"open('/mnt/data/pic.svg', 'wb').write({ACTIVE_SVG!r})\n"
+            "from IPython.display import SVG, display\n"
+            f"display(SVG({ACTIVE_SVG.decode()!r}))\n")
+    result = nbexec.execute_notebook(code, config=config, store=store_for(azurite))
+    assert result.ok, result.error
+    urls = [f.url for f in result.files] + [i.url for i in result.images]
+    assert len(urls) == 3 and all(urls)
+    for url in urls:
+        assert url is not None and headers_of(url).get("content-disposition", "").startswith("attachment"), url
