@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import hashlib
 import hmac
+import json
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ try:
     from mcp.server.mcpserver import Context, Image, MCPServer
     from mcp.shared.exceptions import MCPError
     from mcp_types import INVALID_PARAMS, BlobResourceContents, ListResourcesResult, ReadResourceResult, Resource
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec mcp` needs the mcp extra: pip install 'nbexec[mcp]'") from exc
 
@@ -233,6 +235,29 @@ class BearerGate:
         return await self.app({**scope, "user": user}, receive, send)
 
 
+class HandshakeOnly:
+    """ASGI: refuse single-exchange (2026-07-28) requests, which carry no session, so clients fall back to the
+    initialize handshake and keep their state between calls (the SDK's probe treats -32022 naming only handshake
+    versions as a legacy server)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            versions = [v for k, v in scope.get("headers", []) if k.lower() == b"mcp-protocol-version"]
+            requested = versions[0].decode("latin-1") if versions else None
+            if requested is not None and requested not in HANDSHAKE_PROTOCOL_VERSIONS:
+                body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32022, "message": "this server keeps state per session: use the initialize handshake",
+                    "data": {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": requested[:40]}}})
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body.encode()})
+                return None
+        return await self.app(scope, receive, send)
+
+
 class _Stopper:
     """On SIGTERM or SIGINT, free every session, pool sandbox and folder, then exit (128 + signal).
 
@@ -277,7 +302,7 @@ def serve(server: MCPServer, clients: Clients, *, transport: str, host: str = "1
             return
         import uvicorn
 
-        app: Any = server.streamable_http_app(host=host, max_sessions=4 * max_sessions)
+        app: Any = HandshakeOnly(server.streamable_http_app(host=host, max_sessions=4 * max_sessions))
         if tokens:
             app = BearerGate(app, tokens)
         # uvicorn takes SIGTERM/SIGINT while it runs: a graceful stop bounded so open SSE streams cannot hold

@@ -180,6 +180,20 @@ def test_two_http_clients_never_share_variables_or_files(http_server: McpProcess
     assert str(http_server.tmp) not in out["alice_x"], "host paths were sent to an HTTP client"
 
 
+def test_the_sdks_default_client_keeps_its_state(http_server: McpProcess) -> None:
+    """`mcp.client.Client` probes the single-exchange era first, whose requests carry no session: the server
+    turns it to the handshake, so a session exists to keep state in (and to scope it by)."""
+    from mcp.client import Client
+
+    async def use() -> tuple[str, str]:
+        async with Client(http_server.url) as client:
+            await client.call_tool("execute_python", {"code": "x = 5"})
+            return client.protocol_version, _text(await client.call_tool("execute_python", {"code": "print(x)"}))
+
+    version, text = anyio.run(use)
+    assert text == "5" and version != "2026-07-28"
+
+
 def test_resources_are_capped(http_server: McpProcess) -> None:
     async def attack() -> tuple[str, str]:
         from mcp.shared.exceptions import MCPError
