@@ -306,25 +306,49 @@ def _check_sandbox_uid(config: SandboxConfig) -> None:
 
 @main.command(name="mcp", epilog=EXIT_CODES)
 @click.option("--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address for streamable HTTP.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Bind address for streamable HTTP; a non-loopback address needs bearer tokens.")
 @click.option("--port", type=int, default=8765, show_default=True, help="Port for streamable HTTP.")
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="File with accepted bearer tokens for streamable HTTP, one per line (also NBEXEC_API_TOKENS, "
+                   "comma-separated).")
 @click.option("--max-sessions", type=int, default=16, show_default=True, help="Clients served at once.")
 @sandbox_options
-def mcp_command(transport: str, host: str, port: int, max_sessions: int, **options: Any) -> None:
+def mcp_command(transport: str, host: str, port: int, token_file: Path | None, max_sessions: int,
+                **options: Any) -> None:
     """Serve the execute_python tool over MCP (stdio by default); state is kept per client session."""
+    tokens = _tokens(token_file)
+    if transport == "streamable-http" and not tokens and not _loopback(host):
+        _fail(f"--host {host} is not a loopback address: give bearer tokens with --token-file or "
+              "NBEXEC_API_TOKENS (or bind 127.0.0.1)", EXIT_USAGE, False)
     try:
         from . import mcp_server
 
         config = build_config(options)
-        server = mcp_server.build(config, max_sessions=max_sessions)
+        server, clients = mcp_server.build(config, max_sessions=max_sessions)
     except ImportError as exc:
         _fail(str(exc), EXIT_USAGE, False)
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE, False)
-    if transport == "stdio":
-        server.run("stdio")
-    else:
-        server.run("streamable-http", host=host, port=port)
+    mcp_server.serve(server, clients, transport=transport, host=host, port=port, tokens=tokens,
+                     max_sessions=max_sessions)
+
+
+def _tokens(token_file: Path | None) -> tuple[bytes, ...]:
+    """Bearer tokens from NBEXEC_API_TOKENS and a token file, as bytes (what is compared on the wire)."""
+    tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
+    if token_file:
+        tokens += [line.strip() for line in token_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tuple(t.encode("utf-8") for t in tokens)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @main.command(epilog=EXIT_CODES)

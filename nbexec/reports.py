@@ -10,6 +10,12 @@ import nbformat
 from .batch import Item
 
 _INVALID_XML = dict.fromkeys(c for c in range(32) if c not in (9, 10, 13))
+# Passive markup kept in HTML outputs (pandas tables, text); bleach escapes every other tag and attribute.
+_TAGS = frozenset({"a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "div", "dl",
+                   "dt", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "li", "ol", "p", "pre", "s", "small",
+                   "span", "strong", "sub", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "tr", "u", "ul"})
+_ATTRIBUTES = {"*": ["class", "title"], "a": ["href", "title"], "table": ["border", "class"],
+               "td": ["colspan", "rowspan", "align"], "th": ["colspan", "rowspan", "align"]}
 
 
 def _clean(text: str) -> str:
@@ -43,10 +49,16 @@ def junit_xml(items: list[Item], path: Path, *, suite: str = "nbexec") -> None:
 
 
 def html(items: list[Item], folder: Path) -> list[Path]:
-    """An HTML render (images embedded) of each executed notebook; returns the files written."""
+    """An HTML render (images embedded) of each executed notebook; returns the files written.
+
+    Outputs are the sandbox's markup: nbconvert's SanitizeHTML (bleach) escapes unsafe tags, drops event
+    handlers and javascript: links from HTML and Markdown, and removes JavaScript, SVG and other active outputs.
+    """
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors.sanitize import SanitizeHTML
 
     exporter = HTMLExporter()
+    exporter.register_preprocessor(SanitizeHTML(tags=sorted(_TAGS), attributes=_ATTRIBUTES), enabled=True)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for item in items:

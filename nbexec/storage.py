@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import mimetypes
 import re
 import threading
 from dataclasses import dataclass, field
@@ -21,6 +22,27 @@ from .errors import ConfigError, StorageError
 log = logging.getLogger(__name__)
 
 _SECRET = re.compile(r"(AccountKey=|sig=|SharedAccessSignature=)[^;&\s]+", re.IGNORECASE)
+
+
+# Types a browser runs script in when the file is opened from the storage origin.
+ACTIVE_TYPES = frozenset({"text/html", "image/svg+xml", "application/javascript", "text/javascript",
+                          "application/xml", "text/xml", "application/xhtml+xml"})
+# Served inline: everything else (active, unknown or odd) is sent as an attachment.
+PASSIVE_TYPES = frozenset({"text/plain", "text/csv", "application/json", "image/png", "image/jpeg", "image/gif",
+                           "image/webp", "application/octet-stream"})
+
+
+def _essence(mime: str) -> str:
+    return mime.split(";", 1)[0].strip().lower()
+
+
+def disposition(blob_name: str, content_type: str) -> str | None:
+    """``attachment`` unless both the MIME and the type the name's extension implies are passive."""
+    guessed = mimetypes.guess_type(blob_name.rsplit("/", 1)[-1], strict=False)[0]
+    for mime in (content_type, guessed):
+        if mime is not None and (_essence(mime) in ACTIVE_TYPES or _essence(mime) not in PASSIVE_TYPES):
+            return "attachment"
+    return None
 
 
 def redact(text: str) -> str:
@@ -186,8 +208,11 @@ class AzureBlobStore:
         try:
             self._ensure_container()
             client = self._client().get_blob_client(self.settings.container, blob_name)
-            client.upload_blob(content, overwrite=True,
-                               content_settings=blob.ContentSettings(content_type=content_type))
+            # Blob properties are what a SAS download answers with: HTML, SVG, scripts and XML are downloaded,
+            # never rendered on the storage origin.
+            settings = blob.ContentSettings(content_type=content_type,
+                                            content_disposition=disposition(blob_name, content_type))
+            client.upload_blob(content, overwrite=True, content_settings=settings)
             return f"{client.url}?{self._sas(blob_name)}"
         except AzureError as exc:
             message = redact(str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__)

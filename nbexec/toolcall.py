@@ -1,14 +1,22 @@
 """Run a model's tool call and answer in that API's shape. Malformed calls and sandbox failures come back to the
 model as tool errors; nothing here raises into the caller's loop.
 
-Every handler takes ``config``, ``sessions`` (a SessionManager: stateful, by ``session_id``), ``store`` and
-``on_result`` (called with each ExecutionResult, e.g. to keep the file links for the final answer).
+Every handler takes ``config``, ``sessions`` (a SessionManager: stateful, by ``session_id``), ``conversation``
+(the caller's key for the chat: a session made in one conversation is not found from another sharing the same
+SessionManager), ``store`` and ``on_result`` (called with each ExecutionResult, e.g. to keep the file links for
+the final answer).
+
+Session ids are issued by nbexec, never chosen by the model: an id nbexec did not issue to this conversation is a
+tool error telling the model to omit it, so a model cannot create or join a session by naming one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,7 +25,7 @@ from .config import SandboxConfig
 from .errors import NbexecError, SessionError
 from .execute import execute_notebook
 from .result import ExecutionResult
-from .session import SessionManager
+from .session import Session, SessionManager
 from .storage import ArtifactStore
 
 
@@ -46,20 +54,43 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     return dict(raw), None
 
 
+def _scope(conversation: str | None) -> str:
+    """The prefix of the session ids issued to ``conversation`` (none without one)."""
+    if conversation is None:
+        return ""
+    return "c" + hashlib.sha256(conversation.encode("utf-8")).hexdigest()[:16] + "-"
+
+
+def _session(sessions: SessionManager, session_id: str | None, conversation: str | None,
+             store: ArtifactStore | None) -> Session | str:
+    """The conversation's session named ``session_id``, a new one without an id, or a message for the model."""
+    scope = _scope(conversation)
+    if not session_id:
+        try:
+            return sessions.create(session_id=scope + uuid.uuid4().hex, store=store)
+        except SessionError as exc:
+            return f"Cannot start a session: {exc}"
+    unknown = (f"There is no session {session_id[:80]!r} in this conversation (it was closed, reaped after "
+               "being idle, or never issued). Omit session_id to start a new session; its id comes back in the "
+               "result.")
+    if not re.fullmatch(re.escape(scope) + "[0-9a-f]{32}", session_id):
+        return unknown
+    try:
+        return sessions.get(session_id)
+    except SessionError:
+        return unknown
+
+
 def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, sessions: SessionManager | None = None,
-        store: ArtifactStore | None = None) -> ExecutionResult | str:
-    """Execute parsed arguments one-shot, or in the named session when ``sessions`` is given."""
+        store: ArtifactStore | None = None, conversation: str | None = None) -> ExecutionResult | str:
+    """Execute parsed arguments one-shot, or in the conversation's session when ``sessions`` is given."""
     code = arguments["code"]
     session_id = arguments.get("session_id")
     if sessions is None:
         return execute_notebook(code, config=config, store=store)
-    try:
-        session = sessions.get(session_id) if session_id else sessions.create(store=store)
-    except SessionError:
-        try:
-            session = sessions.create(session_id=session_id, store=store)
-        except SessionError as exc:
-            return f"Cannot start a session: {exc}"
+    session = _session(sessions, session_id, conversation, store)
+    if isinstance(session, str):
+        return session
     try:
         result = session.run(code)
     except SessionError as exc:

@@ -17,7 +17,8 @@ LIBRARIES = "numpy, pandas, matplotlib, scipy, seaborn, scikit-learn, pillow, op
 def description(config: SandboxConfig | None = None, *, stateful: bool = False) -> str:
     """The truth about the environment, as configured, for the model."""
     config = config or SandboxConfig()
-    state = ("State persists between calls that pass the same session_id (variables, imports, files)."
+    state = ("State persists between calls that pass the session_id the first call returned (variables, imports, "
+             "files)."
              if stateful else "Each call starts a fresh Python process: nothing persists between calls.")
     network = "The sandbox has internet access." if config.network else \
         "There is no internet access: do not try to download data or install packages."
@@ -35,7 +36,9 @@ def json_schema(*, sessions: bool = False) -> dict[str, Any]:
     """The tool's parameters as JSON Schema: ``code`` (required) and, with sessions, ``session_id``."""
     properties: dict[str, Any] = {"code": {"type": "string", "description": "Python source to run."}}
     if sessions:
-        properties["session_id"] = {"type": "string", "description": "Session to run in; reuse it to keep state."}
+        properties["session_id"] = {"type": "string", "description": (
+            "The session_id an earlier call returned, to keep its state; omit it to start a new session. "
+            "Never make one up.")}
     return {"type": "object", "properties": properties, "required": ["code"], "additionalProperties": False}
 
 

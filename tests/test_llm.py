@@ -113,6 +113,34 @@ def test_anthropic_handler_with_sdk_block_and_sessions(config: nbexec.SandboxCon
     manager.close_all()
 
 
+def test_a_model_cannot_name_a_session_into_being(config: nbexec.SandboxConfig) -> None:
+    manager = nbexec.SessionManager(config)
+    reply = handle_openai_tool_call({"id": "c1", "function": {"arguments": json.dumps(
+        {"code": "x = 1", "session_id": "my-session"})}}, sessions=manager)
+    assert reply["content"].startswith("Tool error:") and "Omit session_id" in reply["content"]
+    assert len(manager) == 0, "a session was made under an id the model chose"
+
+
+def test_another_conversation_cannot_join_a_session_by_its_id(config: nbexec.SandboxConfig) -> None:
+    manager = nbexec.SessionManager(config)  # one manager for a whole server, as a chat backend would keep
+    try:
+        first = handle_anthropic_tool_use({"id": "a1", "input": {"code": "x = 'alice'"}}, sessions=manager,
+                                          conversation="chat-alice")
+        alice_id = first["content"][0]["text"].split("session_id: ", 1)[1].split(";", 1)[0]
+        stolen = handle_anthropic_tool_use({"id": "b1", "input": {"code": "print(x)", "session_id": alice_id}},
+                                           sessions=manager, conversation="chat-bob")
+        assert stolen["is_error"] is True and "alice" not in stolen["content"][0]["text"]
+        assert "Omit session_id" in stolen["content"][0]["text"]
+        unscoped = handle_anthropic_tool_use({"id": "b2", "input": {"code": "print(x)", "session_id": alice_id}},
+                                             sessions=manager)
+        assert unscoped["is_error"] is True and "alice" not in unscoped["content"][0]["text"]
+        again = handle_anthropic_tool_use({"id": "a2", "input": {"code": "print(x)", "session_id": alice_id}},
+                                          sessions=manager, conversation="chat-alice")
+        assert again["is_error"] is False and again["content"][0]["text"] == "alice"
+    finally:
+        manager.close_all()
+
+
 def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client

@@ -150,3 +150,116 @@ def test_cli_upload_azure_prints_urls(cleanup_ledger: None, azurite: Azurite, tm
     missing = run_cli("run", "--upload", "azure", "-", cwd=tmp_path, env={"AZURE_STORAGE_CONNECTION_STRING": ""},
                       stdin="1\n")
     assert missing.returncode == 2 and "AZURE_STORAGE_CONNECTION_STRING" in missing.stderr
+
+
+ACTIVE_PAGE = b"<html><body><script>document.title = 'ran'</script></body></html>"
+ACTIVE_SVG = b'<svg xmlns="http://www.w3.org/2000/svg"><script>alert(document.domain)</script></svg>'
+
+
+def headers_of(url: str) -> dict[str, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        response.read()
+        return {k.lower(): v for k, v in response.headers.items()}
+
+
+@pytest.mark.parametrize(
+    ("name", "mime", "content", "attachment"),
+    [("page.html", "text/html", ACTIVE_PAGE, True),
+     ("drawing.svg", "image/svg+xml", ACTIVE_SVG, True),
+     ("app.js", "text/javascript", b"alert(1)", True),
+     ("feed.xml", "application/xml", b"<a/>", True),
+     ("page.xhtml", "application/xhtml+xml", ACTIVE_PAGE, True),
+     ("looks-plain.html", "text/plain", ACTIVE_PAGE, True),  # the extension decides too
+     ("notes.txt", "text/html; charset=utf-8", ACTIVE_PAGE, True),  # and the MIME, parameters and all
+     ("noext", "image/SVG+XML", ACTIVE_SVG, True),
+     ("table.csv", "text/csv", b"a,b\n1,2\n", False),
+     ("chart.png", "image/png", b"\x89PNG\r\n\x1a\n", False)],
+    ids=["html", "svg", "js", "xml", "xhtml", "html-named-plain", "plain-named-html", "mime-case", "csv", "png"])
+def test_active_uploads_are_served_as_attachments(azurite: Azurite, name: str, mime: str, content: bytes,
+                                                  attachment: bool) -> None:
+    url = store_for(azurite).upload(f"nbexec/x/{name}", content, mime)
+    disposition = headers_of(url).get("content-disposition", "")
+    assert disposition.startswith("attachment") is attachment, disposition
+
+
+def test_active_files_from_an_execution_are_attachments(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
+    code = (f"open('/mnt/data/page.html', 'wb').write({ACTIVE_PAGE!r})\n"
+            f"open('/mnt/data/pic.svg', 'wb').write({ACTIVE_SVG!r})\n"
+            "from IPython.display import SVG, display\n"
+            f"display(SVG({ACTIVE_SVG.decode()!r}))\n")
+    result = nbexec.execute_notebook(code, config=config, store=store_for(azurite))
+    assert result.ok, result.error
+    urls = [f.url for f in result.files] + [i.url for i in result.images]
+    assert len(urls) == 3 and all(urls)
+    for url in urls:
+        assert url is not None and headers_of(url).get("content-disposition", "").startswith("attachment"), url
+
+
+# -- HTML reports: outputs are hostile markup too -----------------------------------------------------------------
+
+HOSTILE_OUTPUTS = '''
+from IPython.display import HTML, SVG, Markdown, Javascript, display
+display(HTML("<script>window.PWNED_script = 1</script><p>kept text</p>"))
+display(HTML('<img src="x" onerror="window.PWNED_onerror = 1">'))
+display(HTML('<a href="javascript:window.PWNED_href = 1">click</a>'))
+display(HTML('<a href=" JaVaScRiPt:window.PWNED_href2 = 1">click</a>'))
+display(HTML('<svg xmlns="http://www.w3.org/2000/svg" onload="window.PWNED_svgload = 1">'
+             '<script>window.PWNED_svgscript = 1</script></svg>'))
+display(SVG('<svg xmlns="http://www.w3.org/2000/svg"><script>window.PWNED_svg = 1</script>'
+            '<a xlink:href="javascript:window.PWNED_xlink = 1" xmlns:xlink="http://www.w3.org/1999/xlink">'
+            '<text>x</text></a></svg>'))
+display(Markdown("[md link](javascript:window.PWNED_markdown = 1) <script>window.PWNED_mdscript = 1</script>"))
+display(Javascript("window.PWNED_javascript = 1"))
+import pandas as pd
+display(pd.DataFrame({"column": ["cell"]}))
+display({"text/html": "<iframe srcdoc=\\"<script>parent.PWNED_iframe = 1</script>\\"></iframe>"}, raw=True)
+'''
+
+
+class _Markup:
+    """Every element, attribute and script body of an HTML page, as a browser's tokenizer sees them."""
+
+    def __init__(self, page: str) -> None:
+        from html.parser import HTMLParser
+
+        self.scripts: list[str] = []
+        self.attributes: list[tuple[str, str, str]] = []
+        self.tags: list[str] = []
+        markup = self
+
+        class Parser(HTMLParser):
+            in_script = False
+
+            def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+                markup.tags.append(tag)
+                markup.attributes += [(tag, name, value or "") for name, value in attrs]
+                self.in_script = tag == "script"
+
+            def handle_endtag(self, tag: str) -> None:
+                self.in_script = False
+
+            def handle_data(self, data: str) -> None:
+                if self.in_script:
+                    markup.scripts.append(data)
+
+        Parser(convert_charrefs=True).feed(page)
+
+
+def test_html_reports_neutralise_scripts_and_handlers(cleanup_ledger: None, tmp_path: Path) -> None:
+    import nbformat
+
+    from .test_cli import nbexec as run_cli
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(HOSTILE_OUTPUTS)])
+    nbformat.write(nb, tmp_path / "hostile.ipynb")
+    done = run_cli("run", "hostile.ipynb", "--html-dir", "html", "--output-dir", "runs", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "html" / "hostile.html").read_text()
+    markup = _Markup(page)
+    assert "<p>kept text</p>" in page and "table" in markup.tags  # passive markup and tables still render
+    assert [s for s in markup.scripts if "PWNED" in s] == [], "a script from the outputs survived"
+    assert [a for a in markup.attributes if a[1].startswith("on")] == [], "an event handler survived"
+    links = [a for a in markup.attributes if a[1] in ("href", "src", "xlink:href", "action", "formaction")]
+    assert [a for a in links if a[2].strip().lower().startswith("javascript:")] == [], "a javascript: link survived"
+    assert [a for a in markup.attributes if a[1] == "srcdoc"] == [], "an iframe srcdoc survived"
+    assert "iframe" not in markup.tags

@@ -21,20 +21,23 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 class CodeInput(BaseModel):
     code: str = Field(description="Python source to run.")
-    session_id: str | None = Field(default=None, description="Session to run in; reuse it to keep state.")
+    session_id: str | None = Field(default=None, description=(
+        "The session_id an earlier call returned, to keep its state; omit it to start a new session."))
 
 
 def execute_python_tool(config: SandboxConfig | None = None, *, sessions: SessionManager | None = None,
                         store: ArtifactStore | None = None, name: str = tools.DEFAULT_NAME,
-                        budget: int = tools.DEFAULT_BUDGET,
+                        budget: int = tools.DEFAULT_BUDGET, conversation: str | None = None,
                         on_result: Callable[[ExecutionResult], None] | None = None) -> StructuredTool:
-    """A StructuredTool named ``execute_python``; stateful when given a SessionManager."""
+    """A StructuredTool named ``execute_python``; stateful when given a SessionManager (sessions are found only
+    by the ``conversation`` that made them, when one manager serves several)."""
 
     def run(code: str, session_id: str | None = None) -> str:
         arguments: dict[str, Any] = {"code": code}
         if session_id:
             arguments["session_id"] = session_id
-        result, problem = _outcome(arguments, on_result=on_result, config=config, sessions=sessions, store=store)
+        result, problem = _outcome(arguments, on_result=on_result, config=config, sessions=sessions, store=store,
+                                    conversation=conversation)
         if problem:
             return f"Tool error: {problem}"
         assert result is not None
