@@ -34,7 +34,6 @@ from . import artifacts, pool, session, tools
 from .config import SandboxConfig
 from .errors import NbexecError
 from .result import ExecutionResult
-from .sandbox import remove_tree
 from .session import Session, SessionManager
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class Clients:
     """The nbexec Session of every connected MCP client. Thread-safe."""
 
     def __init__(self, config: SandboxConfig, max_sessions: int, max_resource: int = MAX_RESOURCE) -> None:
-        self.manager = SessionManager(config, max_sessions=max_sessions)
+        self.manager = SessionManager(config, max_sessions=max_sessions, keep_files=False)
         self.max_resource = max_resource
         self._live: set[_Client] = set()
         self._lock = threading.Lock()
@@ -107,12 +106,10 @@ class Clients:
         return client.session
 
     def prune(self, client: _Client) -> None:
-        """Forget the files of a session the reaper closed, and delete its folder."""
+        """Forget the files of a session the reaper closed (its folder went with it)."""
         gone = client.session
         if gone is not None and gone.status == "closed":
             client.session, client.files = None, {}
-            if gone.output_dir is not None:
-                remove_tree(gone.output_dir)  # TODO: Session(keep_files=False) once session.py has it
 
     def publish(self, client: _Client, result: ExecutionResult) -> ExecutionResult:
         """List the result's files as the client's resources; the model sees resource URIs, not host paths."""
@@ -146,9 +143,7 @@ class Clients:
         with contextlib.suppress(Exception):
             gone.interrupt()
         with contextlib.suppress(Exception):
-            gone.close()
-        if gone.output_dir is not None:
-            remove_tree(gone.output_dir)  # TODO: Session(keep_files=False) once session.py has it
+            gone.close()  # keep_files=False: its folder goes with it
 
     def close_all(self) -> None:
         with self._lock:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nbexec.sandbox import work_root
+
 from .conftest import IMAGE
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -131,4 +133,4 @@ def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
         stream.close()
     assert proc.returncode != 0
     assert client.containers.list(all=True, filters={"label": label}) == []
-    assert not [p for p in Path("/tmp/nbexec").glob(f"nbexec-{proc.pid}-*")]
+    assert not [p for p in work_root().glob(f"nbexec-{proc.pid}-*")]

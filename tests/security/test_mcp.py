@@ -54,8 +54,8 @@ class McpProcess:
 
     def folders(self) -> list[Path]:
         """Working folders and session output folders the server made (the two roots themselves excepted)."""
-        return [entry for root in ("nbexec", "nbexec-output") if (self.tmp / root).is_dir()
-                for entry in (self.tmp / root).iterdir()]
+        roots = [root for root in self.tmp.iterdir() if root.name.startswith("nbexec") and root.is_dir()]
+        return [entry for root in roots for entry in root.iterdir()]
 
     def children(self) -> list[int]:
         found = []
