@@ -114,13 +114,13 @@ def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NBEXEC_IMAGE": IMAGE})
     assert proc.stdin is not None
-    # The code leaves a mark in /mnt/data once it runs: the host sees it in the run's data folder (this test
-    # session's TMPDIR is private, so the mark is this run's).
+    # The code leaves a mark in /mnt/data once it runs: the host sees it in the run's output folder (under the
+    # working directory, or this test session's private TMPDIR).
     proc.stdin.write("open('/mnt/data/running', 'w').close()\nimport time\ntime.sleep(60)\n")
     proc.stdin.close()
     wait_until(lambda: owned_by(proc.pid), 60, "the run never started a container")
-    wait_until(lambda: any(output_root().glob("*/data/running")) or any(
-        p for w in own_workdirs(proc.pid) for p in w.glob("data/running")), 60, "the code never ran")
+    wait_until(lambda: any(tmp_path.glob("nbexec-output/*/data/running")) or any(
+        output_root().glob("*/data/running")), 60, "the code never ran")
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
     for stream in (proc.stdout, proc.stderr):
