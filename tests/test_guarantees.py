@@ -121,7 +121,7 @@ def test_working_folders_are_removed_after_a_one_shot(cold: nbexec.SandboxConfig
 
 def test_a_used_pool_sandbox_leaves_no_working_folder(config: nbexec.SandboxConfig) -> None:
     pool.warm_up(config)
-    waiting = wait_until(lambda: pool_workdirs() if pool.ready_count(config) == config.pool_size else None, 60,
+    waiting = wait_until(lambda: pool_workdirs() if pool.ready_count(config) == config.pool_size else set(), 60,
                          "the pool did not fill")
     assert execute_notebook("print(1)", config=config).ok
     pool.wait_for_teardown()
