@@ -1,36 +1,145 @@
 """Shared fixtures. Tests that need Docker use the real engine and the real runtime image; when either is
-missing they fail with a message saying how to get it (they never skip silently)."""
+missing they fail with a message saying how to get it (they never skip silently).
+
+Several nbexec processes (other test runs, services) may share this machine, so nothing here scans the host:
+containers are attributed by the owner label of this process, working folders by this pid, output folders by a
+temporary folder private to this test session (TMPDIR), and processes by being children of this process.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import docker
 import pytest
 
 import nbexec
 from nbexec import daemon, pool
-from nbexec.sandbox import work_root
+from nbexec.sandbox import Sandbox, remove_tree, work_root
 
 from . import azurite as azurite_module
 
 FILES = Path(__file__).parent / "files"
 IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)
+T = TypeVar("T")
+LONG_LIVED_CHILDREN: set[int] = set()  # child processes a session fixture keeps (Azurite), not leaks
 
 
-def own_containers(*, include_pool: bool = False) -> list[str]:
-    """Names of nbexec containers made by this test process."""
+def wait_until(predicate: Callable[[], T], timeout: float, message: str, *, interval: float = 0.05) -> T:
+    """Poll ``predicate`` until it returns something true and return that; fail with ``message`` after
+    ``timeout`` seconds. Tests wait on conditions, never for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{message} (waited {timeout:g} s)", pytrace=False)
+        time.sleep(interval)
+
+
+def settle(predicate: Callable[[], bool], timeout: float) -> None:
+    """Poll ``predicate`` until true or ``timeout`` passes, without failing (the caller judges)."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def own_containers(*, include_pool: bool = False, role: str | None = None) -> list[str]:
+    """Names of nbexec containers made by this test process (optionally of one role)."""
     client = daemon.connect()
     found = client.containers.list(all=True, filters={"label": f"{daemon.LABEL_OWNER}={daemon.owner()}"})
-    return [c.name for c in found if include_pool or c.labels.get(daemon.LABEL_ROLE) != "pool"]
+    return [c.name for c in found if (include_pool or c.labels.get(daemon.LABEL_ROLE) != "pool")
+            and (role is None or c.labels.get(daemon.LABEL_ROLE) == role)]
 
 
-def own_workdirs() -> list[Path]:
-    prefix = f"nbexec-{os.getpid()}-"
-    return [p for p in work_root().iterdir() if p.name.startswith(prefix)]
+def owned_by(pid: int) -> list[str]:
+    """Names of nbexec containers made by process ``pid`` of this machine (e.g. an `nbexec` subprocess)."""
+    label = f"{daemon.LABEL_OWNER}={daemon.owner().rsplit(':', 1)[0]}:{pid}"
+    return [c.name for c in daemon.connect().containers.list(all=True, filters={"label": label})]
+
+
+def own_workdirs(pid: int | None = None) -> list[Path]:
+    """Working folders of sandboxes made by this process (or by ``pid``)."""
+    prefix = f"nbexec-{os.getpid() if pid is None else pid}-"
+    return sorted(p for p in work_root().iterdir() if p.name.startswith(prefix))
+
+
+def waiting_sandboxes() -> list[Sandbox]:
+    """Sandboxes waiting in this process's pools: the pool keeps them until it closes, so they are not leaks.
+    (A pooled sandbox handed to a session or a one-shot still carries the pool role label, so labels alone
+    cannot tell; the pools themselves can.)"""
+    with pool._lock:
+        pools = list(pool._pools.values())
+    return [s for p in pools for s in list(p._ready)]
+
+
+def unaccounted_containers() -> list[str]:
+    """This process's containers that no pool is keeping: sessions and executions not yet torn down."""
+    waiting = {s.container.name for s in waiting_sandboxes() if s.container is not None}
+    return [name for name in own_containers(include_pool=True) if name not in waiting]
+
+
+def pool_workdirs() -> set[Path]:
+    """Working folders of this process's waiting pool sandboxes."""
+    return {s.workdir for s in waiting_sandboxes()}
+
+
+CONTAINER_ID = "import re\nprint(re.search(r'/containers/([0-9a-f]{64})/', open('/proc/self/mountinfo').read())[1])"
+
+
+def container_id(stdout: str) -> str:
+    """The container id printed by CONTAINER_ID run in a sandbox (Docker's bind mount of /etc/hostname names it)."""
+    found = re.search(r"\b[0-9a-f]{64}\b", stdout)
+    assert found, f"no container id in {stdout!r}"
+    return found[0]
+
+
+def output_root() -> Path:
+    """Where execute_notebook() puts output folders when none is given (inside this session's TMPDIR)."""
+    return work_root().parent / "nbexec-output"
+
+
+def own_children() -> dict[int, str]:
+    """Live (not zombie) child processes of this test process: pid -> command line."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != os.getpid() or fields[0] == "Z":
+                continue
+            children[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tmp() -> Iterator[Path]:
+    """A TMPDIR private to this test session, so working and output folders of this run are told apart from
+    those of any other nbexec on the machine (subprocesses inherit it)."""
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    root = Path(tempfile.mkdtemp(prefix=f"nbexec-suite-{os.getpid()}-"))
+    root.chmod(0o755)  # the sandbox user (not us when we are root) reaches its bind mounts through it
+    os.environ["TMPDIR"] = str(root)
+    tempfile.tempdir = str(root)
+    yield root
+    tempfile.tempdir = saved_dir
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env
+    remove_tree(root)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +157,7 @@ def docker_ready() -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_leftovers_at_end() -> Iterator[None]:
+def _no_leftovers_at_end(_private_tmp: Path) -> Iterator[None]:
     yield
     pool.shutdown()
     nbexec.session.close_all()
@@ -58,20 +167,51 @@ def _no_leftovers_at_end() -> Iterator[None]:
     except nbexec.NbexecError:
         return
     assert left == [], f"containers left after the test session: {left}"
+    assert own_workdirs() == [], "working folders left after the test session"
+
+
+def _leaked_workdirs() -> list[Path]:
+    return [p for p in own_workdirs() if p not in pool_workdirs()]
+
+
+def _empty_new_outputs(before: set[Path]) -> list[Path]:
+    root = output_root()
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p not in before and p.is_dir() and not any(p.iterdir())]
+
+
+def _sweep(containers: list[str], workdirs: list[Path], outputs: list[Path], children: dict[int, str]) -> None:
+    for name in containers:
+        with contextlib.suppress(docker.errors.NotFound):
+            daemon.connect().containers.get(name).remove(force=True)
+    for path in workdirs + outputs:
+        remove_tree(path)
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
 def cleanup_ledger(docker_ready: None) -> Iterator[None]:
-    """Fail the test that leaked a container or working folder (pool sandboxes excepted), and remove it."""
+    """Fail the test that leaked, and remove what it leaked: containers of this process (sandboxes waiting in
+    a pool excepted), working folders of this pid (pool ones excepted), output folders left empty by an execution that
+    failed, and child processes it started."""
+    children_before = set(own_children()) | LONG_LIVED_CHILDREN
+    outputs_before = set(output_root().iterdir()) if output_root().is_dir() else set()
     yield
     pool.wait_for_teardown()
-    deadline = time.monotonic() + 10
-    while own_containers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    leaked = own_containers()
-    for name in leaked:
-        daemon.connect().containers.get(name).remove(force=True)
-    assert leaked == [], f"the test leaked containers: {leaked}"
+    settle(lambda: not unaccounted_containers(), 10)
+    # A pool sandbox being started has its folder before its container: give it time to show up as one.
+    settle(lambda: not _leaked_workdirs(), 20)
+    settle(lambda: not set(own_children()) - children_before - LONG_LIVED_CHILDREN, 10)
+    containers, workdirs = unaccounted_containers(), _leaked_workdirs()
+    outputs = _empty_new_outputs(outputs_before)
+    children = {p: c for p, c in own_children().items() if p not in children_before | LONG_LIVED_CHILDREN}
+    _sweep(containers, workdirs, outputs, children)
+    assert (containers, workdirs, outputs, children) == ([], [], [], {}), (
+        f"the test leaked: containers {containers}, working folders {workdirs}, "
+        f"empty output folders {outputs}, processes {children}")
 
 
 @pytest.fixture
@@ -94,5 +234,8 @@ def azurite() -> Iterator[azurite_module.Azurite]:
         pytest.fail("these tests need Azurite: run scripts/setup.sh (or `npm install --prefix .tools azurite`)",
                     pytrace=False)
     server = azurite_module.start(binary)
+    LONG_LIVED_CHILDREN.add(server.process.pid)
     yield server
     server.stop()
+    LONG_LIVED_CHILDREN.discard(server.process.pid)
+

@@ -13,7 +13,7 @@ import pytest
 from nbexec import NotebookError, parameters
 from nbexec.batch import discover
 
-from .conftest import own_containers
+from .conftest import unaccounted_containers
 from .test_cli import nbexec
 
 
@@ -55,7 +55,7 @@ def test_batch_reports_everything(cleanup_ledger: None, tmp_path: Path) -> None:
     assert html.count("data:image/png;base64") >= 2  # the plot is embedded (the page has one icon too)
     executed = json.loads((tmp_path / "out" / "runs" / "plot" / "notebook.ipynb").read_text())
     assert executed["metadata"]["nbexec"]["parameters"] == {"scale": 3, "label": "y"}
-    assert own_containers() == []
+    assert unaccounted_containers() == []
 
 
 def test_fail_fast_skips_the_rest(cleanup_ledger: None, tmp_path: Path) -> None:

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from nbexec.sandbox import work_root
-
 from .conftest import IMAGE
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -109,28 +107,25 @@ def test_cleanup_removes_orphans(docker_ready: None, tmp_path: Path) -> None:
 
 def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
     import signal
-    import time
 
-    from nbexec import daemon
+    from .conftest import output_root, own_workdirs, owned_by, wait_until
 
     proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NBEXEC_IMAGE": IMAGE})
     assert proc.stdin is not None
-    proc.stdin.write("print('started', flush=True)\nimport time\ntime.sleep(60)\n")
+    # The code leaves a mark in /mnt/data once it runs: the host sees it in the run's output folder (under the
+    # working directory, or this test session's private TMPDIR).
+    proc.stdin.write("open('/mnt/data/running', 'w').close()\nimport time\ntime.sleep(60)\n")
     proc.stdin.close()
-    client = daemon.connect()
-    label = f"{daemon.LABEL_OWNER}={daemon.owner().split(':')[0]}:{proc.pid}"
-    deadline = time.monotonic() + 60
-    while not client.containers.list(filters={"label": label}) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert client.containers.list(filters={"label": label}), "the run never started a container"
-    time.sleep(2)
+    wait_until(lambda: owned_by(proc.pid), 60, "the run never started a container")
+    wait_until(lambda: any(tmp_path.glob("nbexec-output/*/data/running")) or any(
+        output_root().glob("*/data/running")), 60, "the code never ran")
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
     for stream in (proc.stdout, proc.stderr):
         assert stream is not None
         stream.close()
     assert proc.returncode != 0
-    assert client.containers.list(all=True, filters={"label": label}) == []
-    assert not [p for p in work_root().glob(f"nbexec-{proc.pid}-*")]
+    assert owned_by(proc.pid) == []
+    assert own_workdirs(proc.pid) == []

@@ -17,7 +17,7 @@ import nbexec
 from nbexec import tools
 from nbexec.toolcall import handle_anthropic_tool_use, handle_openai_function_call, handle_openai_tool_call
 
-from .conftest import IMAGE
+from .conftest import IMAGE, own_children, own_workdirs, owned_by, settle
 
 ROOT = Path(__file__).parent.parent
 
@@ -150,6 +150,7 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
                                        env={**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_POOL_SIZE": "0"})
         async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
+            servers.extend(pid for pid, line in own_children().items() if "nbexec.cli mcp" in line)
             listed = await client.list_tools()
             first = await client.call_tool("execute_python", {"code": "x = 41\nopen('out.txt', 'w').write('hi')"})
             second = await client.call_tool("execute_python", {"code": "import matplotlib.pyplot as plt\n"
@@ -160,7 +161,14 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
             return {"tools": [t.name for t in listed.tools], "first": first, "second": second, "error": error,
                     "resources": [r.name for r in resources.resources], "content": content}
 
+    servers: list[int] = []
     out = asyncio.run(talk())
+    assert len(servers) == 1, servers
+    # The client has closed the server (stdin closed, then SIGTERM): it must have removed its session's
+    # container and folders itself; nothing here cleans up for it.
+    settle(lambda: not owned_by(servers[0]) and not own_workdirs(servers[0]), 10)
+    assert owned_by(servers[0]) == [], "the MCP server left its session container behind"
+    assert own_workdirs(servers[0]) == [], "the MCP server left its working folders behind"
     assert out["tools"] == ["execute_python"]
     assert not out["first"].is_error
     assert [c.type for c in out["second"].content] == ["text", "image"]

@@ -12,16 +12,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
 import nbexec
-from nbexec.server import ServerSettings, create_app
+from nbexec import daemon
+from nbexec.server import ServerSettings, create_app, token_id
 
 from .azurite import free_port
-from .conftest import IMAGE
+from .conftest import CONTAINER_ID, IMAGE, container_id, wait_until
 
 TOKEN_A = "token-a-" + "a" * 24
 TOKEN_B = "token-b-" + "b" * 24
@@ -31,25 +33,33 @@ TOKEN_B = "token-b-" + "b" * 24
 class Running:
     url: str
     server: uvicorn.Server
+    state: Any  # the app's state: executions in flight per token
 
     def client(self, token: str | None = TOKEN_A) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
 
+@pytest.fixture(autouse=True)
+def _leaks_before_teardown(cleanup_ledger: None) -> None:
+    """Each test is judged for leaks when it ends, before the module's service closes anything."""
+
+
+def exists(container: str) -> bool:
+    return bool(daemon.connect().containers.list(all=True, filters={"id": container}))
+
+
 @contextlib.contextmanager
 def running(settings: ServerSettings) -> Iterator[Running]:
     """``create_app(settings)`` under uvicorn in this process, on a free loopback port."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the server did not start"
     try:
-        yield Running(f"http://127.0.0.1:{port}", server)
+        wait_until(lambda: server.started, 30, "the server did not start")
+        yield Running(f"http://127.0.0.1:{port}", server, app.state.nbexec)
     finally:
         server.should_exit = True
         thread.join(timeout=60)
@@ -67,9 +77,7 @@ def service(docker_ready: None) -> Iterator[Running]:
 def test_health_ready_metrics(service: Running) -> None:
     with service.client(None) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
-        deadline = time.monotonic() + 60
-        while (ready := client.get("/readyz")).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.5)
+        ready = wait_until(lambda: (r := client.get("/readyz")).status_code == 200 and r, 60, "never ready")
         assert ready.json()["ready"] is True and ready.json()["image"] == "ok"
         assert "nbexec_live_sessions" in client.get("/metrics").text
 
@@ -108,11 +116,27 @@ def test_sessions_files_and_isolation(service: Running) -> None:
         assert [f["name"] for f in a.get(f"/v1/sessions/{sid}/files").json()["files"]] == ["dir/blob.bin"]
         assert a.get(f"/v1/sessions/{sid}").json()["status"] == "ready"
         for response in (b.get(f"/v1/sessions/{sid}"), b.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}),
-                         b.get(f"/v1/sessions/{sid}/files/dir/blob.bin"), b.delete(f"/v1/sessions/{sid}")):
-            assert response.status_code == 404
+                         b.get(f"/v1/sessions/{sid}/files/dir/blob.bin"), b.get(f"/v1/sessions/{sid}/files"),
+                         b.put(f"/v1/sessions/{sid}/files/planted.txt", content=b"from b"),
+                         b.put(f"/v1/sessions/{sid}/files/dir/blob.bin", content=b"overwritten by b"),
+                         b.delete(f"/v1/sessions/{sid}")):
+            assert response.status_code == 404, (response.request.method, response.request.url)
+        assert [f["name"] for f in a.get(f"/v1/sessions/{sid}/files").json()["files"]] == ["dir/blob.bin"]
+        assert a.get(f"/v1/sessions/{sid}/files/dir/blob.bin").content == blob  # B wrote nothing
         assert a.get(f"/v1/sessions/{sid}/files/missing.txt").status_code == 404
         assert a.delete(f"/v1/sessions/{sid}").status_code == 204
         assert a.get(f"/v1/sessions/{sid}").status_code == 404
+
+
+def test_delete_frees_the_container_at_once(service: Running) -> None:
+    with service.client() as client:
+        sid = client.post("/v1/sessions").json()["id"]
+        ran = client.post(f"/v1/sessions/{sid}/execute", json={"code": CONTAINER_ID}).json()
+        assert ran["ok"], ran
+        container = container_id(ran["stdout"])
+        assert exists(container)
+        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+        assert not exists(container), "DELETE answered before the session's container was removed"
 
 
 def test_limits_answer_429_and_413(service: Running) -> None:
@@ -124,7 +148,7 @@ def test_limits_answer_429_and_413(service: Running) -> None:
         slow = threading.Thread(target=lambda: results.append(client.post(
             "/v1/execute", json={"code": "import time; time.sleep(3)"}).status_code))
         slow.start()
-        time.sleep(1.0)
+        wait_until(lambda: service.state.running[token_id(TOKEN_A)] >= 1, 30, "the slow execution never started")
         with service.client() as other:
             busy = other.post("/v1/execute", json={"code": "1"})
         slow.join()

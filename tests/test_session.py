@@ -11,7 +11,7 @@ import pytest
 import nbexec
 from nbexec import Session, SessionManager
 
-from .conftest import own_containers
+from .conftest import unaccounted_containers, wait_until
 
 
 def test_state_persists_and_notebook_grows(config: nbexec.SandboxConfig, tmp_path: Path) -> None:
@@ -82,20 +82,17 @@ def test_kernel_death_marks_session_dead_and_files_survive_restart(config: nbexe
 def test_interrupt_from_another_thread(config: nbexec.SandboxConfig) -> None:
     with Session(config) as session:
         session.start()
-        timer = threading.Timer(1.0, session.interrupt)
-        timer.start()
-        result = session.run("import time; time.sleep(30)")
-        timer.join()
+        # Interrupt once the cell has shown it runs (not after a fixed delay, which may come before it starts).
+        result = session.run("print('running', flush=True)\nimport time; time.sleep(30)",
+                             on_output=lambda *_: threading.Thread(target=session.interrupt).start())
+        assert result.stdout == "running\n"
         assert result.error is not None and result.error.ename == "KeyboardInterrupt"
 
 
 def test_idle_sessions_are_reaped(config: nbexec.SandboxConfig) -> None:
     session = Session(config, ttl=1.0)
     session.run("1")
-    deadline = time.monotonic() + 15
-    while session.status != "closed" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert session.status == "closed"
+    wait_until(lambda: session.status == "closed", 15, "the idle session was not reaped")
 
 
 def test_manager_cap_get_close(config: nbexec.SandboxConfig) -> None:
@@ -124,7 +121,7 @@ def test_manager_cap_get_close(config: nbexec.SandboxConfig) -> None:
     assert sorted(results) == ["0\n", "1\n", "2\n"]
     manager.close_all()
     assert len(manager) == 0
-    assert own_containers() == []
+    assert unaccounted_containers() == []
 
 
 def test_sessions_do_not_see_each_other(config: nbexec.SandboxConfig) -> None:
