@@ -216,6 +216,7 @@ def create_app(settings: ServerSettings) -> Any:
     app = FastAPI(title="nbexec", version=__version__, lifespan=lifespan,
                   description="Run untrusted Python in throwaway, locked-down sandboxes.")
     app.state.nbexec = folders
+    app.state.gate = gate  # per-token slots, read by operators' tooling and the tests
     _ops_routes(app, folders, metrics)
     _execute_routes(app, folders, gate, metrics)
     _session_routes(app, folders, gate, metrics)

@@ -33,7 +33,7 @@ TOKEN_B = "token-b-" + "b" * 24
 class Running:
     url: str
     server: uvicorn.Server
-    state: Any  # the app's state: executions in flight per token
+    gate: Any  # the app's gate: executions in flight per token
 
     def client(self, token: str | None = TOKEN_A) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -59,7 +59,7 @@ def running(settings: ServerSettings) -> Iterator[Running]:
     thread.start()
     try:
         wait_until(lambda: server.started, 30, "the server did not start")
-        yield Running(f"http://127.0.0.1:{port}", server, app.state.nbexec)
+        yield Running(f"http://127.0.0.1:{port}", server, app.state.gate)
     finally:
         server.should_exit = True
         thread.join(timeout=60)
@@ -148,7 +148,8 @@ def test_limits_answer_429_and_413(service: Running) -> None:
         slow = threading.Thread(target=lambda: results.append(client.post(
             "/v1/execute", json={"code": "import time; time.sleep(3)"}).status_code))
         slow.start()
-        wait_until(lambda: service.state.running[token_id(TOKEN_A)] >= 1, 30, "the slow execution never started")
+        wait_until(lambda: service.gate.running.get(token_id(TOKEN_A.encode()), 0) >= 1, 30,
+                   "the slow execution never started")
         with service.client() as other:
             busy = other.post("/v1/execute", json={"code": "1"})
         slow.join()
