@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -19,7 +20,7 @@ from typing import Any
 from nbformat import NotebookNode
 
 from . import artifacts, notebook, pool, uploads
-from .config import SandboxConfig, from_env, parse_size
+from .config import SandboxConfig, from_env
 from .errors import (
     FileTransferError,
     SessionClosedError,
@@ -27,7 +28,7 @@ from .errors import (
     SessionLimitError,
     SessionNotFoundError,
 )
-from .execute import adopt_data_dir, finish, prepare_output_dir, run_cells
+from .execute import finish, prepare_output_dir, run_cells
 from .result import ExecutionResult
 from .runner import OutputCallback
 from .sandbox import Sandbox
@@ -62,6 +63,7 @@ class Session:
         self._lock = threading.RLock()
         self.store: ArtifactStore = store if store is not None else LocalStore()
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
+        self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -95,20 +97,16 @@ class Session:
             if self._sandbox is None:
                 if self.output_dir is None:
                     self.output_dir = prepare_output_dir(self._requested_dir, f"session-{uuid.uuid4().hex}")
-                self._sandbox = self._new_sandbox(self.output_dir / "data")
+                self._sandbox = self._new_sandbox()
                 _register(self)
             return self
 
-    def _new_sandbox(self, data_dir: Path) -> Sandbox:
-        if self.config.pool_size and not data_dir.exists():
-            sandbox = pool.acquire(self.config)
-            if adopt_data_dir(sandbox, data_dir) == data_dir:
-                return sandbox
-            # output_dir is on another filesystem: the pooled folder cannot move there, and would be deleted
-            # with the sandbox, so start one that mounts data_dir itself.
-            pool.release(sandbox)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        sandbox = Sandbox.start(self.config, role="session", data_dir=data_dir)
+    def _new_sandbox(self) -> Sandbox:
+        """A sandbox with an empty /mnt/data of its own; after each run its files are copied to
+        ``output_dir/data``."""
+        if self.config.pool_size:
+            return pool.acquire(self.config)
+        sandbox = Sandbox.start(self.config, role="session")
         try:
             pool.warm(sandbox)
         except BaseException:
@@ -182,8 +180,9 @@ class Session:
                 self._dead_reason = error.evalue
             self.last_activity = time.monotonic()
             result = finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
-                            data_dir=sandbox.data_dir, notebook_path=self.output_dir / "session.ipynb",
-                            started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index)
+                            sandbox=sandbox, notebook_path=self.output_dir / "session.ipynb", started=started,
+                            timings={"run_s": ran - started}, dropped=dropped, first_cell=index,
+                            known=self._copied)
             return uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
 
     def save(self, path: str | Path) -> Path:
@@ -195,25 +194,28 @@ class Session:
     # -- files --------------------------------------------------------------------------------------
 
     def upload(self, source: str | Path | bytes, name: str | None = None) -> str:
-        """Put a host file or bytes into /mnt/data as ``name``; return its path inside the sandbox."""
-        if isinstance(source, bytes):
-            if not name:
-                raise FileTransferError("upload(bytes) needs a name")
-            content = source
-        else:
-            try:
-                content = Path(source).read_bytes()
-            except OSError as exc:
-                raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
-            name = name or Path(source).name
+        """Put a host file (streamed) or bytes into /mnt/data as ``name``; return its path inside the sandbox.
+
+        A file that does not fit in /mnt/data (max_data, max_files) raises FileTransferError."""
+        if isinstance(source, bytes) and not name:
+            raise FileTransferError("upload(bytes) needs a name")
+        name = name or Path(str(source)).name
         with self._lock:
             self.start()
             sandbox = self._sandbox
             assert sandbox is not None
-            limit = parse_size(self.config.max_data)
-            if limit and len(content) > limit:
-                raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
-            artifacts.put(sandbox.data_dir, name, content, owner=sandbox.file_owner())
+            if isinstance(source, bytes):
+                artifacts.put(sandbox.data_dir, name, source, owner=sandbox.file_owner())
+            else:
+                try:
+                    handle = open(source, "rb")  # noqa: SIM115 - closed below, after the streamed copy
+                except OSError as exc:
+                    raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
+                with handle:
+                    limit = self.config.max_data_bytes
+                    if limit and os.fstat(handle.fileno()).st_size > limit:
+                        raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
+                    artifacts.put(sandbox.data_dir, name, handle, owner=sandbox.file_owner())
             self.last_activity = time.monotonic()
         return f"/mnt/data/{name}"
 
