@@ -29,7 +29,7 @@ from .errors import (
     SessionNotFoundError,
 )
 from .execute import finish, prepare_output_dir, run_cells
-from .result import ExecutionResult
+from .result import ExecutionResult, File
 from .runner import OutputCallback
 from .sandbox import Sandbox
 from .storage import ArtifactStore, LocalStore
@@ -146,9 +146,31 @@ class Session:
                 raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
             sandbox, self._sandbox = self._sandbox, None
             if sandbox is not None:
-                sandbox.destroy()
+                try:
+                    kept = self._copy_out(sandbox)  # its filesystem outlives a dead kernel until destroy
+                finally:
+                    sandbox.destroy()
             self._dead_reason = None
             self.start()
+            if sandbox is not None:
+                self._copy_in(kept)
+
+    def _copy_out(self, sandbox: Sandbox) -> list[File]:
+        assert self.output_dir is not None
+        target = self.output_dir / "data"
+        target.mkdir(mode=0o700, exist_ok=True)
+        cap = self.config.max_data_bytes
+        limits = artifacts.Limits(max_file=cap, max_total=cap, max_files=self.config.max_files)
+        return artifacts.snapshot(sandbox.data_dir, target, limits, known=self._copied).files
+
+    def _copy_in(self, files: list[File]) -> None:
+        """Put the host copies of a previous sandbox's files into the new /mnt/data."""
+        sandbox = self._sandbox
+        assert sandbox is not None
+        for item in files:
+            with open(item.path, "rb") as handle:  # a private host folder nbexec made (0700)
+                artifacts.put(sandbox.data_dir, item.name, handle, owner=sandbox.file_owner())
+        self._copied.clear()  # the new filesystem's files are new: copy them again after the next run
 
     def interrupt(self) -> None:
         """Interrupt the running cell (safe to call from another thread)."""

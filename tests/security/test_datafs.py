@@ -198,3 +198,15 @@ def test_no_mount_or_loop_device_is_left(small: nbexec.SandboxConfig) -> None:
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
     assert prefix not in loops, loops
     assert not workdir.exists()
+
+
+def test_without_mounts_the_sampled_fallback_still_stops_the_writer(
+        cleanup_ledger: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a non-root nbexec gets: a plain folder and a check once a second (datafs's documented fallback).
+    monkeypatch.setattr(datafs, "can_mount", lambda: False)
+    assert datafs.fallback_reason() is not None
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, max_data="16m")
+    code = "import time\nf = open('/mnt/data/big', 'wb')\nwhile True: f.write(b'x' * (1 << 20)); f.flush(); time.sleep(0.01)"
+    result = nbexec.execute_notebook(code, config=config)
+    assert result.error is not None and result.error.kind == "limit", result.error
+    assert any("sampled check" in note for note in result.notes), result.notes
