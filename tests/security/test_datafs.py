@@ -17,6 +17,7 @@ import pytest
 
 import nbexec
 from nbexec import datafs, pool
+from nbexec.sandbox import remove_stale_workdirs, work_root
 
 from ..conftest import IMAGE
 
@@ -206,7 +207,21 @@ def test_without_mounts_the_sampled_fallback_still_stops_the_writer(
     monkeypatch.setattr(datafs, "can_mount", lambda: False)
     assert datafs.fallback_reason() is not None
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, max_data="16m")
-    code = "import time\nf = open('/mnt/data/big', 'wb')\nwhile True: f.write(b'x' * (1 << 20)); f.flush(); time.sleep(0.01)"
+    code = ("import time\nf = open('/mnt/data/big', 'wb')\n"
+            "while True: f.write(b'x' * (1 << 20)); f.flush(); time.sleep(0.01)")
     result = nbexec.execute_notebook(code, config=config)
     assert result.error is not None and result.error.kind == "limit", result.error
     assert any("sampled check" in note for note in result.notes), result.notes
+
+
+def test_the_orphan_sweep_unmounts_before_deleting() -> None:
+    assert datafs.can_mount(), "this test needs root, mkfs.ext4 and /dev/loop-control (as nbexec's default)"
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not Path(f"/proc/{pid}").exists())
+    workdir = work_root() / f"nbexec-{dead}-sweeptest"
+    (workdir / "data").mkdir(parents=True)
+    datafs.create(workdir / "data", workdir / "data.img", size=8 * MiB, inodes=64, owner=(os.getuid(), os.getgid()))
+    (workdir / "data" / "left.txt").write_text("left by a process that died")
+    assert datafs.is_mounted(workdir / "data")
+    assert workdir in remove_stale_workdirs()
+    assert not workdir.exists() and str(workdir) not in Path("/proc/self/mountinfo").read_text()
+    assert str(workdir) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
