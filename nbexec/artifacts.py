@@ -2,19 +2,23 @@
 
 Every host-side access under a run's folders goes through directory file descriptors with O_NOFOLLOW, and
 each file is checked with fstat after it is opened, so links, FIFOs, sockets and devices planted by the code
-(or swapped in while we look) are reported and never read.
+(or swapped in while we look) are reported and never read. The size that counts is the apparent size seen at
+fstat: nothing past it is read, files are hashed and copied in chunks, and a sparse file over the cap is
+skipped unread. Copies on the host are 0600, so no set-id or exec bit carries over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import mimetypes
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import FileTransferError
 from .folders import OutputFolder
@@ -25,7 +29,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _KINDS = [(stat.S_ISLNK, "symbolic link (not followed)"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
           (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")]
-MAX_DEPTH = 32
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_CHUNK = 1 << 20
+MAX_DEPTH = 64  # deeper folders are listed as skipped, not walked
+MAX_SKIPPED = 200  # entries listed in skipped_files; the rest are counted in a note
 
 
 def display_name(raw: bytes) -> str:
@@ -47,39 +54,288 @@ def _valid_name(raw: bytes) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Entry:
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Caps on what one collection keeps (0: no cap). Sizes are apparent sizes (``st_size``)."""
+
+    max_file: int = 0
+    max_total: int = 0
+    max_files: int = 0
+
+
+@dataclass
+class Collection:
+    """What a collection kept, what it left out (at most MAX_SKIPPED listed) and nbexec's notes on it."""
+
+    files: list[File] = field(default_factory=list)
+    skipped: list[SkippedFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# name -> (identity of the source file when copied: inode, size, mtime, ctime; sha256 of the copy)
+Known = dict[str, tuple[tuple[int, int, int, int], str]]
+
+
+@dataclass
+class _Folder:
+    fd: int
     parts: tuple[bytes, ...]
-    st: os.stat_result
+    names: list[str]
+    parent: _Folder | None
+    target: int | None = None  # the matching host folder, opened when a file in it is copied
 
 
-def _walk(dir_fd: int, parts: tuple[bytes, ...], skipped: list[SkippedFile]) -> Iterator[_Entry]:
-    try:
-        names = sorted(os.listdir(dir_fd))
-    except OSError as exc:
-        skipped.append(SkippedFile(display_name(b"/".join(parts)) or ".", f"unreadable folder: {exc.strerror}"))
-        return
-    for name in names:
-        raw = os.fsencode(name)
-        try:
-            st = os.stat(raw, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            if len(parts) >= MAX_DEPTH:
-                skipped.append(SkippedFile(display_name(b"/".join((*parts, raw))), "folder nested too deep"))
-                continue
-            try:
-                child = os.open(raw, _DIR_FLAGS, dir_fd=dir_fd)
-            except OSError as exc:
-                skipped.append(SkippedFile(display_name(b"/".join((*parts, raw))), f"unreadable: {exc.strerror}"))
-                continue
-            try:
-                yield from _walk(child, (*parts, raw), skipped)
-            finally:
-                os.close(child)
+class _Collector:
+    """One walk of a data folder with directory descriptors (no recursion), copying kept files to ``target``."""
+
+    def __init__(self, source: Path, target: Path | None, limits: Limits, known: Known | None) -> None:
+        self.source, self.target, self.limits = source, target, limits
+        self.known, self.now_known = known, Known()
+        self.out = Collection()
+        self.more_skipped = self.not_kept = self.total = self.examined = 0
+        self.seen: dict[int, int] = {}  # inode -> entries seen that name it (hard links)
+        self.kept: dict[int, tuple[int, list[File]]] = {}  # inode -> (its link count, files kept for it)
+
+    def skip(self, parts: tuple[bytes, ...], reason: str) -> None:
+        if len(self.out.skipped) < MAX_SKIPPED:
+            self.out.skipped.append(SkippedFile(display_name(b"/".join(parts))[:300] or ".", reason))
         else:
-            yield _Entry((*parts, raw), st)
+            self.more_skipped += 1
+
+    def run(self, root: _Folder) -> None:
+        stack = [root]
+        budget = max(self.limits.max_files, 1000) * 10
+        try:
+            while stack:
+                folder = stack[-1]
+                if not folder.names:
+                    _close(folder)
+                    stack.pop()
+                    continue
+                self.examined += 1
+                if self.examined > budget:
+                    self.out.notes.append(f"the walk of /mnt/data stopped after {budget:,} entries")
+                    break
+                child = self._visit(folder, os.fsencode(folder.names.pop()))
+                if child is not None:
+                    stack.append(child)
+        finally:
+            for folder in stack:
+                _close(folder)
+
+    def _visit(self, folder: _Folder, raw: bytes) -> _Folder | None:
+        parts = (*folder.parts, raw)
+        try:
+            st = os.stat(raw, dir_fd=folder.fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return self._enter(folder, parts, st)
+        if stat.S_ISREG(st.st_mode):
+            self.seen[st.st_ino] = self.seen.get(st.st_ino, 0) + 1
+        reason = _why_skip(st.st_mode, _valid_name(b"/".join(parts)))
+        if reason is None and self.limits.max_file and st.st_size > self.limits.max_file:
+            reason = f"larger than the {self.limits.max_file:,}-byte per-file cap (apparent size, not read)"
+        if reason is not None:
+            self.skip(parts, reason)
+        elif self.limits.max_files and len(self.out.files) >= self.limits.max_files:
+            self.not_kept += 1
+        else:
+            self._take(folder, parts, st)
+        return None
+
+    def _enter(self, folder: _Folder, parts: tuple[bytes, ...], st: os.stat_result) -> _Folder | None:
+        if len(parts) > MAX_DEPTH:
+            self.skip(parts, f"folder nested deeper than {MAX_DEPTH} levels (not walked)")
+            return None
+        try:
+            fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=folder.fd)
+        except OSError as exc:
+            self.skip(parts, f"unreadable folder: {exc.strerror}")
+            return None
+        try:
+            if os.fstat(fd).st_ino != st.st_ino:
+                raise OSError(0, "changed while being read")
+            return _Folder(fd, parts, sorted(os.listdir(fd), reverse=True), folder)
+        except OSError as exc:
+            os.close(fd)
+            self.skip(parts, f"unreadable folder: {exc.strerror}")
+            return None
+
+    def _take(self, folder: _Folder, parts: tuple[bytes, ...], st: os.stat_result) -> None:
+        name = display_name(b"/".join(parts))
+        try:
+            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=folder.fd)
+        except OSError as exc:
+            self.skip(parts, f"could not be opened: {exc.strerror}")
+            return
+        try:
+            now = os.fstat(fd)
+            size = now.st_size  # the size that counts, and the most that is ever read
+            reason = _why_skip(now.st_mode, None) or ("changed while being read" if now.st_ino != st.st_ino else None)
+            if reason is None and self.limits.max_file and size > self.limits.max_file:
+                reason = f"larger than the {self.limits.max_file:,}-byte per-file cap (apparent size, not read)"
+            if reason is None and self.limits.max_total and self.total + size > self.limits.max_total:
+                reason = f"over the {self.limits.max_total:,}-byte total cap"
+            if reason is not None:
+                self.skip(parts, reason)
+                return
+            key = (now.st_ino, now.st_size, now.st_mtime_ns, now.st_ctime_ns)
+            previous = (self.known or {}).get(name)
+            if previous is not None and previous[0] == key:
+                digest = previous[1]  # unchanged since the host copy was made
+            else:
+                digest, size = self._copy(fd, size, folder, parts[-1])
+        except OSError as exc:
+            self.skip(parts, f"could not be copied: {exc.strerror}")
+            return
+        finally:
+            os.close(fd)
+        self.total += size
+        self.now_known[name] = (key, digest)
+        base = self.source if self.target is None else self.target
+        item = File(name, str(base / name), size, mimetypes.guess_type(name)[0] or "application/octet-stream",
+                    digest)
+        self.out.files.append(item)
+        self.kept.setdefault(st.st_ino, (st.st_nlink, []))[1].append(item)
+
+    def _copy(self, fd: int, size: int, folder: _Folder, leaf: bytes) -> tuple[str, int]:
+        """Hash (and copy to the host, 0600, never through a link) at most ``size`` bytes, in chunks."""
+        sha, done = hashlib.sha256(), 0
+        target = _target_dir(folder) if self.target is not None else None
+        temp = b".nbexec-copy-" + os.urandom(6).hex().encode()
+        out = os.open(temp, _WRITE_FLAGS, 0o600, dir_fd=target) if target is not None else None
+        try:
+            while done < size:
+                chunk = os.read(fd, min(_CHUNK, size - done))
+                if not chunk:
+                    break  # it shrank: what was read is what is handed over
+                sha.update(chunk)
+                if out is not None:
+                    _write_all(out, chunk)
+                done += len(chunk)
+            if out is not None:
+                os.rename(temp, leaf, src_dir_fd=target, dst_dir_fd=target)
+        except OSError:
+            if out is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=target)
+            raise
+        finally:
+            if out is not None:
+                os.close(out)
+        return sha.hexdigest(), done
+
+    def finish(self) -> Collection:
+        """Drop hard links to files outside the walk, remove stale host copies, write the notes."""
+        for ino, (nlink, items) in self.kept.items():
+            if nlink > self.seen.get(ino, 0):
+                for item in items:
+                    self.out.files.remove(item)
+                    self.now_known.pop(item.name, None)
+                    self.skip((os.fsencode(item.name),), "hard link to a file outside /mnt/data")
+                    if self.target is not None:
+                        _unlink(self.target, item.name)
+        if self.target is not None:
+            for name in set(self.known or {}) - set(self.now_known):
+                _unlink(self.target, name)
+        if self.known is not None:
+            self.known.clear()
+            self.known.update(self.now_known)
+        self.out.files.sort(key=lambda f: f.name)
+        if self.not_kept:
+            self.out.notes.append(f"{self.not_kept:,} more files in /mnt/data were not kept: a result lists at "
+                                  f"most {self.limits.max_files:,} files (max_files)")
+        if self.more_skipped:
+            self.out.notes.append(f"{self.more_skipped:,} more entries of /mnt/data were not collected (only the "
+                                  f"first {MAX_SKIPPED} are listed in skipped_files)")
+        return self.out
+
+
+def _write_all(fd: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _close(folder: _Folder) -> None:
+    for fd in (folder.fd, folder.target):
+        if fd is not None and fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    folder.fd, folder.target = -1, None
+
+
+def _target_dir(folder: _Folder) -> int:
+    """The host folder matching ``folder``, made (0700) and opened along the way, never through a link."""
+    chain = []
+    walk: _Folder | None = folder
+    while walk is not None and walk.target is None:
+        chain.append(walk)
+        walk = walk.parent
+    assert walk is not None and walk.target is not None, "the root folder has its target open"
+    parent_fd = walk.target
+    for item in reversed(chain):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(item.parts[-1], 0o700, dir_fd=parent_fd)
+        item.target = os.open(item.parts[-1], _DIR_FLAGS, dir_fd=parent_fd)
+        parent_fd = item.target
+    return parent_fd
+
+
+def _unlink(root_path: Path, name: str) -> None:
+    with contextlib.suppress(OSError, FileTransferError):
+        parts = _relative_parts(name)
+        root = os.open(root_path, _DIR_FLAGS)
+        try:
+            parent = _open_parent(root, parts)
+        finally:
+            os.close(root)
+        try:
+            os.unlink(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
+
+
+def snapshot(source: Path, target: OutputFolder | None, limits: Limits = Limits(), *,
+             known: Known | None = None) -> Collection:
+    """Collect the regular files under ``source``: sha256, apparent size, MIME type; everything else is listed
+    as skipped with a reason. With ``target`` (a host folder made by nbexec), each kept file is copied there
+    (0600, hashed in the same pass) and ``File.path`` points at the copy. ``known`` (a session's memory of the
+    last copy) spares copying unchanged files and removes copies of files that are gone."""
+    out = Collection()
+    try:
+        root_fd = os.open(source, _DIR_FLAGS)
+    except OSError as exc:
+        out.skipped.append(SkippedFile(".", f"the data folder is unreadable: {exc.strerror}"))
+        return out
+    try:
+        names = sorted(os.listdir(root_fd), reverse=True)
+        target_fd = os.dup(target.fd) if target is not None else None  # the folder held open, never re-resolved
+    except OSError as exc:
+        os.close(root_fd)
+        out.skipped.append(SkippedFile(".", f"the data folder is unreadable: {exc.strerror}"))
+        return out
+    collector = _Collector(source, target.path if target is not None else None, limits, known)
+    collector.run(_Folder(root_fd, (), names, None, target_fd))
+    return collector.finish()
+
+
+def collect(data_dir: Path, *, max_file: int = 0, max_total: int = 0) -> tuple[list[File], list[SkippedFile]]:
+    """The regular files under ``data_dir`` (hashed where they lie, nothing copied) and what was skipped."""
+    found = snapshot(data_dir, None, Limits(max_file=max_file, max_total=max_total))
+    return found.files, found.skipped
+
+
+def _why_skip(mode: int, bad_name: str | None) -> str | None:
+    for check, kind in _KINDS:
+        if check(mode):
+            return kind
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    if mode & (stat.S_ISUID | stat.S_ISGID):
+        return "setuid or setgid file"
+    return bad_name
 
 
 def _open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:
@@ -93,84 +349,8 @@ def _open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:
     return fd
 
 
-def _digest(root_fd: int, entry: _Entry) -> tuple[str, int] | str:
-    """(sha256, size) of a regular file, opened safely; or why it was not read."""
-    parent = _open_parent(root_fd, entry.parts)
-    try:
-        fd = os.open(entry.parts[-1], _READ_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        return f"could not be opened: {exc.strerror}"
-    finally:
-        os.close(parent)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_ino != entry.st.st_ino:
-            return "changed while being read"
-        sha = hashlib.sha256()
-        size = 0
-        while chunk := os.read(fd, 1 << 20):
-            sha.update(chunk)
-            size += len(chunk)
-        return sha.hexdigest(), size
-    finally:
-        os.close(fd)
-
-
 def sha256(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
-
-
-def collect(data_dir: Path, *, max_file: int = 0, max_total: int = 0) -> tuple[list[File], list[SkippedFile]]:
-    """List the regular files under ``data_dir`` with size, MIME type and sha256; report everything else."""
-    files: list[File] = []
-    skipped: list[SkippedFile] = []
-    try:
-        root_fd = os.open(data_dir, _DIR_FLAGS)
-    except OSError as exc:
-        return files, [SkippedFile(".", f"the data folder is unreadable: {exc.strerror}")]
-    try:
-        entries = list(_walk(root_fd, (), skipped))
-        links: dict[tuple[int, int], int] = {}
-        for entry in entries:
-            if stat.S_ISREG(entry.st.st_mode):
-                key = (entry.st.st_dev, entry.st.st_ino)
-                links[key] = links.get(key, 0) + 1
-        total = 0
-        for entry in entries:
-            rel = b"/".join(entry.parts)
-            name = display_name(rel)
-            reason = _why_skip(entry, links, _valid_name(rel))
-            if reason is None and max_file and entry.st.st_size > max_file:
-                reason = f"larger than the {max_file:,}-byte per-file cap"
-            if reason is None and max_total and total + entry.st.st_size > max_total:
-                reason = f"over the {max_total:,}-byte total cap"
-            if reason is None:
-                digest = _digest(root_fd, entry)
-                if isinstance(digest, str):
-                    reason = digest
-                else:
-                    total += digest[1]
-                    mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
-                    files.append(File(name, str(Path(data_dir) / name), digest[1], mime, digest[0]))
-                    continue
-            skipped.append(SkippedFile(name, reason))
-    finally:
-        os.close(root_fd)
-    return files, skipped
-
-
-def _why_skip(entry: _Entry, links: dict[tuple[int, int], int], bad_name: str | None) -> str | None:
-    mode = entry.st.st_mode
-    for check, kind in _KINDS:
-        if check(mode):
-            return kind
-    if not stat.S_ISREG(mode):
-        return "not a regular file"
-    if entry.st.st_nlink > links.get((entry.st.st_dev, entry.st.st_ino), 0):
-        return "hard link to a file outside /mnt/data"
-    if mode & (stat.S_ISUID | stat.S_ISGID):
-        return "setuid or setgid file"
-    return bad_name
 
 
 def save_images(images: list[ImageData], folder: OutputFolder) -> list[Image]:
@@ -223,70 +403,94 @@ def _relative_parts(name: str) -> tuple[bytes, ...]:
     return raw
 
 
-def put(data_dir: Path, name: str, content: bytes, *, owner: tuple[int, int] | None = None) -> None:
-    """Write ``content`` to /mnt/data/``name`` from the host, replacing any entry there but never following it."""
+def put(data_dir: Path, name: str, content: bytes | BinaryIO, *, owner: tuple[int, int] | None = None) -> None:
+    """Write ``content`` (bytes, or a binary file streamed in chunks) to /mnt/data/``name`` from the host,
+    replacing any entry there but never following it. Past the data filesystem's space or inodes it fails
+    with a FileTransferError that says so, and leaves nothing behind."""
     parts = _relative_parts(name)
     root = os.open(data_dir, _DIR_FLAGS)
     try:
         fd = os.dup(root)
         for part in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-                if owner:
-                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
             try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
-                raise FileTransferError(f"cannot create {name!r}: {os.fsdecode(part)} is not a folder") from exc
-            finally:
                 os.close(fd)
+                raise _put_error(name, exc) from exc
+            os.close(fd)
             fd = child
-        temp = b".nbexec-upload-" + os.urandom(6).hex().encode()
-        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
         try:
-            with os.fdopen(out, "wb") as handle:
-                handle.write(content)
-            if owner:
-                os.chown(temp, *owner, dir_fd=fd, follow_symlinks=False)
-            os.rename(temp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+            _put_file(fd, parts[-1], content, owner)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=fd)
-            raise FileTransferError(f"cannot write {name!r}: {exc.strerror}") from exc
+            raise _put_error(name, exc) from exc
         finally:
             os.close(fd)
     finally:
         os.close(root)
 
 
+def _put_file(folder_fd: int, leaf: bytes, content: bytes | BinaryIO, owner: tuple[int, int] | None) -> None:
+    temp = b".nbexec-upload-" + os.urandom(6).hex().encode()
+    out = os.open(temp, _WRITE_FLAGS, 0o644, dir_fd=folder_fd)
+    try:
+        if isinstance(content, bytes):
+            _write_all(out, content)
+        else:
+            while chunk := content.read(_CHUNK):
+                _write_all(out, chunk)
+        if owner:
+            os.fchown(out, *owner)
+        os.rename(temp, leaf, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=folder_fd)
+        raise
+    finally:
+        os.close(out)
+
+
+def _put_error(name: str, exc: OSError) -> FileTransferError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FileTransferError(f"{name!r} does not fit in /mnt/data: its filesystem is full (max_data and "
+                                 "max_files cap it). Delete files there, or raise max_data / max_files.")
+    if exc.errno == errno.ENOTDIR or exc.errno == errno.ELOOP:
+        return FileTransferError(f"cannot create {name!r}: a part of it is not a folder")
+    return FileTransferError(f"cannot write {name!r}: {exc.strerror}")
+
+
 def get(data_dir: Path, name: str, *, max_bytes: int = 0) -> bytes:
-    """Read /mnt/data/``name`` from the host: a regular file only, never through a link."""
+    """Read /mnt/data/``name`` from the host: a regular file only, never through a link; refused by its size
+    at fstat when over ``max_bytes``, and never read past that size."""
     parts = _relative_parts(name)
     root = os.open(data_dir, _DIR_FLAGS)
     try:
         try:
             parent = _open_parent(root, parts)
-            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=parent)
-            os.close(parent)
+            try:
+                fd = os.open(parts[-1], _READ_FLAGS, dir_fd=parent)
+            finally:
+                os.close(parent)
         except OSError as exc:
             raise FileTransferError(f"{name!r} is not a readable regular file in /mnt/data ({exc.strerror})") from exc
-        with os.fdopen(fd, "rb") as handle:
-            st = os.fstat(handle.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise FileTransferError(f"{name!r} is not a regular file")
-            if max_bytes and st.st_size > max_bytes:
-                raise FileTransferError(f"{name!r} is larger than {max_bytes:,} bytes")
-            return handle.read()
     finally:
         os.close(root)
-
-
-def copy_tree(source: Path, target: Path) -> None:
-    """Copy the regular files under ``source`` to ``target`` (links and special files are left out)."""
-    target.mkdir(parents=True, exist_ok=True)
-    files, _ = collect(source)
-    for item in files:
-        put(target, item.name, get(source, item.name))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileTransferError(f"{name!r} is not a regular file")
+        if max_bytes and st.st_size > max_bytes:
+            raise FileTransferError(f"{name!r} is larger than {max_bytes:,} bytes")
+        chunks, left = [], st.st_size
+        while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, Iterator[bytes]]:

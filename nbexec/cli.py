@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from . import __version__, daemon, image, render
+from . import __version__, daemon, datafs, image, render
 from .config import SandboxConfig, describe, from_env, store_from_env
 from .errors import ConfigError, NbexecError, NotebookError
 
@@ -277,6 +277,8 @@ def doctor() -> None:
         else:
             click.echo(f"ok   runtime {config.runtime}")
     _check_sandbox_uid(config)
+    click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
+               "ok   /mnt/data is a filesystem of its own per sandbox (max_data bytes, max_files inodes)")
     click.echo(f"     policy: {config!r}")
     sys.exit(EXIT_INFRA if problems else EXIT_OK)
 

@@ -96,7 +96,16 @@ class SandboxConfig:
         default="32m",
         metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker."),
     )
-    max_data: str = field(default="1g", metadata=_doc("Size cap of /mnt/data; the cell is stopped past it."))
+    max_data: str = field(
+        default="1g",
+        metadata=_doc("Size of /mnt/data, a filesystem of its own for each sandbox: writes past it fail with "
+                      "'No space left on device' (0: no cap)."),
+    )
+    max_files: int = field(
+        default=1000,
+        metadata=_doc("Files kept per execution (the rest are listed as not kept); /mnt/data holds at most "
+                      "a quarter more entries, for folders."),
+    )
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
     user: str | None = field(
         default=None, metadata=_doc(
@@ -126,15 +135,14 @@ class SandboxConfig:
             raise ConfigError(f"memory {self.memory!r} is too small: a kernel needs at least 64m")
         if not 0 < self.cpus <= 256:
             raise ConfigError(f"cpus must be above 0, got {self.cpus}")
-        if self.pids < 16:
-            raise ConfigError(f"pids must be at least 16 (a kernel runs several threads), got {self.pids}")
         for name in ("timeout", "startup_timeout", "interrupt_grace"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be above 0, got {getattr(self, name)}")
         if self.cell_timeout is not None and not self.cell_timeout > 0:
             raise ConfigError(f"cell_timeout must be above 0, got {self.cell_timeout}")
-        if self.pool_size < 0:
-            raise ConfigError(f"pool_size must be 0 or more, got {self.pool_size}")
+        for name, least in (("pids", 16), ("pool_size", 0), ("max_files", 1)):  # a kernel runs several threads
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be {least} or more, got {getattr(self, name)}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
             raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
         bad = [k for k in self.env if not _ENV_NAME.match(k)]
@@ -162,11 +170,16 @@ class SandboxConfig:
     def container_key(self) -> tuple[Any, ...]:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
-                tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir)
+                tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir,
+                self.max_data_bytes, self.max_files)
 
     @property
     def memory_bytes(self) -> int:
         return parse_size(self.memory)
+
+    @property
+    def max_data_bytes(self) -> int:
+        return parse_size(self.max_data)
 
     def uid_gid(self) -> tuple[int, int]:
         """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when

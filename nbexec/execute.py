@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
+import dataclasses
 import logging
 import os
 import time
@@ -16,7 +16,7 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from . import artifacts, folders, notebook, outputs, pool, uploads
+from . import artifacts, datafs, folders, notebook, outputs, pool, uploads
 from .config import SandboxConfig, from_env, parse_size
 from .result import CellError, ExecutionResult
 from .runner import Budget, CellOutcome, OutputCallback, run_cell
@@ -74,17 +74,25 @@ def prepare_output_dir(output_dir: str | os.PathLike[str] | None, execution_id: 
     return folders.make_output_dir(Path(output_dir).absolute(), may_exist=True)
 
 
-def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, output_dir: Path, data_dir: Path,
+def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, output_dir: Path, sandbox: Sandbox,
            notebook_path: Path | None, started: float, timings: dict[str, float], dropped: int,
-           first_cell: int = 0, folder: folders.OutputFolder | None = None) -> ExecutionResult:
-    """Save images, collect files, and build the result of the cells from ``first_cell`` on (shared with
-    sessions). The notebook is written to ``notebook_path`` (replaced) or to a new notebook.ipynb. Writes go
-    through ``folder`` (the output folder a session holds open) or a descriptor of ``output_dir`` opened now."""
+           first_cell: int = 0, known: artifacts.Known | None = None,
+           folder: folders.OutputFolder | None = None) -> ExecutionResult:
+    """Save images, copy the files of /mnt/data to ``<output_dir>/data``, and build the result of the cells
+    from ``first_cell`` on (shared with sessions; ``known`` is a session's memory of earlier copies). The
+    notebook is written to ``notebook_path`` (replaced) or to a new notebook.ipynb. Writes go through
+    ``folder`` (the output folder a session holds open) or a descriptor of ``output_dir`` opened now."""
     flat = outputs.flatten(nb, first_cell)
     view = outputs.views(flat)
+    config = sandbox.config
+    cap = config.max_data_bytes
     with contextlib.nullcontext(folder) if folder else folders.OutputFolder.open(output_dir) as out:
         images = artifacts.save_images(list(outputs.images(flat)), out)
-        files, skipped = artifacts.collect(data_dir)
+        with out.child("data") as target:
+            found = artifacts.snapshot(sandbox.data_dir, target, artifacts.Limits(
+                max_file=cap, max_total=cap, max_files=config.max_files), known=known)
+        notes = _data_notes(sandbox)
+        error = _as_limit(error, sandbox, notes)
         if notebook_path is None:
             notebook_path = artifacts.write_new(out, "notebook.ipynb", notebook.dumps(nb))
         else:
@@ -93,21 +101,32 @@ def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, outp
     timings = {**timings, "total_s": duration}
     return ExecutionResult(
         ok=error is None, execution_id=execution_id, stdout=view.stdout, stderr=view.stderr, text=view.text,
-        error=error, outputs=tuple(flat), images=tuple(images), files=tuple(files), skipped_files=tuple(skipped),
-        notebook=nb, notebook_path=str(notebook_path), output_dir=str(output_dir), duration_s=duration,
-        timings=timings, truncated_bytes=dropped)
+        error=error, outputs=tuple(flat), images=tuple(images), files=tuple(found.files),
+        skipped_files=tuple(found.skipped), notebook=nb, notebook_path=str(notebook_path),
+        output_dir=str(output_dir), duration_s=duration, timings=timings, truncated_bytes=dropped,
+        notes=tuple(notes + found.notes))
 
 
-def adopt_data_dir(sandbox: Sandbox, target: Path) -> Path:
-    """Move the sandbox's data folder (mounted at /mnt/data) to ``target``; the mount follows the folder."""
-    try:
-        os.rename(sandbox.data_dir, target)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        return sandbox.data_dir
-    sandbox.data_dir = target
-    return target
+def _as_limit(error: CellError | None, sandbox: Sandbox, notes: list[str]) -> CellError | None:
+    """The cell's error as a "limit" error when it came from the full /mnt/data (ENOSPC inside, or the sampled
+    fallback that stopped the sandbox)."""
+    stopped = sandbox.data_watch is not None and sandbox.data_watch.hit
+    if error is None or not notes or not (stopped or (error.kind == "exception" and "No space left" in error.evalue)):
+        return error
+    return dataclasses.replace(error, kind="limit", evalue=f"{error.evalue} ({notes[0]})")
+
+
+def _data_notes(sandbox: Sandbox) -> list[str]:
+    """A note when /mnt/data ran out of space or inodes (its filesystem), or the sampled fallback stopped it."""
+    cap = sandbox.config.max_data
+    if sandbox.data_watch is not None and sandbox.data_watch.hit:
+        return [f"/mnt/data grew past its {cap} cap, so the sandbox was stopped (sampled check: nbexec cannot "
+                "mount a filesystem of fixed size here)"]
+    use = datafs.usage(sandbox.data_dir) if sandbox.data_fs else None
+    if use is None or not use.full:
+        return []
+    what = "file count cap (max_files)" if use.free_inodes <= 0 else f"{cap} cap"
+    return [f"/mnt/data reached its {what}; writes past it failed with 'No space left on device'"]
 
 
 def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
@@ -117,8 +136,9 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
-    change single fields for this call. The data folder mounted at /mnt/data ends up in
-    ``<output_dir>/data``; images go to ``<output_dir>/images`` and the executed notebook next to them.
+    change single fields for this call. The files the code left in /mnt/data (a filesystem of max_data bytes
+    that goes with the sandbox) are copied to ``<output_dir>/data``; images go to ``<output_dir>/images`` and
+    the executed notebook next to them.
     ``files`` ({name: bytes}) are put into /mnt/data before the code runs (and are listed in the result).
     ``store`` receives every file and image (default: a LocalStore, whose URLs are file:// URLs of the
     files where they lie); links to them replace `sandbox:/mnt/data/...` references in the text views.
@@ -138,17 +158,14 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
         raise
     acquired = time.monotonic()
     try:
-        data_dir = adopt_data_dir(sandbox, out / "data")
         for name, content in (files or {}).items():
-            artifacts.put(data_dir, name, content, owner=sandbox.file_owner())
+            artifacts.put(sandbox.data_dir, name, content, owner=sandbox.file_owner())
         nb.metadata["language_info"] = sandbox.language_info or nb.metadata.get("language_info", {})
         error, dropped = run_cells(sandbox, nb, config, on_output=on_output)
         ran = time.monotonic()
-        if data_dir != out / "data":  # another filesystem: copy what the code left, links never followed
-            artifacts.copy_tree(data_dir, out / "data")
-            data_dir = out / "data"
+        sandbox.freeze()  # the files are collected as a snapshot: nothing runs while they are copied
         nb.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
-        result = finish(nb, error, execution_id=execution_id, output_dir=out, data_dir=data_dir,
+        result = finish(nb, error, execution_id=execution_id, output_dir=out, sandbox=sandbox,
                         notebook_path=None, started=started,
                         timings={"sandbox_s": acquired - started, "run_s": ran - acquired}, dropped=dropped)
     finally:

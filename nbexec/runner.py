@@ -1,4 +1,4 @@
-"""Run a notebook's code cells on a sandbox's kernel, enforcing the time, output and data limits as it goes.
+"""Run a notebook's code cells on a sandbox's kernel, enforcing the time and output limits as it goes.
 
 Everything the result says comes from the kernel protocol's replies and from Docker's view of the container,
 never from anything the code could print or write.
@@ -7,7 +7,6 @@ never from anything the code could print or write.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,26 +163,6 @@ def _output(kind: str, content: dict[str, Any]) -> NotebookNode:
     return from_dict(output)
 
 
-def _data_size(path: str) -> int:
-    """Bytes on disk under ``path`` (allocated blocks, so sparse files count for what they use)."""
-    total = 0
-    stack = [path]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:
-            continue
-    return total
-
-
 def run_cell(sandbox: Sandbox, cell: NotebookNode, index: int, *, config: SandboxConfig, deadline: float,
              budget: Budget, on_output: OutputCallback | None = None) -> CellOutcome:
     """Execute one code cell, filling ``cell.outputs``; stop it at ``deadline`` (a time.monotonic() value)."""
@@ -203,7 +182,6 @@ def run_cell(sandbox: Sandbox, cell: NotebookNode, index: int, *, config: Sandbo
 def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _CellState,
                deadline: float) -> CellOutcome:
     outcome = CellOutcome(status="ok")
-    max_data = parse_size(config.max_data)
     next_check = time.monotonic() + _LIVENESS_EVERY
     while True:
         now = time.monotonic()
@@ -226,7 +204,7 @@ def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _Cel
             return _stop_overrun(sandbox, config.interrupt_grace, msg_id, state, outcome)
         if now >= next_check:
             next_check = now + _LIVENESS_EVERY
-            stopped = _check_sandbox(sandbox, config, max_data)
+            stopped = _check_sandbox(sandbox)
             if stopped is not None:
                 stopped.execution_count = outcome.execution_count
                 return stopped
@@ -234,8 +212,9 @@ def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _Cel
     return outcome
 
 
-def _check_sandbox(sandbox: Sandbox, config: SandboxConfig, max_data: int) -> CellOutcome | None:
-    """Return how the cell ended if the sandbox died or broke a limit; None while all is well."""
+def _check_sandbox(sandbox: Sandbox) -> CellOutcome | None:
+    """Return how the cell ended if the sandbox died; None while all is well. (/mnt/data is capped by its own
+    filesystem, see `datafs`.)"""
     container = sandbox.state()
     if not container.running:
         if container.oom_killed:
@@ -245,11 +224,6 @@ def _check_sandbox(sandbox: Sandbox, config: SandboxConfig, max_data: int) -> Ce
         return CellOutcome(status="died", exit_code=container.exit_code, message=(
             f"The kernel died (exit code {container.exit_code}): the code ended the process "
             "(os._exit, a crash in native code, or a fatal signal). Its variables are lost."))
-    if max_data and _data_size(str(sandbox.data_dir)) > max_data:
-        sandbox.kill()
-        return CellOutcome(status="limit", message=(
-            f"/mnt/data grew past its {config.max_data} cap, so the sandbox was stopped. "
-            "Write less, or raise the cap (--max-data / NBEXEC_MAX_DATA)."))
     return None
 
 

@@ -1,8 +1,9 @@
 """One throwaway container with a ready IPython kernel, driven from the host over ZMQ ipc:// sockets.
 
 The container has no network interface but loopback (by default); the kernel's sockets live in a host folder
-bind-mounted at /run/nbexec, and the run's data folder is bind-mounted at /mnt/data. Once the kernel is up,
-the socket folder is made read-only to the sandbox so the code cannot swap the sockets for links.
+bind-mounted at /run/nbexec, and the sandbox's data filesystem (see `datafs`) is bind-mounted at /mnt/data.
+Once the kernel is up, the socket folder is made read-only to the sandbox so the code cannot swap the sockets
+for links.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import docker.errors
 import docker.types
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from . import daemon
+from . import daemon, datafs
 from .config import SandboxConfig, parse_size
 from .errors import DockerError, SandboxError
 from .folders import work_root
@@ -55,13 +56,16 @@ class ContainerState:
 class Sandbox:
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
 
-    def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path, data_dir: Path) -> None:
+    def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
         self.config = config
         # Who the code runs as (the one place that decides it per sandbox): as root, a fresh uid with no account.
         self.uid, self.gid = config.uid_gid()
         self.id = sandbox_id
         self.workdir = workdir
-        self.data_dir = data_dir
+        self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
+        self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
+        self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
+        self.freezer: datafs.Freezer | None = None
         self.container: Any = None
         self.client: BlockingKernelClient | None = None
         self.started_at = time.monotonic()
@@ -80,18 +84,17 @@ class Sandbox:
         return self.workdir / "run"
 
     @classmethod
-    def start(cls, config: SandboxConfig, *, role: str, data_dir: Path | None = None) -> Sandbox:
-        """Create the working folders and the container, and wait until the kernel answers."""
+    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
+        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
         docker_client = daemon.connect()
         sandbox_id = uuid.uuid4().hex[:16]
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
-        if data_dir is None:
-            data_dir = workdir / "data"
-            data_dir.mkdir()
-        sandbox = cls(config, sandbox_id, workdir, data_dir)
+        sandbox = cls(config, sandbox_id, workdir)
         try:
+            sandbox.data_dir.mkdir(mode=0o700)
             sandbox._prepare_folders()
             sandbox._create_container(docker_client, role)
+            sandbox._watch_data()
             sandbox._connect()
         except BaseException:
             sandbox.destroy()
@@ -108,11 +111,42 @@ class Sandbox:
         conn.write_text(json.dumps(info))
         if os.getuid() == 0:
             os.chown(conn, uid, gid)
-            os.chown(self.data_dir, uid, gid)
             # The kernel binds its sockets here: writable until it is up, then read-only (see _lock_runtime).
             os.chmod(self.runtime_dir, 0o777)
         os.chmod(conn, 0o400)
+        self._make_data_fs()
+
+    def _make_data_fs(self) -> None:
+        """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
+        sandbox user; without root, leave a plain folder (the sampled fallback, see `datafs`)."""
+        limit = self.config.max_data_bytes
+        if limit and datafs.can_mount():
+            datafs.create(self.data_dir, self.workdir / "data.img", size=limit,
+                          inodes=datafs.inode_count(self.config.max_files), owner=(self.uid, self.gid))
+            self.data_fs = True
+            return
+        if limit:
+            log.warning("%s", datafs.fallback_reason())
+        if os.getuid() == 0:
+            os.chown(self.data_dir, self.uid, self.gid)
         os.chmod(self.data_dir, 0o755)
+
+    def _watch_data(self) -> None:
+        limit = self.config.max_data_bytes
+        if limit and not self.data_fs:
+            self.data_watch = datafs.Watch(self.data_dir, limit, self.kill)
+            self.data_watch.start()
+
+    def freeze(self) -> None:
+        """Stop every process of the sandbox where it is, so its files can be collected as a snapshot
+        (cgroup freezer: no Docker call; Docker's pause API, then kill, when there is no freezer here)."""
+        if self.freezer is not None and self.freezer.freeze():
+            return
+        try:
+            with daemon.translated("pause a sandbox"):
+                self.container.pause()
+        except DockerError:
+            self.kill()
 
     def _container_options(self, role: str) -> dict[str, Any]:
         config = self.config
@@ -158,6 +192,8 @@ class Sandbox:
             self.container.start()
             self.container.reload()
         self._init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
+        if self._init_process is not None:
+            self.freezer = datafs.Freezer.of_process(self._init_process[0])
 
     def _connect(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
@@ -274,7 +310,11 @@ class Sandbox:
             self.container.kill()
 
     def destroy(self) -> None:
-        """Remove the container and the working folder except the data folder's contents when kept elsewhere."""
+        """Remove the container, unmount and delete its data filesystem, and remove the working folder."""
+        if self.data_watch is not None:
+            self.data_watch.close()
+        if self.freezer is not None:
+            self.freezer.thaw()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.stop_channels()
@@ -287,6 +327,11 @@ class Sandbox:
                 if not isinstance(exc.__cause__, docker.errors.NotFound):
                     log.warning("could not remove container %s: %s (run `nbexec cleanup`)", self.id, exc)
             self.container = None
+        if self.data_fs:
+            datafs.unmount(self.data_dir)
+            self.data_fs = False
+        for point in datafs.mounts_under(self.workdir):  # never delete through a mount left behind
+            datafs.unmount(point)
         remove_tree(self.workdir)
 
 
@@ -336,6 +381,8 @@ def remove_stale_workdirs() -> list[Path]:
             pass
         except PermissionError:
             continue
+        for point in datafs.mounts_under(entry):  # a dead process's data filesystems: unmount, then delete
+            datafs.unmount(point)
         remove_tree(entry)
         removed.append(entry)
     return removed

@@ -20,17 +20,16 @@ from typing import Any
 from nbformat import NotebookNode
 
 from . import artifacts, folders, notebook, pool, uploads
-from .config import SandboxConfig, from_env, parse_size
+from .config import SandboxConfig, from_env
 from .errors import (
-    ConfigError,
     FileTransferError,
     SessionClosedError,
     SessionDeadError,
     SessionLimitError,
     SessionNotFoundError,
 )
-from .execute import adopt_data_dir, finish, prepare_output_dir, run_cells
-from .result import ExecutionResult
+from .execute import finish, prepare_output_dir, run_cells
+from .result import ExecutionResult, File
 from .runner import OutputCallback
 from .sandbox import Sandbox, remove_tree
 from .storage import ArtifactStore, LocalStore
@@ -69,6 +68,7 @@ class Session:
         self._lock = threading.RLock()
         self.store: ArtifactStore = store if store is not None else LocalStore()
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
+        self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -103,24 +103,16 @@ class Session:
                 if self.output_dir is None:
                     self.output_dir = prepare_output_dir(self._requested_dir, f"session-{uuid.uuid4().hex}")
                     self._folder = folders.OutputFolder.open(self.output_dir)
-                self._sandbox = self._new_sandbox(self.output_dir / "data")
+                self._sandbox = self._new_sandbox()
                 _register(self)
             return self
 
-    def _new_sandbox(self, data_dir: Path) -> Sandbox:
-        if self._folder is not None and not self._folder.still_at_path():
-            # Docker mounts data_dir by path: refuse when the folder (or a parent) was renamed or replaced.
-            raise ConfigError(f"The session's output folder {self.output_dir} was moved or replaced since it was "
-                              "made; nbexec does not start a sandbox on what is there now. Start a new session.")
-        if self.config.pool_size and not data_dir.exists():
-            sandbox = pool.acquire(self.config)
-            if adopt_data_dir(sandbox, data_dir) == data_dir:
-                return sandbox
-            # output_dir is on another filesystem: the pooled folder cannot move there, and would be deleted
-            # with the sandbox, so start one that mounts data_dir itself.
-            pool.release(sandbox)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        sandbox = Sandbox.start(self.config, role="session", data_dir=data_dir)
+    def _new_sandbox(self) -> Sandbox:
+        """A sandbox with an empty /mnt/data of its own; after each run its files are copied to
+        ``output_dir/data``."""
+        if self.config.pool_size:
+            return pool.acquire(self.config)
+        sandbox = Sandbox.start(self.config, role="session")
         try:
             pool.warm(sandbox)
         except BaseException:
@@ -168,9 +160,30 @@ class Session:
                 raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
             sandbox, self._sandbox = self._sandbox, None
             if sandbox is not None:
-                sandbox.destroy()
+                try:
+                    kept = self._copy_out(sandbox)  # its filesystem outlives a dead kernel until destroy
+                finally:
+                    sandbox.destroy()
             self._dead_reason = None
             self.start()
+            if sandbox is not None:
+                self._copy_in(kept)
+
+    def _copy_out(self, sandbox: Sandbox) -> list[File]:
+        assert self._folder is not None
+        cap = self.config.max_data_bytes
+        limits = artifacts.Limits(max_file=cap, max_total=cap, max_files=self.config.max_files)
+        with self._folder.child("data") as target:
+            return artifacts.snapshot(sandbox.data_dir, target, limits, known=self._copied).files
+
+    def _copy_in(self, files: list[File]) -> None:
+        """Put the host copies of a previous sandbox's files into the new /mnt/data."""
+        sandbox = self._sandbox
+        assert sandbox is not None
+        for item in files:
+            with open(item.path, "rb") as handle:  # a private host folder nbexec made (0700)
+                artifacts.put(sandbox.data_dir, item.name, handle, owner=sandbox.file_owner())
+        self._copied.clear()  # the new filesystem's files are new: copy them again after the next run
 
     def interrupt(self) -> None:
         """Interrupt the running cell (safe to call from another thread)."""
@@ -202,9 +215,9 @@ class Session:
                 self._dead_reason = error.evalue
             self.last_activity = time.monotonic()
             result = finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
-                            data_dir=sandbox.data_dir, notebook_path=self.output_dir / "session.ipynb",
-                            started=started, timings={"run_s": ran - started}, dropped=dropped, first_cell=index,
-                            folder=self._folder)
+                            sandbox=sandbox, notebook_path=self.output_dir / "session.ipynb", started=started,
+                            timings={"run_s": ran - started}, dropped=dropped, first_cell=index,
+                            known=self._copied, folder=self._folder)
             return uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
 
     def save(self, path: str | Path) -> Path:
@@ -223,25 +236,28 @@ class Session:
     # -- files --------------------------------------------------------------------------------------
 
     def upload(self, source: str | Path | bytes, name: str | None = None) -> str:
-        """Put a host file or bytes into /mnt/data as ``name``; return its path inside the sandbox."""
-        if isinstance(source, bytes):
-            if not name:
-                raise FileTransferError("upload(bytes) needs a name")
-            content = source
-        else:
-            try:
-                content = Path(source).read_bytes()
-            except OSError as exc:
-                raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
-            name = name or Path(source).name
+        """Put a host file (streamed) or bytes into /mnt/data as ``name``; return its path inside the sandbox.
+
+        A file that does not fit in /mnt/data (max_data, max_files) raises FileTransferError."""
+        if isinstance(source, bytes) and not name:
+            raise FileTransferError("upload(bytes) needs a name")
+        name = name or Path(str(source)).name
         with self._lock:
             self.start()
             sandbox = self._sandbox
             assert sandbox is not None
-            limit = parse_size(self.config.max_data)
-            if limit and len(content) > limit:
-                raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
-            artifacts.put(sandbox.data_dir, name, content, owner=sandbox.file_owner())
+            if isinstance(source, bytes):
+                artifacts.put(sandbox.data_dir, name, source, owner=sandbox.file_owner())
+            else:
+                try:
+                    handle = open(source, "rb")  # noqa: SIM115 - closed below, after the streamed copy
+                except OSError as exc:
+                    raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
+                with handle:
+                    limit = self.config.max_data_bytes
+                    if limit and os.fstat(handle.fileno()).st_size > limit:
+                        raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
+                    artifacts.put(sandbox.data_dir, name, handle, owner=sandbox.file_owner())
             self.last_activity = time.monotonic()
         return f"/mnt/data/{name}"
 
