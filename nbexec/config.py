@@ -29,6 +29,12 @@ def parse_size(value: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def _at_least(config: object, **least: int) -> None:
+    for name, bound in least.items():
+        if getattr(config, name) < bound:
+            raise ConfigError(f"{name} must be {bound} or more, got {getattr(config, name)}")
+
+
 def _doc(text: str) -> dict[str, str]:
     return {"doc": text}
 
@@ -50,6 +56,9 @@ class SandboxConfig:
     max_display: str = field(
         default="32m",
         metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker."),
+    )
+    max_outputs: int = field(
+        default=2000, metadata=_doc("Outputs kept per execution; later ones are dropped with a marker saying how many.")
     )
     max_data: str = field(default="1g", metadata=_doc("Size cap of /mnt/data; the cell is stopped past it."))
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
@@ -86,8 +95,7 @@ class SandboxConfig:
                 raise ConfigError(f"{name} must be above 0, got {getattr(self, name)}")
         if self.cell_timeout is not None and not self.cell_timeout > 0:
             raise ConfigError(f"cell_timeout must be above 0, got {self.cell_timeout}")
-        if self.pool_size < 0:
-            raise ConfigError(f"pool_size must be 0 or more, got {self.pool_size}")
+        _at_least(self, pool_size=0, max_outputs=1)
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
             raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
         bad = [k for k in self.env if not _ENV_NAME.match(k)]
