@@ -15,11 +15,20 @@ from .result import CellError
 
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "image/gif": "gif"}
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# Any terminal control left after the escapes: C0 but tab and newline, DEL, C1, and lone surrogates (which no
+# UTF-8 encoder accepts). \r is handled first: as a line break, so progress lines stay readable.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def strip_ansi(text: str) -> str:
     """Remove terminal colour and cursor escapes."""
     return _ANSI.sub("", text)
+
+
+def clean(text: str) -> str:
+    """Text safe to show on a terminal: escapes removed, other control characters made visible (``\\x07``)."""
+    text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else "\ufffd", text)
 
 
 def _text(value: Any) -> str:
@@ -61,13 +70,13 @@ def views(outputs: Iterable[dict[str, Any]]) -> Views:
     for output in outputs:
         kind = output.get("output_type")
         if kind == "stream":
-            chunk = strip_ansi(_text(output.get("text", "")))
+            chunk = clean(_text(output.get("text", "")))
             (stdout if output.get("name") == "stdout" else stderr).append(chunk)
             text.append(chunk)
         elif kind in ("execute_result", "display_data"):
             data = output.get("data", {})
             if "text/plain" in data and (kind == "execute_result" or not any(m in data for m in IMAGE_TYPES)):
-                plain = strip_ansi(_text(data["text/plain"]))
+                plain = clean(_text(data["text/plain"]))
                 text.append(plain if plain.endswith("\n") else plain + "\n")
     return Views("".join(stdout), "".join(stderr), "".join(text))
 
@@ -77,9 +86,9 @@ def first_error(outputs: Iterable[dict[str, Any]]) -> CellError | None:
     for output in outputs:
         if output.get("output_type") == "error":
             return CellError(
-                ename=strip_ansi(str(output.get("ename", ""))),
-                evalue=strip_ansi(str(output.get("evalue", ""))),
-                traceback=tuple(strip_ansi(line) for line in output.get("traceback", [])),
+                ename=clean(str(output.get("ename", ""))),
+                evalue=clean(str(output.get("evalue", ""))),
+                traceback=tuple(clean(str(line)) for line in output.get("traceback", [])),
                 kind="exception",
                 cell_index=output.get("cell_index"),
             )
