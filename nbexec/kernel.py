@@ -15,6 +15,7 @@ import collections
 import hashlib
 import hmac
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ RECEIVE_HWM = 2  # messages libzmq may queue per socket before it stops reading 
 # times MAXMSGSIZE, plus the one message being decoded)
 _REPLAY_WINDOW = 65536  # signatures remembered to reject a message sent twice
 _DELIMITER = b"<IDS|MSG>"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _LOST = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
@@ -98,11 +100,8 @@ def _clean(value: Any, surrogates: bool, what: str) -> Any:
 
 
 def _fix_text(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
+    # In a Python str every surrogate is a lone one (escaped pairs were joined by the decoder).
+    return _SURROGATE.sub("\ufffd", text)
 
 
 class KernelClient:

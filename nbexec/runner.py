@@ -169,13 +169,17 @@ class _CellState:
         if not isinstance(name, str) or not isinstance(text, str):
             raise ProtocolError("a stream message without a string name and text")
         size = len(text.encode("utf-8"))
+        over = 0
         if size > self.budget.text:
             kept = text.encode("utf-8")[: self.budget.text].decode("utf-8", "ignore")
-            self._drop(size - len(kept.encode("utf-8")), text=True)
-            text, size = kept, len(kept.encode("utf-8"))
+            over, text, size = size - len(kept.encode("utf-8")), kept, len(kept.encode("utf-8"))
         self.budget.text -= size
-        if not text:
-            return
+        if text:
+            self._keep_stream(name, text, size)
+        if over:
+            self._drop(over, text=True)
+
+    def _keep_stream(self, name: str, text: str, size: int) -> None:
         if self.clear_pending:
             self.cell.outputs, self.clear_pending = [], False
         outputs = self.cell.outputs

@@ -213,3 +213,66 @@ def test_host_memory_is_bounded(cleanup_ledger: None) -> None:
 @pytest.mark.load
 def test_host_memory_is_bounded_long_flood(cleanup_ledger: None) -> None:
     _check_growth(400)
+
+
+# -- the CLI: one JSON object, no terminal controls ----------------------------------------------------------
+
+TERMINAL_BYTES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _cli(tmp_path: Path, code: str, *args: str, image: str = IMAGE) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "hostile.py"
+    script.write_text(code)
+    env = {**os.environ, "NBEXEC_IMAGE": image, "NBEXEC_TIMEOUT": "30",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script), "--output-dir",
+                           str(tmp_path / "out"), *args], capture_output=True, text=True, env=env, timeout=180,
+                          errors="surrogateescape")
+
+
+def _one_object(text: str) -> dict[str, object]:
+    lines = text.strip("\n").split("\n")
+    assert len(lines) == 1, text[-2000:]
+    value = json.loads(lines[0])
+    assert isinstance(value, dict)
+    return value
+
+
+CONTROLS_CODE = ("print('\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m hi \\x07', flush=True)\n"
+                 "raise ValueError('\\x1b[31mbad\\x07\\x9b2J')\n")
+
+
+def test_cli_json_with_terminal_controls(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = _cli(tmp_path, CONTROLS_CODE, "--json")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert not TERMINAL_BYTES.search(done.stdout.replace("\n", "")), repr(done.stdout[-2000:])
+    result = _one_object(done.stdout)
+    assert result["error"]["kind"] == "exception"  # type: ignore[index]
+    assert "\x1b" in result["outputs"][0]["text"]  # type: ignore[index]  # the raw data, escaped in JSON
+    assert not TERMINAL_BYTES.search(done.stderr.replace("\n", "")), done.stderr[-2000:]
+
+
+def test_cli_terminal_output_has_no_controls(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = _cli(tmp_path, CONTROLS_CODE)
+    assert done.returncode == 1, done.stderr[-2000:]
+    for stream in (done.stdout, done.stderr):
+        assert not TERMINAL_BYTES.search(stream.replace("\n", "").replace("\t", "")), repr(stream[-2000:])
+    assert "hi" in done.stdout and "bad" in done.stderr
+
+
+def test_cli_json_with_a_protocol_error(cleanup_ledger: None, tmp_path: Path) -> None:
+    done = _cli(tmp_path, PRELUDE + "raw('stream', b'[1, 2]')\ntime.sleep(5)\n", "--json")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert _one_object(done.stdout)["error"]["kind"] == "protocol"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("failure", ["missing-image", "unwritable-save-path"])
+def test_cli_json_when_nbexec_fails(cleanup_ledger: None, tmp_path: Path, failure: str) -> None:
+    if failure == "missing-image":
+        done = _cli(tmp_path, "print(1)\n", "--json", image="nbexec-jupyter:no-such-tag")
+    else:
+        done = _cli(tmp_path, "print(1)\n", "--json", "--save-notebook", str(tmp_path / "missing" / "x.ipynb"))
+    assert done.returncode == 3, (done.stdout[-1000:], done.stderr[-2000:])
+    answer = _one_object(done.stdout)
+    assert answer["ok"] is False and answer["exit_code"] == 3 and answer["nbexec_error"]
+    assert "Traceback" not in done.stderr
