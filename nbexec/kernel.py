@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import re
+import socket as socket_module
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,10 +114,11 @@ class KernelClient:
         self._key = session.key or b""
         self._context: zmq.Context[Any] | None = None
         self._sockets: dict[str, zmq.Socket[Any]] = {}
-        self._monitors: list[zmq.Socket[Any]] = []
+        self._monitors: dict[str, zmq.Socket[Any]] = {}
         self._pollers: dict[str, zmq.Poller] = {}
+        self._addresses: dict[str, tuple[int, str]] = {}
         self._seen: set[bytes] = set()
-        self.lost = False  # libzmq dropped a connection: a frame over MAXMSGSIZE, or the kernel went away
+        self.lost = ""  # the channel libzmq dropped: a frame over MAXMSGSIZE was refused, or the kernel went away
         self._order: collections.deque[bytes] = collections.deque()
 
     @classmethod
@@ -136,6 +138,7 @@ class KernelClient:
 
     def _open(self, channel: str, kind: int, address: str) -> None:
         assert self._context is not None
+        self._addresses[channel] = (kind, address)
         socket = self._context.socket(kind)
         self._sockets[channel] = socket
         # Before connect: libzmq copies these into each connection it makes.
@@ -148,15 +151,34 @@ class KernelClient:
         poller.register(socket, zmq.POLLIN)
         if channel != "control":
             monitor = socket.get_monitor_socket(_LOST)
-            self._monitors.append(monitor)
+            self._monitors[channel] = monitor
             poller.register(monitor, zmq.POLLIN)
         self._pollers[channel] = poller
         socket.connect(address)
 
+    def listening(self, channel: str) -> bool:
+        """Whether the kernel still accepts connections on ``channel``'s socket: after a dropped connection,
+        True means libzmq refused a frame, False that the kernel went away."""
+        path = self._addresses[channel][1].removeprefix("ipc://")
+        with socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(path)
+            except OSError:
+                return False
+        return True
+
+    def reopen(self, channel: str) -> None:
+        """Replace a connection libzmq gave up on (it does not reconnect after a refused frame)."""
+        for socket in (self._monitors.pop(channel, None), self._sockets.pop(channel, None)):
+            if socket is not None:
+                socket.close(linger=0)
+        self._open(channel, *self._addresses[channel])
+
     def close(self) -> None:
-        for socket in [*self._monitors, *self._sockets.values()]:
+        for socket in [*self._monitors.values(), *self._sockets.values()]:
             socket.close(linger=0)
-        self._monitors, self._sockets, self._pollers = [], {}, {}
+        self._monitors, self._sockets, self._pollers = {}, {}, {}
         if self._context is not None:
             self._context.term()
             self._context = None
@@ -189,8 +211,8 @@ class KernelClient:
         """The next verified message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds.
 
         With ``parent``, messages answering other requests are dropped unparsed. Raises ProtocolError when the
-        kernel breaks the protocol or libzmq dropped the connection (a frame over MAXMSGSIZE, or the kernel
-        went away: the caller tells which by asking whether the sandbox still runs).
+        kernel breaks the protocol, or when libzmq dropped the connection (then ``lost`` is set: a frame over
+        MAXMSGSIZE, or the kernel went away; the caller tells which by asking whether the sandbox still runs).
         """
         socket = self._sockets[channel]
         end = time.monotonic() + timeout
@@ -198,7 +220,7 @@ class KernelClient:
             left = max(0.0, end - time.monotonic())
             events = dict(self._pollers[channel].poll(int(left * 1000)))
             if len(events) > 1 or (events and socket not in events):
-                self._check_monitors()
+                self._check_monitor(channel)
             if socket in events:
                 message = self._verify(channel, socket.recv_multipart(copy=False))
                 if message is not None and (parent is None or message.parent_id == parent):
@@ -206,13 +228,13 @@ class KernelClient:
             if time.monotonic() >= end:
                 return None
 
-    def _check_monitors(self) -> None:
-        for monitor in self._monitors:
-            if monitor.poll(0):
-                monitor.recv_multipart()
-                self.lost = True
-                raise ProtocolError("the connection to the kernel was dropped (a message over the "
-                                    f"{self.max_message:,}-byte frame limit, or the kernel went away)")
+    def _check_monitor(self, channel: str) -> None:
+        monitor = self._monitors[channel]
+        if monitor.poll(0):
+            monitor.recv_multipart()
+            self.lost = channel  # see reopen
+            raise ProtocolError(f"the {channel} connection to the kernel was dropped (a message over the "
+                                f"{self.max_message:,}-byte frame limit, or the kernel went away)")
 
     def _verify(self, channel: str, frames: list[Any]) -> Message | None:
         """Check sizes and the signature, then parse the headers only; None for a message to ignore."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from nbformat import NotebookNode, from_dict
 
+from . import outputs
 from .config import SandboxConfig, parse_size
 from .errors import ProtocolError
 from .kernel import MAX_CONTROL, Message
@@ -30,7 +31,6 @@ _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply
 _OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data",
                            "clear_output"})
 MAX_ERROR = 1024 * 1024  # bytes of an error's name + value + traceback kept; the rest is trimmed with a marker
-_MAX_ERROR_LINE = 64 * 1024
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Budget:
     dropped_text: int = 0
     dropped_display: int = 0
     dropped_outputs: int = 0
+    dropped_frames: int = 0  # messages libzmq refused unread: larger than the whole allowance
     errors: int = 0
     markers: list[NotebookNode] = field(default_factory=list)
 
@@ -59,6 +60,9 @@ class Budget:
         """Write the final counts into the truncation markers."""
         for marker in self.markers:
             marker["text"] = _marker_text(text_limit, self.dropped, output_limit, self.dropped_outputs)
+            if self.dropped_frames:
+                marker["text"] = marker["text"][:-2] + (
+                    f"; {self.dropped_frames:,} messages larger than the whole output allowance dropped]\n")
 
 
 def _marker_text(limit: int, dropped: int, output_limit: int = 0, dropped_outputs: int = 0) -> str:
@@ -119,6 +123,11 @@ class _CellState:
             budget.display -= msg.size
             self._add_display(kind, msg.content())
         return None
+
+    def drop_frame(self, size: int) -> None:
+        """Count a message libzmq refused for its size (at least ``size`` bytes, never read)."""
+        self.budget.dropped_frames += 1
+        self._drop(size, text=False)
 
     def _drop(self, size: int, *, text: bool, output: bool = False) -> None:
         if text:
@@ -224,38 +233,8 @@ def _error_output(content: dict[str, Any]) -> NotebookNode:
     if not isinstance(ename, str) or not isinstance(evalue, str) or not isinstance(traceback, list) \
             or not all(isinstance(line, str) for line in traceback):
         raise ProtocolError("an error message whose ename, evalue or traceback has the wrong type")
-    ename, evalue = _clip(ename, 1024), _clip(evalue, _MAX_ERROR_LINE)
-    lines = trim_traceback(traceback, MAX_ERROR - _size(ename) - _size(evalue))
+    ename, evalue, lines = outputs.trim_error(ename, evalue, traceback, MAX_ERROR)
     return from_dict({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": lines})
-
-
-def _size(text: str) -> int:
-    return len(text.encode("utf-8"))
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` within ``limit`` bytes: its head and tail around a marker."""
-    if _size(text) <= limit:
-        return text
-    keep = max(0, limit - 80) // 8  # characters: up to 4 bytes each, half kept at each end
-    return f"{text[:keep * 3]}\n[nbexec: {len(text) - keep * 4:,} characters trimmed]\n{text[len(text) - keep:]}"
-
-
-def trim_traceback(lines: list[str], limit: int) -> list[str]:
-    """The traceback within ``limit`` bytes: its first line and as many of the last frames as fit."""
-    lines = [_clip(line, _MAX_ERROR_LINE) for line in lines]
-    if sum(_size(line) for line in lines) <= limit:
-        return lines
-    head, room = lines[:1], limit - 200 - sum(_size(line) for line in lines[:1])
-    tail: list[str] = []
-    for line in reversed(lines[1:]):
-        if _size(line) > room:
-            break
-        tail.insert(0, line)
-        room -= _size(line)
-    dropped = lines[1:len(lines) - len(tail)]
-    marker = f"[nbexec: {len(dropped):,} traceback lines ({sum(map(_size, dropped)):,} bytes) trimmed]"
-    return [*head, marker, *tail]
 
 
 def _data_size(path: str) -> int:
@@ -305,14 +284,8 @@ def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _Cel
     replied: float | None = None
     while True:
         now = time.monotonic()
-        msg = sandbox.recv("iopub", max(0.0, min(_POLL, deadline - now)), parent=msg_id)
-        if msg is not None:
-            if _handle(msg, state, outcome):
-                break
-        elif replied is None:  # silence: a full PUB queue in the kernel drops messages, idle too
-            if sandbox.recv("shell", 0, parent=msg_id) is not None:
-                replied = time.monotonic()
-        elif time.monotonic() - replied >= _IDLE_AFTER_REPLY:
+        done, replied = _step(sandbox, msg_id, state, outcome, max(0.0, min(_POLL, deadline - now)), replied)
+        if done:
             break
         now = time.monotonic()
         if now >= deadline:
@@ -326,6 +299,24 @@ def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _Cel
     if replied is None:
         _drain_reply(sandbox, msg_id)
     return outcome
+
+
+def _step(sandbox: Sandbox, msg_id: str, state: _CellState, outcome: CellOutcome, timeout: float,
+          replied: float | None) -> tuple[bool, float | None]:
+    """Wait up to ``timeout`` for one message of the cell; (whether the cell is done, when the reply came)."""
+    try:
+        msg = sandbox.recv("iopub", timeout, parent=msg_id)
+        if msg is not None:
+            return _handle(msg, state, outcome), replied
+        if replied is None:  # silence: a full PUB queue in the kernel drops messages, idle too
+            if sandbox.recv("shell", 0, parent=msg_id) is not None:
+                return False, time.monotonic()
+        elif time.monotonic() - replied >= _IDLE_AFTER_REPLY:
+            return True, replied
+    except ProtocolError:
+        if not _frame_refused(sandbox, state):
+            raise
+    return False, replied
 
 
 def _handle(msg: Message, state: _CellState, outcome: CellOutcome) -> bool:
@@ -343,13 +334,25 @@ def _handle(msg: Message, state: _CellState, outcome: CellOutcome) -> bool:
     return False  # comm_* and kinds nbexec does not know are ignored, unparsed
 
 
+def _frame_refused(sandbox: Sandbox, state: _CellState) -> bool:
+    """After libzmq dropped a connection: True, with the loss counted and the connection replaced, when the
+    kernel still runs (so a frame over MAXMSGSIZE was refused); False when the kernel went away."""
+    client = sandbox.client
+    if client is None or not client.lost or not client.listening(client.lost):
+        return False
+    client.reopen(client.lost)  # what the kernel sends until the new connection is up is lost too
+    client.lost = ""
+    state.drop_frame(client.max_message)
+    return True
+
+
 def _misbehaved(sandbox: Sandbox, config: SandboxConfig, exc: ProtocolError) -> CellOutcome:
     """The kernel broke the protocol: unless it simply died, stop the sandbox and say so."""
     client = sandbox.client
-    if client is not None and client.lost:  # what a dying kernel also looks like: let Docker see it go
-        give_up = time.monotonic() + 2.0
-        while sandbox.seems_alive() and time.monotonic() < give_up:
-            time.sleep(0.05)
+    if client is not None and client.lost:  # the kernel went away: give Docker time to see the container stop
+        give_up = time.monotonic() + 3.0
+        while sandbox.state().running and time.monotonic() < give_up:
+            time.sleep(0.1)
     if not sandbox.state().running:
         died = _check_sandbox(sandbox, config, 0)
         if died is not None:
