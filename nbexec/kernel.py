@@ -143,7 +143,8 @@ class KernelClient:
         self._sockets[channel] = socket
         # Before connect: libzmq copies these into each connection it makes.
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.MAXMSGSIZE, self.max_message)
+        # Control replies are never read: a small frame limit keeps what libzmq may queue there small too.
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL if channel == "control" else self.max_message)
         socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         if kind == zmq.SUB:
             socket.setsockopt(zmq.SUBSCRIBE, b"")
