@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import click
 from . import __version__, daemon, datafs, image, render
 from .config import SandboxConfig, describe, from_env, store_from_env
 from .errors import ConfigError, NbexecError, NotebookError
+from .outputs import clean
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
@@ -134,14 +136,19 @@ def _run_single(path: Path, config: SandboxConfig, artifact_store: Any, values: 
             stem = "stdin" if str(path) == "-" else path.stem
             output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"
         result = execute_notebook(nb, config=config, output_dir=output_dir, store=artifact_store)
+        if save_notebook is not None and result.notebook_path:
+            shutil.copyfile(result.notebook_path, save_notebook)
+        shown = json_text(result.to_json()) if as_json else None
     except (NotebookError, ConfigError) as exc:
         _fail(str(exc), EXIT_USAGE, as_json)
     except NbexecError as exc:
         _fail(str(exc), EXIT_INFRA, as_json)
-    if save_notebook is not None and result.notebook_path:
-        shutil.copyfile(result.notebook_path, save_notebook)
-    if as_json:
-        click.echo(result.to_json())
+    except Exception as exc:  # a bug or an OS failure in nbexec: still one answer, never a bare traceback
+        logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
+        _fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc} (run with -vv for the traceback)",
+              EXIT_INFRA, as_json)
+    if shown is not None:
+        click.echo(shown)
     else:
         text = render.for_terminal(result)
         if text:
@@ -150,6 +157,15 @@ def _run_single(path: Path, config: SandboxConfig, artifact_store: Any, values: 
             click.echo(render.error_text(result), err=True)
         click.echo(f"notebook: {result.notebook_path}", err=True)
     sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def json_text(text: str) -> str:
+    """JSON with every character a terminal could act on (DEL, C1) or no encoder accepts (lone surrogates)
+    written as a \\u escape; json.dumps escapes C0 itself. The value read back is unchanged."""
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml: Path | None,
@@ -161,6 +177,9 @@ def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml
         items = batch.run(paths, config, options, on_event=progress.event)
     except NbexecError as exc:
         _fail(str(exc), EXIT_INFRA, as_json)
+    except Exception as exc:  # as in _run_single: one answer, exit 3
+        logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
+        _fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc}", EXIT_INFRA, as_json)
     progress.close()
     if junit_xml:
         reports.junit_xml(items, junit_xml)
@@ -168,9 +187,9 @@ def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml
         reports.html(items, html_dir)
     failed = any(i.status != "passed" for i in items)
     if as_json:
-        click.echo(json.dumps({"ok": not failed, "results": [
+        click.echo(json_text(json.dumps({"ok": not failed, "results": [
             {"file": i.name, "status": i.status, "duration_s": round(i.duration_s, 3), "message": i.message,
-             "result": i.result.to_dict() if i.result else None} for i in items]}, ensure_ascii=False))
+             "result": i.result.to_dict() if i.result else None} for i in items]}, ensure_ascii=False)))
     else:
         click.echo(reports.summary(items))
     if any(i.status == "error" for i in items):
@@ -210,7 +229,7 @@ class Progress:
 def _fail(message: str, code: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"ok": False, "nbexec_error": message, "exit_code": code}))
-    click.echo(f"nbexec: {message}", err=True)
+    click.echo(f"nbexec: {clean(message)}", err=True)
     sys.exit(code)
 
 

@@ -96,6 +96,9 @@ class SandboxConfig:
         default="32m",
         metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker."),
     )
+    max_outputs: int = field(
+        default=2000, metadata=_doc("Outputs kept per execution; later ones are dropped with a marker saying how many.")
+    )
     max_data: str = field(
         default="1g",
         metadata=_doc("Size of /mnt/data, a filesystem of its own for each sandbox: writes past it fail with "
@@ -140,8 +143,8 @@ class SandboxConfig:
                 raise ConfigError(f"{name} must be above 0, got {getattr(self, name)}")
         if self.cell_timeout is not None and not self.cell_timeout > 0:
             raise ConfigError(f"cell_timeout must be above 0, got {self.cell_timeout}")
-        for name, least in (("pids", 16), ("pool_size", 0), ("max_files", 1)):  # a kernel runs several threads
-            if getattr(self, name) < least:
+        for name, least in (("pids", 16), ("pool_size", 0), ("max_files", 1), ("max_outputs", 1)):
+            if getattr(self, name) < least:  # pids: a kernel runs several threads
                 raise ConfigError(f"{name} must be {least} or more, got {getattr(self, name)}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
             raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
@@ -171,7 +174,7 @@ class SandboxConfig:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
                 tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir,
-                self.max_data_bytes, self.max_files)
+                self.max_data_bytes, self.max_files, self.max_output, self.max_display)  # the frame cap
 
     @property
     def memory_bytes(self) -> int:

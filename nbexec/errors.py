@@ -7,6 +7,7 @@
     │   ├── DockerUnavailableError   no engine answers
     │   └── ImageNotFoundError       the runtime image is not built
     ├── SandboxError             a sandbox could not be started or was lost
+    │   └── ProtocolError            the kernel broke the protocol (unsigned, replayed, oversized, malformed)
     ├── SessionError
     │   ├── SessionDeadError         the session's kernel died or was killed; start a new session
     │   ├── SessionClosedError       the session was closed (or reaped after its idle TTL)
@@ -45,6 +46,10 @@ class ImageNotFoundError(DockerError):
 
 class SandboxError(NbexecError):
     """A sandbox could not be started, or was lost while in use."""
+
+
+class ProtocolError(SandboxError):
+    """The sandbox's kernel sent something the protocol does not allow; the sandbox is not trusted any more."""
 
 
 class SessionError(NbexecError):

@@ -25,7 +25,7 @@ from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)
 
-_KIND = {"timeout": "timeout", "oom": "oom", "died": "kernel_died", "limit": "limit"}
+_KIND = {"timeout": "timeout", "oom": "oom", "died": "kernel_died", "limit": "limit", "protocol": "protocol"}
 
 
 def _outcome_error(outcome: CellOutcome, index: int, config: SandboxConfig, cell_limit: float) -> CellError:
@@ -34,7 +34,7 @@ def _outcome_error(outcome: CellOutcome, index: int, config: SandboxConfig, cell
                else f"did not stop within {config.interrupt_grace:g} s of being interrupted, so the sandbox was killed")
         return CellError("TimeoutError", f"The cell ran past the {cell_limit:g} s time limit and {how}. "
                          "Make it faster, or raise the limit (--timeout / NBEXEC_TIMEOUT).", (), "timeout", index)
-    names = {"oom": "MemoryError", "died": "DeadKernelError", "limit": "DataLimitError"}
+    names = {"oom": "MemoryError", "died": "DeadKernelError", "limit": "DataLimitError", "protocol": "ProtocolError"}
     return CellError(names[outcome.status], outcome.message, (), _KIND[outcome.status], index)
 
 
@@ -62,7 +62,7 @@ def run_cells(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, *,
                                                     "evalue": error.evalue,
                                                     "traceback": [f"{error.ename}: {error.evalue}"]}))
             break
-    budget.finish(parse_size(config.max_output))
+    budget.finish(parse_size(config.max_output), config.max_outputs)
     return error, budget.dropped
 
 

@@ -15,9 +15,9 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import daemon
+from . import daemon, kernel
 from .config import SandboxConfig
-from .errors import NbexecError
+from .errors import NbexecError, SandboxError
 from .sandbox import Sandbox, remove_stale_workdirs
 
 log = logging.getLogger(__name__)
@@ -37,17 +37,17 @@ def warm(sandbox: Sandbox) -> None:
     code = (f"for __nbexec_m in {modules!r}:\n"
             f"    __import__('importlib').import_module(__nbexec_m)\n"
             f"del __nbexec_m\n") if modules else "pass"
-    msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
-    while True:
-        reply = client.get_shell_msg(timeout=sandbox.config.startup_timeout)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            break
-    if reply["content"].get("status") != "ok":
-        log.warning("warm imports failed in the sandbox: %s", reply["content"].get("evalue"))
+    msg_id = client.execute(code, silent=True, store_history=False)
+    reply = client.recv("shell", sandbox.config.startup_timeout, parent=msg_id)
+    if reply is None:
+        raise SandboxError(f"the sandbox's kernel did not finish its warm imports within "
+                           f"{sandbox.config.startup_timeout:g} s")
+    content = reply.content(kernel.MAX_CONTROL)
+    if content.get("status") != "ok":
+        log.warning("warm imports failed in the sandbox: %.200r", content.get("evalue"))
     # The silent run still published busy/idle on iopub; drop them so the first cell starts clean.
-    with contextlib.suppress(Exception):
-        while True:
-            client.get_iopub_msg(timeout=0.01)
+    while client.recv("iopub", 0.01) is not None:
+        pass
     sandbox.warmed = True
 
 

@@ -9,7 +9,6 @@ for links.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -27,9 +26,8 @@ from typing import Any
 import docker
 import docker.errors
 import docker.types
-from jupyter_client.blocking.client import BlockingKernelClient
 
-from . import daemon, datafs
+from . import daemon, datafs, kernel
 from .config import SandboxConfig, parse_size
 from .errors import DockerError, SandboxError
 from .folders import work_root
@@ -67,7 +65,7 @@ class Sandbox:
         self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
         self.freezer: datafs.Freezer | None = None
         self.container: Any = None
-        self.client: BlockingKernelClient | None = None
+        self.client: kernel.KernelClient | None = None
         self.started_at = time.monotonic()
         self.warmed = False
         self._connection: dict[str, Any] = {}
@@ -207,10 +205,9 @@ class Sandbox:
                 next_check = time.monotonic() + 0.25
             time.sleep(delay)
             delay = min(delay * 1.5, 0.02)
-        client = BlockingKernelClient()
-        info = {**self._connection, "ip": str(self.runtime_dir / "kernel")}
-        client.load_connection_info(info)  # type: ignore[arg-type]
-        client.start_channels(hb=False)
+        # A frame may hold at most the whole output allowance (plus headers); libzmq drops larger ones.
+        frame_limit = parse_size(self.config.max_output) + parse_size(self.config.max_display) + kernel.MAX_HEADER
+        client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection, max_message=frame_limit)
         self.client = client
         asked: set[str] = set()
         while True:
@@ -218,10 +215,11 @@ class Sandbox:
             self._check_startup(deadline)
             asked.add(client.kernel_info())
             reply = self.recv("shell", 0.5)
-            while reply is not None and reply["parent_header"].get("msg_id") not in asked:
+            while reply is not None and reply.parent_id not in asked:
                 reply = self.recv("shell", 0.05)
             if reply is not None:
-                self.language_info = reply["content"].get("language_info", {})
+                info = reply.content(kernel.MAX_CONTROL).get("language_info", {})
+                self.language_info = info if isinstance(info, dict) else {}
                 break
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
         self._lock_runtime()
@@ -256,27 +254,15 @@ class Sandbox:
             return f" Its last lines:\n{text}" if text else ""
         return ""
 
-    def recv(self, channel: str, timeout: float, *, skip: frozenset[str] = frozenset()) -> dict[str, Any] | None:
-        """The next message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds.
+    def recv(self, channel: str, timeout: float, *, parent: str | None = None) -> kernel.Message | None:
+        """The next verified message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds.
 
-        For message types in ``skip`` the content is not parsed; ``content`` is then ``{"skipped_bytes": n}``
-        (used to drain output floods past the output cap quickly).
-
-        Reads the socket directly and skips jupyter_client's date parsing: its blocking wrappers and
-        ``Session.deserialize`` cost about 2.5 ms per message. The HMAC signature is still checked.
+        Its content is not parsed yet (see kernel.KernelClient.recv); with ``parent``, messages answering other
+        requests are dropped unparsed. Raises ProtocolError when the kernel breaks the protocol.
         """
         client = self.client
         assert client is not None
-        socket = (client.iopub_channel if channel == "iopub" else client.shell_channel).socket
-        if not socket.poll(max(0, int(timeout * 1000))):
-            return None
-        _, parts = client.session.feed_identities(socket.recv_multipart())
-        if len(parts) < 5 or not hmac.compare_digest(parts[0], client.session.sign(parts[1:5])):
-            raise SandboxError("The kernel sent a malformed or unsigned message; the sandbox is not trusted.")
-        header = json.loads(parts[1])
-        kind = header.get("msg_type")
-        content = {"skipped_bytes": len(parts[4])} if kind in skip else json.loads(parts[4])
-        return {"header": header, "msg_type": kind, "parent_header": json.loads(parts[2]), "content": content}
+        return client.recv(channel, timeout, parent=parent)
 
     def seems_alive(self) -> bool:
         """A cheap check (no Docker call) that the container's init still runs: False once it is gone.
@@ -301,8 +287,7 @@ class Sandbox:
     def interrupt(self) -> None:
         """Ask the kernel to interrupt the running cell (SIGINT, sent by the kernel's control thread)."""
         if self.client is not None:
-            msg = self.client.session.msg("interrupt_request", {})
-            self.client.control_channel.send(msg)
+            self.client.interrupt()
 
     def kill(self) -> None:
         """Stop every process of the sandbox at once; its folders stay."""

@@ -210,7 +210,7 @@ class Session:
                 self.notebook.metadata["language_info"] = sandbox.language_info
             error, dropped = run_cells(sandbox, self.notebook, config, on_output=on_output, first_index=index)
             ran = time.monotonic()
-            if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit") \
+            if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit", "protocol") \
                     and not sandbox.state().running:
                 self._dead_reason = error.evalue
             self.last_activity = time.monotonic()

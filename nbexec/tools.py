@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import SandboxConfig
+from .outputs import clean
 from .result import ExecutionResult
 
 DEFAULT_NAME = "execute_python"  # never "python": models tuned on ChatGPT's tool send that one bare strings
@@ -96,19 +97,19 @@ def truncate(text: str, budget: int) -> str:
 def render_for_llm(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET) -> str:
     """Compact text for the model: output, the error with the user's frames and a hint, files and images."""
     parts = []
-    text = result.text.strip("\n")
+    text = clean(result.text).strip("\n")
     if text:
         parts.append(text)
     if result.error is not None:
         error = result.error
-        trace = "\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}"
+        trace = clean("\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}")
         parts.append(f"Error ({error.kind}):\n{trace}\n{_hint(result)}")
     if result.files:
         parts.append("Files in /mnt/data:\n" + "\n".join(
-            f"- {f.name} ({f.size:,} bytes): {f.url or f.path}" for f in result.files))
+            f"- {clean(f.name)} ({f.size:,} bytes): {clean(f.url or f.path)}" for f in result.files))
     if result.images:
         parts.append("Images shown to the user:\n" + "\n".join(
-            f"- {Path(i.path).name}: {i.url or i.path}" for i in result.images))
+            f"- {clean(Path(i.path).name)}: {clean(i.url or i.path)}" for i in result.images))
     body = "\n\n".join(parts) or "(no output)"
     return truncate(body, budget)
 
