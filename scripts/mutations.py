@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Prove the tests guard each guarantee: remove it with a small code change (a mutant) and see a test fail.
+
+The register, tests/guarantees.yaml, lists every guarantee the README and SECURITY.md make, each with one or more
+mutations: a file, an exact text that must occur there exactly once, its replacement, and the tests that must
+notice. For each mutation this script copies the tracked tree to a scratch folder, applies it, runs only the
+mapped tests there, and reports the mutant killed (the tests failed), survived (they passed: the guarantee is
+unguarded) or broken (the tests could not run: the register is wrong).
+
+    scripts/mutations.py --check              # the register is well formed and every text is found once
+    scripts/mutations.py                      # the whole register (tier "all"); exits 1 if any mutant survived
+    scripts/mutations.py --tier ci            # the mutations marked for every CI run
+    scripts/mutations.py --only network-on    # some mutations by id (repeatable)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+REGISTER = ROOT / "tests" / "guarantees.yaml"
+KEEP_LINKED = (".tools",)  # installed helpers (Azurite) the tests find beside the tree; linked, not copied
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    guarantee: str
+    file: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+    ci: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    mutation: Mutation
+    verdict: str  # killed, survived, broken
+    seconds: float
+    detail: str
+
+
+def load(path: Path = REGISTER) -> list[Mutation]:
+    """Read the register and check its shape (not yet the source texts: see ``stale``)."""
+    entries = yaml.safe_load(path.read_text())
+    mutations: list[Mutation] = []
+    seen: set[str] = set()
+    for entry in entries:
+        for item in entry["mutations"]:
+            mutation = Mutation(item["id"], entry["guarantee"], item["file"], item["find"], item["replace"],
+                                tuple(item["tests"]), bool(item.get("ci", False)))
+            if mutation.id in seen:
+                raise SystemExit(f"{path}: mutation id {mutation.id!r} is used twice")
+            if mutation.find == mutation.replace or not mutation.tests:
+                raise SystemExit(f"{path}: mutation {mutation.id!r} changes nothing or names no test")
+            seen.add(mutation.id)
+            mutations.append(mutation)
+    return mutations
+
+
+def stale(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
+    """Problems that would make a mutation meaningless: its text is missing or ambiguous, a test file is gone."""
+    problems = []
+    for m in mutations:
+        source = root / m.file
+        count = source.read_text().count(m.find) if source.is_file() else -1
+        if count != 1:
+            problems.append(f"{m.id}: the text to replace occurs {max(count, 0)} times in {m.file} (must be once)")
+        for test in m.tests:
+            if not (root / test.split("::", 1)[0]).is_file():
+                problems.append(f"{m.id}: no test file {test.split('::', 1)[0]}")
+    return problems
+
+
+def _tracked_files(root: Path) -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, check=True,
+                            capture_output=True).stdout.decode()
+    return [name for name in listed.split("\0") if name]
+
+
+def _scratch_copy(root: Path) -> Path:
+    scratch = Path(tempfile.mkdtemp(prefix="nbexec-mutant-"))
+    for name in _tracked_files(root):
+        source = root / name
+        if not source.is_file():
+            continue
+        target = scratch / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    for name in KEEP_LINKED:
+        if (root / name).exists():
+            (scratch / name).symlink_to(root / name)
+    return scratch
+
+
+def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome:
+    """Apply one mutation to a scratch copy and run its tests there."""
+    started = time.monotonic()
+    scratch = _scratch_copy(root)
+    try:
+        target = scratch / mutation.file
+        target.write_text(target.read_text().replace(mutation.find, mutation.replace, 1))
+        env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "",
+                   *mutation.tests]
+        try:
+            done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Outcome(mutation, "broken", time.monotonic() - started, f"tests ran past {timeout:g} s")
+        verdict = {0: "survived", 1: "killed"}.get(done.returncode, "broken")
+        lines = (done.stdout + done.stderr).strip().splitlines() or [""]
+        tail = " | ".join(lines[-3:]) if verdict == "broken" else lines[-1]
+        return Outcome(mutation, verdict, time.monotonic() - started, f"pytest exit {done.returncode}: {tail}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only check the register against the source")
+    parser.add_argument("--tier", choices=("ci", "all"), default="all", help="which mutations to run")
+    parser.add_argument("--only", action="append", default=[], metavar="ID", help="run these mutations")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one mutation's tests")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    args = parser.parse_args(argv)
+    mutations = load()
+    problems = stale(mutations)
+    guarantees = {m.guarantee for m in mutations}
+    if args.list:
+        for m in mutations:
+            print(f"{m.id:28} {'ci ' if m.ci else '   '}{m.file:28} {m.guarantee}")
+    if problems:
+        print("register problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
+    if args.check or args.list:
+        print(f"register ok: {len(guarantees)} guarantees, {len(mutations)} mutations "
+              f"({sum(m.ci for m in mutations)} in the ci tier)")
+        return 0
+    chosen = [m for m in mutations if (m.id in args.only if args.only else args.tier == "all" or m.ci)]
+    unknown = set(args.only) - {m.id for m in mutations}
+    if unknown:
+        print(f"unknown mutation ids: {sorted(unknown)}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    outcomes = []
+    for index, mutation in enumerate(chosen, 1):
+        outcome = run_one(mutation, timeout=args.timeout)
+        outcomes.append(outcome)
+        print(f"[{index}/{len(chosen)}] {outcome.verdict:8} {mutation.id:28} {outcome.seconds:6.1f}s  "
+              f"{outcome.detail}", flush=True)
+    counts = {v: sum(o.verdict == v for o in outcomes) for v in ("killed", "survived", "broken")}
+    print(f"\n{len(outcomes)} mutants: {counts['killed']} killed, {counts['survived']} survived, "
+          f"{counts['broken']} broken, in {time.monotonic() - started:.0f} s")
+    for outcome in outcomes:
+        if outcome.verdict != "killed":
+            print(f"  {outcome.verdict}: {outcome.mutation.id} ({outcome.mutation.guarantee})")
+    return 0 if counts["killed"] == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
