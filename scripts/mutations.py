@@ -118,8 +118,9 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
             done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return Outcome(mutation, "broken", time.monotonic() - started, f"tests ran past {timeout:g} s")
-        verdict = {0: "survived", 1: "killed"}.get(done.returncode, "broken")
         lines = (done.stdout + done.stderr).strip().splitlines() or [""]
+        # Killed means a test FAILED on the mutant; a mere error (a fixture that could not start) proves nothing.
+        verdict = {0: "survived", 1: "killed" if " failed" in lines[-1] else "broken"}.get(done.returncode, "broken")
         tail = " | ".join(lines[-3:]) if verdict == "broken" else lines[-1]
         return Outcome(mutation, verdict, time.monotonic() - started, f"pytest exit {done.returncode}: {tail}")
     finally:

@@ -11,13 +11,14 @@ import nbexec
 from nbexec import execute_notebook
 
 PROBE = r"""
-import json, os, socket, subprocess
+import errno, json, os, socket, subprocess
 facts = {"uid": os.getuid(), "gid": os.getgid(), "cwd": os.getcwd(), "env": dict(os.environ)}
-try:
-    open("/usr/owned", "w")
+try:  # /var/tmp is world-writable in the image: only a read-only root filesystem refuses this (EROFS)
+    open("/var/tmp/owned", "w")
     facts["rootfs_writable"] = True
-except OSError:
-    facts["rootfs_writable"] = False
+except OSError as exc:
+    facts["rootfs_writable"] = errno.errorcode.get(exc.errno, str(exc.errno))
+facts["root_mount"] = [l.split()[3] for l in open("/proc/self/mounts") if l.split()[1] == "/"][0].split(",")
 status = open("/proc/self/status").read()
 facts["cap_eff"] = [l.split()[1] for l in status.splitlines() if l.startswith("CapEff")][0]
 facts["no_new_privs"] = [l.split()[1] for l in status.splitlines() if l.startswith("NoNewPrivs")][0]
@@ -64,7 +65,7 @@ def test_runs_as_non_root_without_capabilities(facts: dict) -> None:
 
 
 def test_root_filesystem_is_read_only_and_tmp_is_capped(facts: dict) -> None:
-    assert facts["rootfs_writable"] is False
+    assert facts["rootfs_writable"] == "EROFS" and "ro" in facts["root_mount"], facts["root_mount"]
     assert facts["cwd"] == "/mnt/data"
     assert facts["tmp_bytes"] == 256 * 1024**2
 
