@@ -67,7 +67,7 @@ ensure_venv() {
     # Checked by pip, not python: a venv whose ensurepip step failed has a python but no pip.
     if [ ! -x .venv/bin/pip ]; then
         log "creating .venv"
-        if ! python3 -m venv .venv 2>/dev/null; then
+        if ! python3 -m venv .venv >/dev/null 2>&1; then
             # Debian and Ubuntu ship venv's ensurepip separately, as python3-venv.
             rm -rf .venv
             apt_install python3-venv

@@ -17,7 +17,9 @@ from nbexec.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 # A literal variable name read from the environment in Python source (os.environ / os.getenv / click's envvar).
-_READ = re.compile(r"""(?:environ\.get\(|environ\[|getenv\(|environ\.setdefault\(|envvar=)\s*f?["']([A-Z][A-Z0-9_]*)["']""")
+_READ = re.compile(
+    r"""(?:environ\.get\(|environ\[|getenv\(|environ\.setdefault\(|envvar=)\s*f?["']([A-Z][A-Z0-9_]*)["']"""
+)
 # Reads that no literal shows: libraries nbexec calls read these.
 _IMPLICIT = {
     "docker.from_env(": {"DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"},
