@@ -17,7 +17,8 @@ def load(folder: Path | None = None) -> list[str]:
     """Set the variables of ``folder/.env`` (default: the current folder) that the environment lacks.
 
     A variable already in the environment keeps its value, even an empty one. Returns the names set.
-    No file is no error; a file that cannot be read or is over MAX_BYTES is a ConfigError.
+    No file is no error; a file that cannot be read, is over MAX_BYTES, belongs to another user (root excepted) or
+    is writable by everyone is a ConfigError: it is trusted like the command line.
     """
     path = (folder if folder is not None else Path.cwd()) / NAME
     text = _read(path)
@@ -44,6 +45,10 @@ def _read(path: Path) -> str | None:
             raise ConfigError(f"{path} is a folder, not a .env file; rename it or run nbexec from another folder")
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(f"{path} is not a regular file; remove it or run nbexec from another folder")
+        if info.st_uid not in (os.getuid(), 0) or info.st_mode & stat.S_IWOTH:
+            # Another local user could have put it there (a shared folder) to turn the network on or move DOCKER_HOST.
+            raise ConfigError(f"{path} is owned by uid {info.st_uid} or writable by everyone; nbexec reads only a "
+                              ".env that is yours and not world-writable (fix it with chown/chmod o-w, or remove it)")
         if info.st_size > MAX_BYTES:
             raise ConfigError(f"{path} is {info.st_size} bytes, over the {MAX_BYTES} a .env may have")
         data = _read_at_most(fd, MAX_BYTES + 1)

@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh          # run code: Docker engine, python3-venv, .venv with nbexec, the runtime image
 #   scripts/setup.sh --test   # the above, plus what the tests need: nbexec's test and lint extras in .venv,
-#                             # Node.js and npm, and Azurite + TypeScript in .tools/
+#                             # Node.js and npm, and Azurite + TypeScript in .tools/ (scripts/test-tools/)
 #
 # apt packages, each only when missing: docker.io (and debootstrap where no registry answers), python3-venv,
 # ca-certificates; with --test also nodejs and npm. Node is never needed to run code, only for the tests.
@@ -102,11 +102,14 @@ ensure_image() {
 
 ensure_test_tools() {
     # Azurite (Microsoft's Azure Storage emulator, from npm) for the Azure upload tests, and TypeScript for the
-    # TypeScript example's test; kept in .tools/.
+    # TypeScript example's test; kept in .tools/, at the versions scripts/test-tools/package-lock.json pins (a fresh
+    # resolve can pick a release whose own dependencies are not published yet). Debian's Node 18 runs them.
     if [ -x .tools/node_modules/.bin/azurite-blob ] && [ -x .tools/node_modules/.bin/tsc ]; then return; fi
     command -v npm >/dev/null || apt_install nodejs npm
     log "installing Azurite and TypeScript into .tools/"
-    npm install --silent --no-audit --no-fund --prefix .tools azurite@3.37.0 typescript@5 @types/node@20 >/dev/null
+    mkdir -p .tools
+    cp scripts/test-tools/package.json scripts/test-tools/package-lock.json .tools/
+    npm ci --silent --no-audit --no-fund --prefix .tools >/dev/null
 }
 
 ensure_base_packages

@@ -86,6 +86,9 @@ def test_no_env_file_is_no_error(tmp_path: Path) -> None:
     pytest.param(lambda p: p.write_bytes(b"A=" + b"x" * envfile.MAX_BYTES), id="over-the-cap"),
     pytest.param(lambda p: p.write_bytes(b"A=\xff\xfe\n"), id="not-utf8"),
     pytest.param(lambda p: os.mkfifo(p), id="a-fifo"),
+    pytest.param(lambda p: (p.write_text("NBEXEC_NETWORK=1\n"), p.chmod(0o666)), id="world-writable"),
+    pytest.param(lambda p: (p.write_text("NBEXEC_NETWORK=1\n"), os.chown(p, os.getuid() + 4242, -1)),
+                 id="another-users"),
 ])
 def test_odd_env_file_is_a_config_error(tmp_path: Path, make: object) -> None:
     make(tmp_path / ".env")  # type: ignore[operator]
