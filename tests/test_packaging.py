@@ -170,3 +170,17 @@ def test_fresh_virtualenv_runs_doctor_and_code(wheel: Path, tmp_path: Path, dock
     assert [f["name"] for f in result["files"]] == ["answer.txt"], result["files"]
     assert Path(result["output_dir"]).is_relative_to(work)
     assert (Path(result["output_dir"]) / "data" / "answer.txt").read_text() == "42"
+
+
+_OLD_NAME = re.compile(r"(?<![\w/-])nbexec\[|pip install [\"']?nbexec(?![\w-])|[\"']nbexec @ ")
+
+
+def test_install_hints_name_the_distribution() -> None:
+    """Every install hint names nbexec-sandbox: `pip install 'nbexec[...]'` installs an unrelated project."""
+    places = [*ROOT.glob("nbexec/**/*.py"), *ROOT.glob("examples/**/*"), *ROOT.glob("deploy/*"), ROOT / "README.md",
+              ROOT / ".env.example", ROOT / "pyproject.toml", *ROOT.glob("scripts/*.sh")]
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in places if path.is_file() and path.suffix not in {".png", ".ipynb"}
+             for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if _OLD_NAME.search(line)]
+    assert not found, "install hints with the old name:\n" + "\n".join(found)
