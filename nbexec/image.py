@@ -103,12 +103,13 @@ def require_base(client: docker.DockerClient, base: str, progress: Callable[[str
             pass
     progress(f"pulling the base image {base}")
     repository, tag = docker.utils.parse_repository_tag(base)
-    try:
-        for chunk in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
-            if "error" in chunk:
-                raise _build_error(base, str(chunk["error"]).strip())
-    except docker.errors.APIError as exc:
-        raise _build_error(base, str(exc.explanation or exc)) from exc
+    with daemon.translated(f"pull the base image {base}"):
+        try:
+            for chunk in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+                if "error" in chunk:
+                    raise _build_error(base, str(chunk["error"]).strip())
+        except docker.errors.APIError as exc:
+            raise _build_error(base, str(exc.explanation or exc)) from exc
 
 
 def _build_error(base: str, detail: str) -> DockerError:
