@@ -31,7 +31,7 @@ _DOCUMENTED = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)(=|<NAME>=)", re.MULTILINE)
 
 
 def _sources(*folders: str, pattern: str = "*.py") -> dict[Path, str]:
-    return {p: p.read_text(encoding="utf-8") for f in folders for p in sorted((ROOT / f).rglob(pattern))}
+    return {p: p.read_text(encoding="utf-8") for f in folders for p in sorted((ROOT / f).rglob(pattern)) if p.is_file()}
 
 
 def read_by_code() -> set[str]:
