@@ -68,6 +68,12 @@ def main(verbose: int) -> None:
     """Run untrusted Python as a notebook in a throwaway, locked-down Docker sandbox."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="nbexec: %(message)s", stream=sys.stderr)
+    from . import envfile  # .env of the current folder, under the real environment (commands and services alike)
+
+    try:
+        envfile.load()
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 @main.command(epilog=EXIT_CODES)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import docker
+import docker.utils
 
 from . import daemon
 from .config import DEFAULT_IMAGE
@@ -17,6 +21,13 @@ from .errors import ConfigError, DockerError
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE = "nbexec-base:bookworm"
+# What Docker says when it cannot reach a registry at all (DNS, refused, timeouts, an intercepting proxy).
+_NO_REGISTRY = re.compile(
+    r"no such host|dial tcp|connection refused|i/o timeout|network is unreachable|handshake timeout|"
+    r"server misbehaving|Client\.Timeout|certificate signed by unknown authority|no route to host|"
+    r"temporary failure in name resolution",
+    re.IGNORECASE,
+)
 
 
 def context_dir() -> Path:
@@ -58,18 +69,57 @@ def build(options: BuildOptions, progress: Callable[[str], None]) -> str:
                 raise ConfigError(f"--ca-bundle {options.ca_bundle} is not a file")
             shutil.copyfile(options.ca_bundle, context / "ca" / "ca-bundle.crt")
         buildargs = {"BASE_IMAGE": options.base_image} if options.base_image else {}
+        base = options.base_image or default_base(context / "Dockerfile")
+        require_base(client, base, progress)
         image_id = ""
         with daemon.translated("build the runtime image"):
             for chunk in client.api.build(path=str(context), tag=options.tag, buildargs=buildargs, rm=True,
                                           forcerm=True, decode=True, nocache=options.no_cache):
                 if "error" in chunk:
-                    raise DockerError(f"the image build failed: {chunk['error'].strip()}")
+                    raise _build_error(base, str(chunk["error"]).strip())
                 line = chunk.get("stream", "").rstrip()
                 if line:
                     progress(line)
                 if "aux" in chunk and "ID" in chunk["aux"]:
                     image_id = chunk["aux"]["ID"]
     return image_id
+
+
+def default_base(dockerfile: Path) -> str:
+    """The Dockerfile's default BASE_IMAGE (the one a build without --base-image starts from)."""
+    match = re.search(r"^ARG BASE_IMAGE=(\S+)", dockerfile.read_text(encoding="utf-8"), re.MULTILINE)
+    if match is None:
+        raise ConfigError(f"{dockerfile} declares no default BASE_IMAGE")
+    return match.group(1)
+
+
+def require_base(client: docker.DockerClient, base: str, progress: Callable[[str], None]) -> None:
+    """Make sure the base image is here, pulling it once; a registry out of reach is said plainly."""
+    with daemon.translated(f"look up the base image {base}"):
+        try:
+            client.images.get(base)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+    progress(f"pulling the base image {base}")
+    repository, tag = docker.utils.parse_repository_tag(base)
+    with daemon.translated(f"pull the base image {base}"):
+        try:
+            for chunk in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+                if "error" in chunk:
+                    raise _build_error(base, str(chunk["error"]).strip())
+        except docker.errors.APIError as exc:
+            raise _build_error(base, str(exc.explanation or exc)) from exc
+
+
+def _build_error(base: str, detail: str) -> DockerError:
+    if _NO_REGISTRY.search(detail):
+        return DockerError(
+            f"no container registry is reachable from this Docker engine, so the base image {base} cannot be "
+            f"pulled ({detail}). Build without a registry: `nbexec image build --debootstrap` makes a Debian base "
+            "locally with debootstrap (needs root and a Debian mirror), or load a base image and pass --base-image."
+        )
+    return DockerError(f"the image build failed: {detail}")
 
 
 def exists(tag: str) -> bool:

@@ -1,39 +1,84 @@
 #!/usr/bin/env bash
-# Prepare this machine for nbexec: a Docker engine, the Python environment in .venv, and the runtime image.
-# Idempotent and quick when everything is already there. Needs root for the engine and the air-gapped base.
+# Prepare this machine for nbexec. Idempotent and quick when everything is already there. Needs root (or sudo)
+# for what it installs with apt and to start the engine.
 #
-#   scripts/setup.sh            # engine + .venv + image
+#   scripts/setup.sh          # run code: Docker engine, python3-venv, .venv with nbexec, the runtime image
+#   scripts/setup.sh --test   # the above, plus what the tests need: nbexec's test and lint extras in .venv,
+#                             # Node.js and npm, and Azurite + TypeScript in .tools/ (scripts/test-tools/)
+#
+# apt packages, each only when missing: docker.io (and debootstrap where no registry answers), python3-venv,
+# ca-certificates; with --test also nodejs and npm. Node is never needed to run code, only for the tests.
 #
 # Environment: NBEXEC_IMAGE (tag to build), NBEXEC_CA_BUNDLE (CA file for pip inside the build; defaults to
 # the system bundle when it exists), NBEXEC_AIRGAPPED=1 (always build on a debootstrapped Debian base).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+WITH_TESTS=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) WITH_TESTS=1 ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
+    esac
+done
+
 log() { printf '\n== %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"
+    elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+    else echo "setup.sh: '$*' needs root; run this script as root or install sudo" >&2; exit 3
+    fi
+}
+
+APT_UPDATED=0
+# Install the Debian/Ubuntu packages named that are not installed yet (one apt-get update per run).
+apt_install() {
+    local missing=()
+    for package in "$@"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$package")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return
+    command -v apt-get >/dev/null || {
+        echo "setup.sh: install ${missing[*]} (this script knows only apt-get)" >&2; exit 3; }
+    log "installing ${missing[*]} (apt)"
+    if [ "$APT_UPDATED" = 0 ]; then as_root apt-get update -qq; APT_UPDATED=1; fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+ensure_base_packages() {
+    # TLS roots for pip, the engine's pulls and npm; minimal images and debootstrapped systems lack them.
+    if command -v dpkg-query >/dev/null; then apt_install ca-certificates; fi
+}
 
 ensure_docker() {
     if docker info >/dev/null 2>&1; then return; fi
-    if ! command -v dockerd >/dev/null 2>&1; then
-        log "installing the Docker engine (Debian's docker.io) and debootstrap"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
-    fi
+    command -v dockerd >/dev/null 2>&1 || apt_install docker.io
     if ! docker info >/dev/null 2>&1; then
         log "starting dockerd in the background (log: /var/log/nbexec-dockerd.log)"
-        nohup setsid dockerd >/var/log/nbexec-dockerd.log 2>&1 &
+        as_root sh -c 'nohup setsid dockerd >/var/log/nbexec-dockerd.log 2>&1 &'
         for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
     fi
     docker info >/dev/null 2>&1 || { echo "Docker did not start; see /var/log/nbexec-dockerd.log" >&2; exit 3; }
 }
 
 ensure_venv() {
-    if [ ! -x .venv/bin/python ]; then
+    # Checked by pip, not python: a venv whose ensurepip step failed has a python but no pip.
+    if [ ! -x .venv/bin/pip ]; then
         log "creating .venv"
-        python3 -m venv .venv
+        if ! python3 -m venv .venv >/dev/null 2>&1; then
+            # Debian and Ubuntu ship venv's ensurepip separately, as python3-venv.
+            rm -rf .venv
+            apt_install python3-venv
+            python3 -m venv .venv
+        fi
     fi
-    log "installing nbexec and its test tools into .venv"
-    .venv/bin/pip install -q -e '.[test,dev]' 2>&1 | grep -v "is ignored" || true
-    .venv/bin/python -c "import nbexec, pytest" # fail here, not in the tests, when the install broke
+    local spec=. check="import nbexec"
+    if [ "$WITH_TESTS" = 1 ]; then spec='.[test,dev]'; check="import nbexec, pytest"; fi
+    log "installing nbexec ($spec) into .venv"
+    .venv/bin/pip install -q -e "$spec" 2>&1 | grep -v "is ignored" || true
+    .venv/bin/python -c "$check" # fail here, not later, when the install broke
 }
 
 have_default_base() {
@@ -45,7 +90,7 @@ ensure_image() {
     local ca="${NBEXEC_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
     [ -f "$ca" ] && args+=(--ca-bundle "$ca")
     if [ "${NBEXEC_AIRGAPPED:-}" = 1 ] || ! have_default_base; then
-        command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap >/dev/null; }
+        command -v debootstrap >/dev/null || apt_install debootstrap
         args+=(--debootstrap)
         log "no registry: building the runtime image on a debootstrapped Debian base"
     else
@@ -55,15 +100,20 @@ ensure_image() {
     .venv/bin/nbexec doctor
 }
 
-ensure_azurite() {
-    # Azurite (Microsoft's Azure Storage emulator, from npm) for the Azure upload tests; kept in .tools/.
+ensure_test_tools() {
+    # Azurite (Microsoft's Azure Storage emulator, from npm) for the Azure upload tests, and TypeScript for the
+    # TypeScript example's test; kept in .tools/, at the versions scripts/test-tools/package-lock.json pins (a fresh
+    # resolve can pick a release whose own dependencies are not published yet). Debian's Node 18 runs them.
     if [ -x .tools/node_modules/.bin/azurite-blob ] && [ -x .tools/node_modules/.bin/tsc ]; then return; fi
-    command -v npm >/dev/null || { echo "npm is needed to install Azurite (apt-get install nodejs npm)" >&2; exit 3; }
-    log "installing Azurite and TypeScript (for the TypeScript example's test) into .tools/"
-    npm install --silent --no-audit --no-fund --prefix .tools azurite@3.37.0 typescript@5 @types/node@20 >/dev/null
+    command -v npm >/dev/null || apt_install nodejs npm
+    log "installing Azurite and TypeScript into .tools/"
+    mkdir -p .tools
+    cp scripts/test-tools/package.json scripts/test-tools/package-lock.json .tools/
+    npm ci --silent --no-audit --no-fund --prefix .tools >/dev/null
 }
 
+ensure_base_packages
 ensure_docker
 ensure_venv
 ensure_image
-ensure_azurite
+if [ "$WITH_TESTS" = 1 ]; then ensure_test_tools; fi
