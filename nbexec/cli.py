@@ -402,7 +402,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
 
         from . import server
     except ImportError as exc:
-        _fail(f"{exc} (pip install 'nbexec[server]')", EXIT_USAGE, False)
+        _fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
     if token_file:
         tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()]

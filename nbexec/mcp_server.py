@@ -49,7 +49,7 @@ try:
     from mcp_types import INVALID_PARAMS, BlobResourceContents, ListResourcesResult, ReadResourceResult, Resource
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError("`nbexec mcp` needs the mcp extra: pip install 'nbexec[mcp]'") from exc
+    raise ImportError("`nbexec mcp` needs the mcp extra: pip install 'nbexec-sandbox[mcp]'") from exc
 
 # A resource is read whole into one message; its base64 form must fit the official client's default 1 MiB
 # SSE event limit, and a file the sandbox made must never be loaded whole whatever its size.

@@ -37,7 +37,7 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from pydantic import BaseModel, Field
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec[server]'") from exc
+    raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec-sandbox[server]'") from exc
 
 __all__ = ["ServerSettings", "create_app", "token_id"]
 

@@ -114,7 +114,7 @@ def _azure() -> Any:
     try:
         import azure.storage.blob as blob
     except ImportError as exc:
-        raise ConfigError("Azure uploads need the azure extra: pip install 'nbexec[azure]'") from exc
+        raise ConfigError("Azure uploads need the azure extra: pip install 'nbexec-sandbox[azure]'") from exc
     return blob
 
 
@@ -167,7 +167,7 @@ class AzureBlobStore:
             from azure.identity import DefaultAzureCredential
         except ImportError as exc:
             raise ConfigError("without AZURE_STORAGE_ACCOUNT_KEY, uploads need azure-identity "
-                              "(pip install 'nbexec[azure]') for DefaultAzureCredential") from exc
+                              "(pip install 'nbexec-sandbox[azure]') for DefaultAzureCredential") from exc
         return DefaultAzureCredential()
 
     def _account_key(self) -> str | None:

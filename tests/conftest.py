@@ -233,7 +233,7 @@ def azurite() -> Iterator[azurite_module.Azurite]:
     """A real Azure Blob API (Azurite), started once for the test session."""
     binary = azurite_module.find_binary()
     if binary is None:
-        pytest.fail("these tests need Azurite: run scripts/setup.sh (or `npm install --prefix .tools azurite`)",
+        pytest.fail("these tests need Azurite: run scripts/setup.sh --test",
                     pytrace=False)
     server = azurite_module.start(binary)
     LONG_LIVED_CHILDREN.add(server.process.pid)

@@ -210,7 +210,7 @@ def test_typescript_client_runs_with_node(service: Running, tmp_path: Path) -> N
     root = Path(__file__).parent.parent
     tsc = root / ".tools" / "node_modules" / ".bin" / "tsc"
     node = shutil.which("node")
-    assert node and tsc.exists(), "needs Node.js and TypeScript in .tools/ (run scripts/setup.sh)"
+    assert node and tsc.exists(), "needs Node.js and TypeScript in .tools/ (run scripts/setup.sh --test)"
     compiled = subprocess.run([str(tsc), str(root / "examples" / "typescript" / "client.ts"), "--target", "es2022",
                                "--module", "nodenext", "--types", "node", "--typeRoots",
                                str(root / ".tools" / "node_modules" / "@types"), "--outDir", str(tmp_path)],

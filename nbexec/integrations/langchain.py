@@ -16,7 +16,7 @@ try:
     from langchain_core.tools import StructuredTool
     from pydantic import BaseModel, Field
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError("the LangChain tool needs the langchain extra: pip install 'nbexec[langchain]'") from exc
+    raise ImportError("the LangChain tool needs the langchain extra: pip install 'nbexec-sandbox[langchain]'") from exc
 
 
 class CodeInput(BaseModel):

@@ -159,6 +159,26 @@ def test_a_growing_file_is_handed_over_as_listed(small: nbexec.SandboxConfig) ->
             assert len(content) == item.size and hashlib.sha256(content).hexdigest() == item.sha256, item.name
 
 
+def test_the_manifest_is_one_moment_across_files(small: nbexec.SandboxConfig) -> None:
+    """A writer that outlives the cell bumps a counter in a.txt, then in z.txt; a 20 MiB file sorts between them,
+    so collection takes a while between the two. Frozen, the copies show one moment (z lags a by at most one
+    step); sampled while the writer runs, they drift apart by however far it got meanwhile."""
+    code = ("import os, threading\n"
+            "open('/mnt/data/m.bin', 'wb').write(os.urandom(20 << 20))\n"
+            "def bump():\n    i = 0\n    while True:\n        i += 1\n"
+            "        for name in ('a.txt', 'z.txt'):\n"
+            "            with open('/mnt/data/' + name, 'w') as f:\n                f.write(str(i))\n"
+            "threading.Thread(target=bump, daemon=True).start()\n"
+            "import time; time.sleep(0.3)")
+    for _ in range(3):
+        result = nbexec.execute_notebook(code, config=small)
+        assert result.ok, result.error
+        copies = {f.name: Path(f.path).read_text() for f in result.files if f.name.endswith(".txt")}
+        assert set(copies) == {"a.txt", "z.txt"}, copies
+        if copies["a.txt"] and copies["z.txt"]:  # a file caught between open and write is empty: also a moment
+            assert 0 <= int(copies["a.txt"]) - int(copies["z.txt"]) <= 1, copies
+
+
 def test_planted_setid_executables_are_inert_on_the_host(small: nbexec.SandboxConfig) -> None:
     code = ("import os, shutil\nfor name, mode in [('suid', 0o4755), ('sgid', 0o2755), ('plain', 0o755)]:\n"
             "    shutil.copy('/bin/true', name); os.chmod(name, mode)\n"

@@ -1,0 +1,37 @@
+"""The guarantee register (tests/guarantees.yaml): every mutation still applies to the source, and the mutants
+that remove a guarantee are killed by the tests mapped to them (the CI tier here; all of them with -m load)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "mutations.py"
+
+
+def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_register_matches_the_source() -> None:
+    done = run("--check", timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    count = int(done.stdout.split(" mutations")[0].rsplit(" ", 1)[-1])
+    assert count >= 40, done.stdout
+
+
+def test_ci_tier_mutants_are_killed(docker_ready: None) -> None:
+    done = run("--tier", "ci", timeout=1800)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " 0 survived, 0 broken" in done.stdout, done.stdout[-4000:]
+
+
+@pytest.mark.load
+def test_every_mutant_is_killed(docker_ready: None) -> None:
+    done = run(timeout=5400)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
