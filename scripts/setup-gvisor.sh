@@ -36,20 +36,26 @@ fi
 # --host-uds=create, so the sockets the kernel binds in the bind-mounted /run/nbexec are real host sockets nbexec
 # connects to from outside, while code in the sandbox still cannot connect to a host socket it sees through a
 # mount (--host-uds=all would allow that too).
-RUNSC=$(command -v runsc) CRUN=$(command -v crun || true) WITH_CRUN=$WITH_CRUN DAEMON_JSON=$DAEMON_JSON python3 - <<'PY'
+WANTED=$(RUNSC=$(command -v runsc) CRUN=$(command -v crun || true) WITH_CRUN=$WITH_CRUN python3 -c '
+import json, os
+wanted = {"runsc": {"path": os.environ["RUNSC"], "runtimeArgs": ["--network=none", "--host-uds=create"]}}
+if os.environ["WITH_CRUN"] == "1":
+    wanted["crun"] = {"path": os.environ["CRUN"]}
+print(json.dumps(wanted))')
+export WANTED
+
+DAEMON_JSON=$DAEMON_JSON python3 - <<'PY'
 import json, os, sys
 
 path = os.environ["DAEMON_JSON"]
+wanted = json.loads(os.environ["WANTED"])
 try:
     with open(path) as f:
         config = json.load(f)
 except FileNotFoundError:
     config = {}
-if not isinstance(config, dict):
-    sys.exit(f"{path} is not a JSON object; fix it by hand")
-wanted = {"runsc": {"path": os.environ["RUNSC"], "runtimeArgs": ["--network=none", "--host-uds=create"]}}
-if os.environ["WITH_CRUN"] == "1":
-    wanted["crun"] = {"path": os.environ["CRUN"]}
+if not isinstance(config, dict) or not isinstance(config.get("runtimes", {}), dict):
+    sys.exit(f"{path} is not a JSON object with a \"runtimes\" object; fix it by hand")
 runtimes = config.setdefault("runtimes", {})
 if all(runtimes.get(name) == entry for name, entry in wanted.items()):
     print(f"{path} already registers {', '.join(wanted)}")
@@ -60,17 +66,19 @@ tmp = path + ".nbexec-tmp"
 with open(tmp, "w") as f:
     json.dump(config, f, indent=2)
     f.write("\n")
+os.chmod(tmp, 0o644)
 os.replace(tmp, path)
 print(f"{path}: registered {', '.join(wanted)}")
 PY
 
-known() {
-    docker info --format '{{json .Runtimes}}' 2>/dev/null | python3 -c \
-        'import json, sys; names = json.load(sys.stdin); sys.exit(0 if all(n in names for n in sys.argv[1:]) else 1)' "$@"
+# Whether the running engine has every wanted entry exactly (a changed entry needs a reload too).
+engine_matches() {
+    docker info --format '{{json .Runtimes}}' 2>/dev/null | python3 -c '
+import json, os, sys
+engine, wanted = json.load(sys.stdin), json.loads(os.environ["WANTED"])
+sys.exit(0 if all(engine.get(name) == entry for name, entry in wanted.items()) else 1)'
 }
-names=(runsc)
-[ "$WITH_CRUN" = 1 ] && names+=(crun)
-if ! known "${names[@]}"; then
+if ! engine_matches; then
     pid=$(pidof dockerd || true)
     if [ -z "$pid" ]; then
         echo "setup-gvisor.sh: dockerd is not running; start it and it will read $DAEMON_JSON" >&2
@@ -78,11 +86,12 @@ if ! known "${names[@]}"; then
     fi
     kill -HUP $pid  # reload the configuration; running containers keep running
     for _ in $(seq 1 60); do
-        known "${names[@]}" && break
+        engine_matches && break
         sleep 0.5
     done
-    if ! known "${names[@]}"; then
-        echo "setup-gvisor.sh: Docker did not list ${names[*]} after a reload; see \`docker info\` and the engine's log" >&2
+    if ! engine_matches; then
+        echo "setup-gvisor.sh: Docker did not take the runtimes in $DAEMON_JSON after a reload; see \`docker info\`" \
+             "and the engine's log" >&2
         exit 1
     fi
 fi
