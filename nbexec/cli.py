@@ -276,7 +276,7 @@ def image_build(tag: str | None, base_image: str | None, debootstrap: bool, mirr
 
 @main.command(epilog=EXIT_CODES)
 def doctor() -> None:
-    """Check that Docker answers and the image is present; print a fix for each problem."""
+    """Check that Docker answers, the image is present and which runtimes work here; print a fix for each problem."""
     problems = 0
     config = from_env()
     click.echo(f"nbexec {__version__}, Python {sys.version.split()[0]}")
@@ -293,19 +293,36 @@ def doctor() -> None:
     except NbexecError as exc:
         problems += 1
         click.echo(f"FAIL {exc}")
-    if config.runtime:
-        runtimes = client.info().get("Runtimes", {})
-        if config.runtime not in runtimes:
-            problems += 1
-            click.echo(f"FAIL runtime {config.runtime} is not installed in Docker (have: {', '.join(runtimes)}). "
-                       "Install it (gVisor: runsc install) and restart Docker, or unset NBEXEC_RUNTIME.")
-        else:
-            click.echo(f"ok   runtime {config.runtime}")
+    problems += _check_runtimes(config)
     _check_sandbox_uid(config)
     click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
                "ok   /mnt/data is a filesystem of its own per sandbox (max_data bytes, max_files inodes)")
     click.echo(f"     policy: {config!r}")
     sys.exit(EXIT_INFRA if problems else EXIT_OK)
+
+
+def _check_runtimes(config: SandboxConfig) -> int:
+    """Start a test container with each supported runtime; a problem only when the configured one fails."""
+    from . import runtimes
+
+    try:
+        click.echo(f"ok   runtimes Docker knows: {', '.join(runtimes.engine_runtimes())}")
+        checks = runtimes.check_all(config.image, config.runtime)
+    except NbexecError as exc:
+        click.echo(f"FAIL {exc}")
+        return 1
+    configured = config.runtime or runtimes.DEFAULT
+    problems = 0
+    for found in checks:
+        what = f"runtime {found.name} ({runtimes.SUPPORTED.get(found.name, 'configured')})"
+        mark = " [configured]" if found.name == configured else ""
+        if found.works:
+            click.echo(f"ok   {what}{mark} runs a test container ({found.seconds:.2f} s)")
+            continue
+        problems += found.name == configured
+        click.echo(f"{'FAIL' if found.name == configured else 'WARN'} {what}{mark} does not work here: "
+                   f"{found.reason}")
+    return problems
 
 
 def _check_sandbox_uid(config: SandboxConfig) -> None:

@@ -15,7 +15,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import daemon, kernel
+from . import daemon, kernel, runtimes
 from .config import SandboxConfig
 from .errors import NbexecError, SandboxError
 from .sandbox import Sandbox, remove_stale_workdirs
@@ -54,6 +54,7 @@ def warm(sandbox: Sandbox) -> None:
 def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool) -> Sandbox:
     """Start a sandbox, warming it when asked; never leaves a container behind on failure."""
     _sweep_orphans()
+    runtimes.require(config)  # an unregistered runtime fails here with how to register it, before any container
     sandbox = Sandbox.start(config, role=role)
     if warm_up:
         try:

@@ -112,13 +112,7 @@ class Session:
         ``output_dir/data``."""
         if self.config.pool_size:
             return pool.acquire(self.config)
-        sandbox = Sandbox.start(self.config, role="session")
-        try:
-            pool.warm(sandbox)
-        except BaseException:
-            sandbox.destroy()
-            raise
-        return sandbox
+        return pool.start_sandbox(self.config, role="session", warm_up=True)
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Install gVisor (Debian package runsc) and register it with the running Docker engine as runtime "runsc".
+#
+# Idempotent; needs root. Existing keys of /etc/docker/daemon.json are kept; only runtimes.runsc is set (and
+# runtimes.crun with --crun). The engine is reloaded with SIGHUP, which keeps running containers running: it is
+# never restarted. Afterwards `nbexec doctor --runtimes` starts a test container with each runtime.
+#
+#   sudo scripts/setup-gvisor.sh           # runsc only
+#   sudo scripts/setup-gvisor.sh --crun    # also install crun and register it (it may still refuse some hosts)
+set -euo pipefail
+
+DAEMON_JSON=${DAEMON_JSON:-/etc/docker/daemon.json}
+WITH_CRUN=0
+for arg in "$@"; do
+    case "$arg" in
+        --crun) WITH_CRUN=1 ;;
+        *) echo "usage: $0 [--crun]" >&2; exit 2 ;;
+    esac
+done
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup-gvisor.sh: run as root (it installs a package and edits $DAEMON_JSON)" >&2
+    exit 1
+fi
+
+packages=()
+command -v runsc >/dev/null 2>&1 || packages+=(runsc)
+if [ "$WITH_CRUN" = 1 ] && ! command -v crun >/dev/null 2>&1; then packages+=(crun); fi
+if [ "${#packages[@]}" -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}"
+fi
+
+# runsc's own flags: --network=none, because without it this runsc refuses nbexec's containers here ("cannot run
+# with network enabled in root network namespace"); so under runsc a sandbox never has a network, even with
+# NBEXEC_NETWORK=1;
+# --host-uds=create, so the sockets the kernel binds in the bind-mounted /run/nbexec are real host sockets nbexec
+# connects to from outside, while code in the sandbox still cannot connect to a host socket it sees through a
+# mount (--host-uds=all would allow that too).
+WANTED=$(RUNSC=$(command -v runsc) CRUN=$(command -v crun || true) WITH_CRUN=$WITH_CRUN python3 -c '
+import json, os
+wanted = {"runsc": {"path": os.environ["RUNSC"], "runtimeArgs": ["--network=none", "--host-uds=create"]}}
+if os.environ["WITH_CRUN"] == "1":
+    wanted["crun"] = {"path": os.environ["CRUN"]}
+print(json.dumps(wanted))')
+export WANTED
+
+DAEMON_JSON=$DAEMON_JSON python3 - <<'PY'
+import json, os, sys
+
+path = os.environ["DAEMON_JSON"]
+wanted = json.loads(os.environ["WANTED"])
+try:
+    with open(path) as f:
+        config = json.load(f)
+except FileNotFoundError:
+    config = {}
+if not isinstance(config, dict) or not isinstance(config.get("runtimes", {}), dict):
+    sys.exit(f"{path} is not a JSON object with a \"runtimes\" object; fix it by hand")
+runtimes = config.setdefault("runtimes", {})
+if all(runtimes.get(name) == entry for name, entry in wanted.items()):
+    print(f"{path} already registers {', '.join(wanted)}")
+    sys.exit(0)
+runtimes.update(wanted)
+os.makedirs(os.path.dirname(path), exist_ok=True)
+tmp = path + ".nbexec-tmp"
+with open(tmp, "w") as f:
+    json.dump(config, f, indent=2)
+    f.write("\n")
+os.chmod(tmp, 0o644)
+os.replace(tmp, path)
+print(f"{path}: registered {', '.join(wanted)}")
+PY
+
+# Whether the running engine has every wanted entry exactly (a changed entry needs a reload too).
+engine_matches() {
+    docker info --format '{{json .Runtimes}}' 2>/dev/null | python3 -c '
+import json, os, sys
+engine, wanted = json.load(sys.stdin), json.loads(os.environ["WANTED"])
+sys.exit(0 if all(engine.get(name) == entry for name, entry in wanted.items()) else 1)'
+}
+if ! engine_matches; then
+    pid=$(pidof dockerd || true)
+    if [ -z "$pid" ]; then
+        echo "setup-gvisor.sh: dockerd is not running; start it and it will read $DAEMON_JSON" >&2
+        exit 1
+    fi
+    kill -HUP $pid  # reload the configuration; running containers keep running
+    for _ in $(seq 1 60); do
+        engine_matches && break
+        sleep 0.5
+    done
+    if ! engine_matches; then
+        echo "setup-gvisor.sh: Docker did not take the runtimes in $DAEMON_JSON after a reload; see \`docker info\`" \
+             "and the engine's log" >&2
+        exit 1
+    fi
+fi
+echo "Docker runtimes: $(docker info --format '{{range $name, $_ := .Runtimes}}{{$name}} {{end}}')"
