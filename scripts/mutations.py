@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,7 +121,8 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
             return Outcome(mutation, "broken", time.monotonic() - started, f"tests ran past {timeout:g} s")
         lines = (done.stdout + done.stderr).strip().splitlines() or [""]
         # Killed means a test FAILED on the mutant; a mere error (a fixture that could not start) proves nothing.
-        verdict = {0: "survived", 1: "killed" if " failed" in lines[-1] else "broken"}.get(done.returncode, "broken")
+        failed = re.search(r"\b\d+ failed\b", done.stdout) is not None
+        verdict = {0: "survived", 1: "killed" if failed else "broken"}.get(done.returncode, "broken")
         tail = " | ".join(lines[-3:]) if verdict == "broken" else lines[-1]
         return Outcome(mutation, verdict, time.monotonic() - started, f"pytest exit {done.returncode}: {tail}")
     finally:

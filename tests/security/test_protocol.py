@@ -83,6 +83,9 @@ def error_trimmed(result: ExecutionResult) -> None:
     size = len((error.ename + error.evalue + "".join(error.traceback)).encode())
     assert size <= 1024 * 1024 + 4096, size
     assert "traceback lines" in error.traceback_text and error.traceback[-1].startswith("last frame")
+    # Twenty 4 MB errors: the first is kept (trimmed), the rest are charged to the 1 MiB text budget and dropped.
+    kept = sum(len(json.dumps(o)) for o in result.outputs if o.get("output_type") == "error")
+    assert kept <= 2 * 1024 * 1024 + 65536 and result.truncated_bytes > 0, (kept, result.truncated_bytes)
 
 
 def no_controls(result: ExecutionResult) -> None:
