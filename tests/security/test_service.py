@@ -28,7 +28,7 @@ from nbexec import artifacts, daemon
 from nbexec.errors import FileTransferError
 
 from ..azurite import free_port
-from ..conftest import IMAGE
+from ..conftest import CONTAINER_ID, IMAGE, container_id
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_A = "token-a-" + "a" * 24
@@ -242,8 +242,8 @@ def test_the_client_timeout_never_raises_the_operators_limit(served: Served) -> 
 
 
 def test_one_token_cannot_stall_another(served: Served) -> None:
-    """A saturates its execution slots with sleeping cells and piles uploads onto its busy session; B's cheap
-    requests still finish while A's runs are running."""
+    """A saturates its execution slots with sleeping cells and piles uploads and listings onto its busy session;
+    B's cheap requests still finish while A's runs are running."""
     with served.client() as a:
         sid = a.post("/v1/sessions").json()["id"]
         a.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})
@@ -252,6 +252,9 @@ def test_one_token_cannot_stall_another(served: Served) -> None:
                 threading.Thread(target=lambda: a.post("/v1/execute", json={"code": "import time; time.sleep(12)"}))]
         uploads = [threading.Thread(target=lambda i=i: a.put(f"/v1/sessions/{sid}/files/f{i}", content=b"x"))
                    for i in range(40)]  # more than asyncio's default thread pool holds
+        # ... and downloads and listings, which a framework runs on its shared worker threads (40 in anyio's
+        # default limiter): each waits for A's busy session.
+        uploads += [threading.Thread(target=lambda: a.get(f"/v1/sessions/{sid}/files")) for _ in range(45)]
         for thread in runs:
             thread.start()
         time.sleep(0.5)
@@ -314,12 +317,13 @@ def test_results_carry_no_host_paths_and_files_are_served_to_their_owner(served:
         assert wait_for(lambda: all(not os.path.exists(p) for p in kept), 10), "the result's folder stayed"
 
 
-def _stream_until_first_output(client: httpx.Client, path: str, code: str) -> None:
+def _stream_until_first_output(client: httpx.Client, path: str, code: str) -> str:
+    """Start a streamed run, read its first output event (returned), then leave."""
     with client.stream("POST", path, json={"code": code}) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
-            if line.startswith("event: output"):
-                return  # leaving the block closes the connection: the client is gone
+            if line.startswith("data: "):
+                return line  # leaving the block closes the connection: the client is gone
     pytest.fail("no output event arrived")
 
 
@@ -337,11 +341,12 @@ def test_a_client_leaving_a_session_stream_interrupts_the_run(served: Served) ->
 
 
 def test_a_client_leaving_a_one_shot_stream_stops_its_sandbox(served: Served) -> None:
-    before = set(served.containers(pool=False))
     with served.client() as a:
-        _stream_until_first_output(a, "/v1/execute?stream=true", "import time\nprint('go', flush=True)\ntime.sleep(60)")
-    assert wait_for(lambda: set(served.containers(pool=False)) <= before, 10), \
-        "the one-shot sandbox outlived its client"
+        first = _stream_until_first_output(a, "/v1/execute?stream=true",
+                                           CONTAINER_ID + "\nimport sys, time\nsys.stdout.flush()\ntime.sleep(60)")
+    container = container_id(first)  # the one-shot's own container, whatever its pool label says
+    gone = lambda: not daemon.connect().containers.list(all=True, filters={"id": container})  # noqa: E731
+    assert wait_for(gone, 10), "the one-shot sandbox outlived its client"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
