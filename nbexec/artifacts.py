@@ -15,7 +15,6 @@ import hashlib
 import mimetypes
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -493,7 +492,7 @@ def get(data_dir: Path, name: str, *, max_bytes: int = 0) -> bytes:
         os.close(fd)
 
 
-def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, Iterator[bytes]]:
+def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, FileChunks]:
     """Open ``data_dir/name`` for streaming: (its size at open, an iterator of at most that many bytes).
 
     Opened through directory descriptors without following links, a regular file by fstat; a size over
@@ -520,13 +519,29 @@ def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1
         os.close(fd)
         why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else f"is larger than {max_bytes:,} bytes"
         raise FileTransferError(f"{name!r} {why}")
-    handle = os.fdopen(fd, "rb", buffering=0)  # closed with the iterator, or when it is collected unread
+    return st.st_size, FileChunks(os.fdopen(fd, "rb", buffering=0), st.st_size, chunk)
 
-    def chunks() -> Iterator[bytes]:
-        with handle:
-            left = st.st_size
-            while left > 0 and (data := handle.read(min(chunk, left))):
-                left -= len(data)
-                yield data
 
-    return st.st_size, chunks()
+class FileChunks:
+    """At most ``size`` bytes of an open file, ``chunk`` at a time; the file is closed at the end, by ``close()``,
+    or when the iterator is dropped unread (a client that left, an upload that failed)."""
+
+    def __init__(self, handle: BinaryIO, size: int, chunk: int) -> None:
+        self._handle, self._left, self._chunk = handle, size, chunk
+
+    def __iter__(self) -> FileChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        data = self._handle.read(min(self._chunk, self._left)) if self._left > 0 and not self._handle.closed else b""
+        if not data:
+            self.close()
+            raise StopIteration
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __del__(self) -> None:
+        self.close()

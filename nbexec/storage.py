@@ -14,7 +14,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import quote
 
 from .errors import ConfigError, StorageError
@@ -59,8 +59,10 @@ class ArtifactStore(Protocol):
     def prefix(self) -> str:
         """The first part of every blob name."""
 
-    def upload(self, blob_name: str, content: bytes, content_type: str) -> str:
-        """Store ``content`` under ``blob_name`` and return a URL to read it; raise StorageError on failure."""
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:
+        """Store ``content`` (bytes, or a stream of ``length`` bytes read in chunks) under ``blob_name`` and
+        return a URL to read it; raise StorageError on failure."""
 
     def local_url(self, path: Path) -> str | None:
         """The URL of a file kept on disk (the local store), or None when the store uploads."""
@@ -78,7 +80,8 @@ class LocalStore:
     def __repr__(self) -> str:
         return "LocalStore()"
 
-    def upload(self, blob_name: str, content: bytes, content_type: str) -> str:  # pragma: no cover - unused
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:  # pragma: no cover - unused
         raise StorageError("the local store keeps files where they are")
 
     def local_url(self, path: Path) -> str | None:
@@ -201,7 +204,8 @@ class AzureBlobStore:
             self._client().create_container(self.settings.container)
         self._container_ready = True
 
-    def upload(self, blob_name: str, content: bytes, content_type: str) -> str:
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:
         from azure.core.exceptions import AzureError
 
         blob = _azure()
@@ -212,7 +216,7 @@ class AzureBlobStore:
             # never rendered on the storage origin.
             settings = blob.ContentSettings(content_type=content_type,
                                             content_disposition=disposition(blob_name, content_type))
-            client.upload_blob(content, overwrite=True, content_settings=settings)
+            client.upload_blob(content, length=length, overwrite=True, content_settings=settings)
             return f"{client.url}?{self._sas(blob_name)}"
         except AzureError as exc:
             message = redact(str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__)

@@ -21,7 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from . import pool
@@ -53,7 +53,8 @@ class RouteStore:
     def url(base: str, route: str, name: str) -> str:
         return f"{base}/{route}/{quote(name)}"
 
-    def upload(self, blob_name: str, content: bytes, content_type: str) -> str:
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:
         raise StorageError("this file is outside the run's folder and is not served")
 
     def local_url(self, path: Path) -> str | None:

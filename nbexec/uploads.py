@@ -4,9 +4,12 @@ a file that cannot be stored keeps its place on disk and the result says why."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import logging
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 from . import artifacts, links
 from .errors import FileTransferError, StorageError
@@ -56,10 +59,9 @@ def _publish_file(result: ExecutionResult, item: File, store: ArtifactStore, pre
         return item
     name = blob_name(prefix, result.execution_id, item.name)
     try:
-        content = artifacts.get(Path(result.output_dir) / "data", item.name)
-        if artifacts.sha256(content) != item.sha256:
-            raise StorageError("the file changed after the run; it was not uploaded")
-        url = store.upload(name, content, item.mime)
+        size, chunks = artifacts.open_stream(Path(result.output_dir) / "data", item.name, max_bytes=limits.max_file)
+        with io.BufferedReader(_Checked(chunks, item.sha256)) as stream:
+            url = store.upload(name, stream, item.mime, length=size)
     except (StorageError, FileTransferError) as exc:
         log.warning("%s stays on disk: %s", item.name, exc)
         uploads.append(Upload(item.name, "file", "failed", None, str(exc), name))
@@ -85,13 +87,39 @@ def _publish_image(result: ExecutionResult, image: Image, store: ArtifactStore, 
         return image
     name = blob_name(prefix, result.execution_id, f".outputs/{path.name}")
     try:
-        url = store.upload(name, path.read_bytes(), image.mime)
+        with open(path, "rb") as handle:  # made by nbexec in its private output folder
+            url = store.upload(name, handle, image.mime, length=image.size)
     except (StorageError, OSError) as exc:
         uploads.append(Upload(label, "image", "failed", None, str(exc), name))
         return image
     budget[0] -= image.size
     uploads.append(Upload(label, "image", "uploaded", url, None, name))
     return dataclasses.replace(image, url=url)
+
+
+class _Checked(io.RawIOBase):
+    """A file's chunks as a stream for the store, never held whole; the last read fails when their sha256 is
+    not the one the result lists (so a changed file is never stored under the listed hash)."""
+
+    def __init__(self, chunks: artifacts.FileChunks, sha256: str) -> None:
+        self._chunks, self._expected, self._hash, self._rest = chunks, sha256, hashlib.sha256(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._chunks.close()
+        super().close()
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._rest:
+            self._rest = next(self._chunks, b"")
+            self._hash.update(self._rest)
+            if not self._rest and self._hash.hexdigest() != self._expected:
+                raise StorageError("the file changed after the run; it was not uploaded")
+        size = min(len(buffer), len(self._rest))
+        buffer[:size], self._rest = self._rest[:size], self._rest[size:]
+        return size
 
 
 def _over_cap(size: int, limits: UploadLimits, budget: list[int]) -> str | None:

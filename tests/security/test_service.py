@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,7 +67,7 @@ class Served:
                 and (pool or c.attrs["Labels"].get(daemon.LABEL_ROLE) != "pool")]
 
     def folders(self) -> list[str]:
-        return glob.glob(f"/tmp/nbexec*/nbexec-{self.proc.pid}-*")
+        return glob.glob(f"{tempfile.gettempdir()}/nbexec*/nbexec-{self.proc.pid}-*")
 
     def live_children(self) -> list[int]:
         alive = []
@@ -291,7 +292,7 @@ def test_results_carry_no_host_paths_and_files_are_served_to_their_owner(served:
         assert response.status_code == 200 and response.json()["ok"], response.text
         assert _leaks_host_paths(response.text) == []
         result = response.json()
-        kept = glob.glob(f"/tmp/nbexec*/nbexec-{served.proc.pid}-*/*{result['execution_id']}*")
+        kept = glob.glob(f"{tempfile.gettempdir()}/nbexec*/nbexec-{served.proc.pid}-*/*{result['execution_id']}*")
         assert kept, "the one-shot result's folder should exist during its TTL"
         urls = {f["name"]: f["url"] for f in result["files"]}
         assert urls["out.txt"].startswith("/v1/executions/") and urls["out.txt"] in result["stdout"]
@@ -308,7 +309,7 @@ def test_results_carry_no_host_paths_and_files_are_served_to_their_owner(served:
         assert a.get(session_urls["out.txt"]).content == b"made"
         assert a.get(ran.json()["images"][0]["url"]).content.startswith(b"\x89PNG")
         assert b.get(session_urls["out.txt"]).status_code == 404
-        folder = glob.glob(f"/tmp/nbexec*/nbexec-{served.proc.pid}-*/*{sid}*")
+        folder = glob.glob(f"{tempfile.gettempdir()}/nbexec*/nbexec-{served.proc.pid}-*/*{sid}*")
         assert folder, "the session's folder should exist while it is live"
         assert a.delete(f"/v1/sessions/{sid}").status_code == 204
         assert wait_for(lambda: all(not os.path.exists(p) for p in folder), 10), "the session's folder stayed"
