@@ -18,13 +18,16 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from . import tools
 from .config import SandboxConfig
 from .errors import NbexecError, SessionError
 from .execute import execute_notebook
+from .folders import output_root
 from .result import ExecutionResult
+from .sandbox import remove_tree
 from .session import Session, SessionManager
 from .storage import ArtifactStore
 
@@ -117,11 +120,23 @@ def _outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | 
     return outcome, None
 
 
+def _retire(result: ExecutionResult | None, options: Mapping[str, Any]) -> None:
+    """Delete a one-shot run's folder once its reply is built, when its files went to a store that uploads (the
+    links are all the model and the caller get); a local store's files stay, as their links point at them."""
+    store = options.get("store")
+    if result is None or options.get("sessions") is not None or store is None:
+        return
+    folder = Path(result.output_dir)
+    if store.local_url(folder) is None and folder.parent == output_root():
+        remove_tree(folder)
+
+
 def handle_openai_tool_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
     """Chat Completions: take a tool call (SDK object or dict) and return the ``role: tool`` message."""
     function = _field(call, "function", {})
     result, problem = _outcome(_field(function, "arguments", "{}"), **options)
     content = f"Tool error: {problem}" if problem else tools.render_for_llm(result, budget=budget)  # type: ignore[arg-type]
+    _retire(result, options)
     return {"role": "tool", "tool_call_id": _field(call, "id", ""), "content": content}
 
 
@@ -129,6 +144,7 @@ def handle_openai_function_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET
     """Responses API: take a ``function_call`` item and return the ``function_call_output`` item (with images)."""
     result, problem = _outcome(_field(call, "arguments", "{}"), **options)
     output: Any = f"Tool error: {problem}" if problem else tools.openai_content(result, budget=budget)  # type: ignore[arg-type]
+    _retire(result, options)
     return {"type": "function_call_output", "call_id": _field(call, "call_id", ""), "output": output}
 
 
@@ -139,5 +155,7 @@ def handle_anthropic_tool_use(block: Any, *, budget: int = tools.DEFAULT_BUDGET,
         return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": True,
                 "content": [{"type": "text", "text": f"Tool error: {problem}"}]}
     assert result is not None
+    content = tools.anthropic_content(result, budget=budget)
+    _retire(result, options)
     return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": not result.ok,
-            "content": tools.anthropic_content(result, budget=budget)}
+            "content": content}

@@ -278,3 +278,24 @@ def test_html_reports_neutralise_scripts_and_handlers(cleanup_ledger: None, tmp_
     assert [a for a in links if a[2].strip().lower().startswith("javascript:")] == [], "a javascript: link survived"
     assert [a for a in markup.attributes if a[1] == "srcdoc"] == [], "an iframe srcdoc survived"
     assert "iframe" not in markup.tags
+
+
+def test_tool_handlers_with_an_uploading_store_keep_no_run_folder(config: nbexec.SandboxConfig,
+                                                                   azurite: Azurite) -> None:
+    """A tool handler that serves many calls: once the reply is built and the files uploaded, the one-shot's
+    folder is gone from the host; the link in the reply still reads the file."""
+    from nbexec.toolcall import handle_anthropic_tool_use
+
+    seen: list[nbexec.ExecutionResult] = []
+    code = "open('/mnt/data/out.txt', 'w').write('kept in the store')\nprint('done')"
+    reply = handle_anthropic_tool_use({"id": "t1", "input": {"code": code}}, config=config,
+                                      store=store_for(azurite), on_result=seen.append)
+    assert not reply["is_error"] and seen, reply
+    result = seen[0]
+    assert not Path(result.output_dir).exists(), "the run's folder stayed on the host"
+    url = result.files[0].url
+    assert url and url.startswith("http")
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.read() == b"kept in the store"
+    local = handle_anthropic_tool_use({"id": "t2", "input": {"code": code}}, config=config, on_result=seen.append)
+    assert not local["is_error"] and Path(seen[1].output_dir).is_dir(), "a local store's files must stay"
