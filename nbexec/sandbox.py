@@ -332,9 +332,12 @@ def _process_identity(pid: Any) -> tuple[int, str] | None:
 
 
 def remove_tree(path: Path) -> None:
-    """Delete a folder the sandbox could write into, without following links and despite read-only modes."""
+    """Delete a folder the sandbox could write into, without following links and despite read-only modes; a
+    data filesystem still mounted inside is unmounted first (never deleted through, never left mounted)."""
     if not os.path.lexists(path):
         return
+    for point in datafs.mounts_under(Path(path)):
+        datafs.unmount(point)
 
     def make_writable(func: Any, target: str, _exc: Any) -> None:
         parent = os.path.dirname(target)
@@ -366,9 +369,7 @@ def remove_stale_workdirs() -> list[Path]:
             pass
         except PermissionError:
             continue
-        for point in datafs.mounts_under(entry):  # a dead process's data filesystems: unmount, then delete
-            datafs.unmount(point)
-        remove_tree(entry)
+        remove_tree(entry)  # a dead process's data filesystems are unmounted first
         removed.append(entry)
     return removed
 

@@ -112,7 +112,9 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
     try:
         target = scratch / mutation.file
         target.write_text(target.read_text().replace(mutation.find, mutation.replace, 1))
-        env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+        (scratch / ".tmp").mkdir()
+        env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1",
+               "TMPDIR": str(scratch / ".tmp")}
         command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "",
                    *mutation.tests]
         try:
@@ -126,7 +128,15 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
         tail = " | ".join(lines[-3:]) if verdict == "broken" else lines[-1]
         return Outcome(mutation, verdict, time.monotonic() - started, f"pytest exit {done.returncode}: {tail}")
     finally:
+        _unmount_under(scratch)  # a mutant may leave a sandbox's data filesystem mounted: never delete through it
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _unmount_under(root: Path) -> None:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+        points = [line.split(" ")[4].encode().decode("unicode_escape") for line in table]
+    for point in sorted((p for p in points if p.startswith(f"{root}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,19 +108,19 @@ def test_cleanup_removes_orphans(docker_ready: None, tmp_path: Path) -> None:
 def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
     import signal
 
-    from .conftest import output_root, own_workdirs, owned_by, wait_until
+    from .conftest import own_workdirs, owned_by, wait_until
 
     proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NBEXEC_IMAGE": IMAGE})
     assert proc.stdin is not None
-    # The code leaves a mark in /mnt/data once it runs: the host sees it in the run's output folder (under the
-    # working directory, or this test session's private TMPDIR).
+    # The code leaves a mark in /mnt/data once it runs: the host sees it in the sandbox's working folder, where
+    # the data filesystem is mounted (it is copied to the output folder only when the run ends).
     proc.stdin.write("open('/mnt/data/running', 'w').close()\nimport time\ntime.sleep(60)\n")
     proc.stdin.close()
     wait_until(lambda: owned_by(proc.pid), 60, "the run never started a container")
-    wait_until(lambda: any(tmp_path.glob("nbexec-output/*/data/running")) or any(
-        output_root().glob("*/data/running")), 60, "the code never ran")
+    wait_until(lambda: any((folder / "data" / "running").exists() for folder in own_workdirs(proc.pid)), 60,
+               "the code never ran")
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
     for stream in (proc.stdout, proc.stderr):
