@@ -98,7 +98,11 @@ def test_docker_engine_restart_mid_run(cleanup_ledger: None, tmp_path: Path) -> 
         with pytest.raises(nbexec.DockerError, match="Docker"):
             nbexec.execute_notebook("print(2)", config=config.replace(pool_size=0))
         assert time.monotonic() - down < 30, "an execution while the engine is down must fail fast"
-        subprocess.run(["sh", "-c", f"nohup setsid dockerd > {tmp_path}/dockerd.log 2>&1 &"], check=True)
+        # The engine outlives this test run: it must not inherit the run's private TMPDIR (deleted at the end,
+        # after which gVisor's runsc, among others, cannot start a container) nor its working directory.
+        engine_env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "PWD", "OLDPWD")}
+        subprocess.run(["sh", "-c", "nohup setsid dockerd > /var/log/nbexec-dockerd.log 2>&1 &"], check=True,
+                       env=engine_env, cwd="/")
         wait_until(lambda: subprocess.run(["docker", "info"], capture_output=True).returncode == 0, 90,
                    "dockerd did not come back", interval=0.5)
         future.result(timeout=120)
