@@ -342,30 +342,34 @@ def _file_routes(app: FastAPI, folders: Tenants, gate: _Gate) -> None:
 
     @app.get("/v1/sessions/{session_id}/files/{name:path}")
     async def get_file(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
-        folder = folders.session_folder(_owned(folders, who, session_id))
-        return await _download(gate, who, folder / "data" if folder else None, name, cap)
+        session = _owned(folders, who, session_id)  # /mnt/data as it is now, like the listing
+        return await _download(gate, who, lambda: session.open_file(name, max_bytes=cap))
 
     @app.get("/v1/sessions/{session_id}/images/{name}")
     async def get_session_image(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         folder = folders.session_folder(_owned(folders, who, session_id))
-        return await _download(gate, who, folder / "images" if folder else None, name, 0)
+        return await _download_from(gate, who, folder / "images" if folder else None, name, 0)
 
     @app.get("/v1/executions/{execution_id}/files/{name:path}")
     async def get_result_file(execution_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         folder = folders.result_folder(who, execution_id)
-        return await _download(gate, who, folder / "data" if folder else None, name, cap)
+        return await _download_from(gate, who, folder / "data" if folder else None, name, cap)
 
     @app.get("/v1/executions/{execution_id}/images/{name}")
     async def get_result_image(execution_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         folder = folders.result_folder(who, execution_id)
-        return await _download(gate, who, folder / "images" if folder else None, name, 0)
+        return await _download_from(gate, who, folder / "images" if folder else None, name, 0)
 
 
-async def _download(gate: _Gate, who: str, folder: Path | None, name: str, cap: int) -> StreamingResponse:
-    """Stream a regular file in chunks on the token's I/O threads (never loaded whole)."""
+async def _download_from(gate: _Gate, who: str, folder: Path | None, name: str, cap: int) -> StreamingResponse:
     if folder is None:
         raise HTTPException(404, "no such file")
-    _, chunks = await gate.io(who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
+    return await _download(gate, who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
+
+
+async def _download(gate: _Gate, who: str, opener: Callable[[], tuple[int, artifacts.FileChunks]]) -> StreamingResponse:
+    """Stream a regular file in chunks on the token's I/O threads (never loaded whole)."""
+    _, chunks = await gate.io(who, opener)
 
     async def body() -> AsyncIterator[bytes]:
         try:

@@ -263,6 +263,14 @@ class Session:
             self.last_activity = time.monotonic()
             return artifacts.get(self._sandbox.data_dir, name)
 
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, artifacts.FileChunks]:
+        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            return artifacts.open_stream(self._sandbox.data_dir, name, max_bytes=max_bytes)
+
     def files(self) -> list[Any]:
         """The regular files now in /mnt/data (File entries), and nothing else."""
         with self._lock:
