@@ -154,7 +154,13 @@ class KernelClient:
         digest = hmac.new(self._key, digestmod=hashlib.sha256)
         for part in parts:
             digest.update(part)
-        self._channel(channel).send([_DELIMITER, digest.hexdigest().encode("ascii"), *parts], SEND_TIMEOUT)
+        connection = self._channel(channel)
+        try:
+            connection.send([_DELIMITER, digest.hexdigest().encode("ascii"), *parts], SEND_TIMEOUT)
+        except ProtocolError:
+            # As with libzmq, a request the kernel cannot take is no error here: the receive path, which the
+            # caller polls against its deadline and Docker's view of the sandbox, reports what became of it.
+            self.lost = channel if connection.closed else self.lost
         return msg_id
 
     def execute(self, code: str, *, silent: bool = False, store_history: bool = True,

@@ -325,6 +325,10 @@ def error(traceback_lines: int = 3, line: int = 10) -> Message:
     return msg("error", {"ename": "E", "evalue": "v", "traceback": ["x" * line] * traceback_lines + ["last"]})
 
 
+def over_the_limit(kind: str, size: int) -> Message:
+    return Message("iopub", kind, uuid.uuid4().hex, "p1", size, b"", complete=False)
+
+
 def texts(cell: NotebookNode) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
@@ -360,6 +364,9 @@ BUDGET_CASES: list[tuple[str, list[Message], Judge]] = [
      lambda c, b, o: c.outputs[0].data["image/png"] == "p" * 5),
     ("unknown-type-ignored", [msg("nbexec_unknown", b"not even json"), msg("comm_msg", b"[")],
      lambda c, b, o: c.outputs == [] and o.status == "ok"),
+    ("over-the-frame-limit-counted-unread", [over_the_limit("display_data", 5000), stream("a")],
+     lambda c, b, o: b.dropped_frames == 1 and b.dropped_display == 5000 and "a" in texts(c)
+     and "larger than the whole output allowance" in texts(c)),
     ("execution-count-of-the-wrong-type", [msg("execute_input", {"execution_count": "7"})],
      lambda c, b, o: o.execution_count is None),
 ]

@@ -132,7 +132,7 @@ CASES = [
     Case("unsigned", "raw('stream', b'{\"name\": \"stdout\", \"text\": \"x\"}', sign=False)\ntime.sleep(5)", protocol),
     Case("replayed", "f = frames('stream', b'{\"name\": \"stdout\", \"text\": \"x\"}')\n"
          "k.iopub_socket.send_multipart(f)\nk.iopub_socket.send_multipart(f)\ntime.sleep(5)", protocol),
-    # A frame over MAXMSGSIZE is refused unread (honest code can print that much): counted, and the run goes on.
+    # A message over the frame limit is read past unkept (honest code can print that much): counted, the run goes on.
     Case("over-maxmsgsize", "raw('display_data', b'{\"data\": {\"text/plain\": \"' + b'z' * (40 * 2**20) + "
          "b'\"}, \"metadata\": {}}')\ntime.sleep(1)\nprint('after')", frame_refused),
     Case("invalid-utf8", "raw('stream', b'{\"name\": \"stdout\", \"text\": \"\\xff\\xfe\"}')\ntime.sleep(5)",
