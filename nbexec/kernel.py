@@ -1,9 +1,9 @@
-"""The host's one kernel client: ZMQ sockets of its own, and one receive path on which every message from the
-sandbox is sized, signature-checked and filtered before anything in it is parsed.
+"""The host's one kernel client: a ZMTP connection per channel (see `zmtp`), and one receive path on which every
+message from the sandbox is sized, signature-checked and filtered before anything in it is parsed.
 
-It replaces jupyter_client's BlockingKernelClient on the execution path: those channels share the process-wide
-zmq.Context, set no MAXMSGSIZE or receive high-water mark (so libzmq queues whatever the kernel sends, in host
-memory), and parse every message in full. jupyter_client's Session is kept only to build and sign requests.
+It replaces jupyter_client's BlockingKernelClient and libzmq on the execution path: those share the process-wide
+zmq.Context, queue whatever the kernel sends in host memory (a message of many frames has no size limit in
+libzmq), and parse every message in full. Requests are built and signed here as jupyter_client's Session does.
 
 The kernel holds the connection key, so a signature proves nothing about the code's good will: it only rules out
 frames that did not go through the key holder. Everything a message says is checked like any other hostile input.
@@ -12,30 +12,30 @@ frames that did not go through the key holder. Everything a message says is chec
 from __future__ import annotations
 
 import collections
+import datetime
 import hashlib
 import hmac
 import json
 import re
-import socket as socket_module
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import zmq
-from jupyter_client.session import Session
-
+from . import zmtp
 from .errors import ProtocolError
 
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
 MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
-RECEIVE_HWM = 2  # messages libzmq may queue per socket before it stops reading (host memory: about that many
-# times MAXMSGSIZE, plus the one message being decoded)
+MAX_FRAMES = 64  # frames of one message: topic, delimiter, 5 parts, and buffers (comm messages carry a few)
+MAX_REPLY = MAX_CONTROL + 3 * MAX_HEADER  # bytes kept of a shell or control message (replies are read capped)
+SEND_TIMEOUT = 30.0  # seconds a request may wait for the kernel to read it (it reads on its own I/O thread)
 _REPLAY_WINDOW = 65536  # signatures remembered to reject a message sent twice
 _DELIMITER = b"<IDS|MSG>"
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_LOST = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_CHANNELS = (("shell", "DEALER"), ("iopub", "SUB"), ("control", "DEALER"))
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,21 @@ class Message:
     msg_id: str
     parent_id: str
     size: int  # bytes of the metadata, content and buffer frames
-    raw_content: bytes | memoryview = field(repr=False)  # a view of the received frame: not copied
+    raw_content: bytes | bytearray = field(repr=False)  # the received frame: not copied
+    complete: bool = True  # False: past the frame limit, its content was read and dropped, never kept or checked
 
     def content(self, limit: int | None = None) -> dict[str, Any]:
         """The parsed content; ProtocolError when it is larger than ``limit`` or not a JSON object."""
-        if limit is not None and len(self.raw_content) > limit:
-            raise ProtocolError(f"a {self.msg_type} message of {len(self.raw_content):,} bytes is over its "
-                                f"{limit:,}-byte limit")
+        if not self.complete or (limit is not None and len(self.raw_content) > limit):
+            raise ProtocolError(f"a {self.msg_type} message of {self.size:,} bytes is over its "
+                                f"{limit or 0:,}-byte limit")
         content = parse(self.raw_content, self.msg_type)
         if not isinstance(content, dict):
             raise ProtocolError(f"the content of a {self.msg_type} message is not a JSON object")
         return content
 
 
-def parse(raw: bytes | memoryview, what: str) -> Any:
+def parse(raw: bytes | bytearray | memoryview, what: str) -> Any:
     """Strict UTF-8 JSON, nesting capped; lone surrogates (from \\ud800-style escapes) become U+FFFD."""
     try:
         text = str(raw, "utf-8")
@@ -106,83 +107,39 @@ def _fix_text(text: str) -> str:
 
 
 class KernelClient:
-    """Shell, iopub and control sockets to one kernel, on a ZMQ context nbexec owns. Use from one thread."""
+    """Shell, iopub and control connections to one kernel. Use from one thread."""
 
-    def __init__(self, session: Session, max_message: int) -> None:
-        self.session = session
+    def __init__(self, key: bytes, max_message: int) -> None:
         self.max_message = max_message
-        self._key = session.key or b""
-        self._context: zmq.Context[Any] | None = None
-        self._sockets: dict[str, zmq.Socket[Any]] = {}
-        self._monitors: dict[str, zmq.Socket[Any]] = {}
-        self._pollers: dict[str, zmq.Poller] = {}
-        self._addresses: dict[str, tuple[int, str]] = {}
+        self._key = key
+        self._session = uuid.uuid4().hex
+        self._connections: dict[str, zmtp.Connection] = {}
         self._seen: set[bytes] = set()
-        self.lost = ""  # the channel libzmq dropped: a frame over MAXMSGSIZE was refused, or the kernel went away
         self._order: collections.deque[bytes] = collections.deque()
+        self.lost = ""  # the channel whose connection the kernel closed (it went away, or crashed its messaging)
 
     @classmethod
-    def connect(cls, base: Path, connection: dict[str, Any], *, max_message: int) -> KernelClient:
-        """Connect to the kernel whose ipc sockets are ``<base>-<port>`` (the connection file's numbering)."""
-        session = Session(key=str(connection["key"]).encode("ascii"), signature_scheme="hmac-sha256",
-                          username="nbexec")
-        client = cls(session, max_message)
-        client._context = zmq.Context()
+    def connect(cls, base: Path, connection: dict[str, Any], *, max_message: int,
+                timeout: float = 10.0) -> KernelClient:
+        """Connect to the kernel whose ipc sockets are ``<base>-<port>`` (the connection file's numbering).
+
+        ``max_message`` bounds what is kept of one iopub message; shell and control keep ``MAX_REPLY``."""
+        client = cls(str(connection["key"]).encode("ascii"), max_message)
         try:
-            for channel, kind in (("shell", zmq.DEALER), ("iopub", zmq.SUB), ("control", zmq.DEALER)):
-                client._open(channel, kind, f"ipc://{base}-{connection[channel + '_port']}")
+            for channel, kind in _CHANNELS:
+                path = Path(f"{base}-{connection[channel + '_port']}")
+                limit = max_message if channel == "iopub" else MAX_REPLY
+                client._connections[channel] = zmtp.Connection.open(path, kind, max_message=limit,
+                                                                    max_frames=MAX_FRAMES, timeout=timeout)
         except BaseException:
             client.close()
             raise
         return client
 
-    def _open(self, channel: str, kind: int, address: str) -> None:
-        assert self._context is not None
-        self._addresses[channel] = (kind, address)
-        socket = self._context.socket(kind)
-        self._sockets[channel] = socket
-        # Before connect: libzmq copies these into each connection it makes.
-        socket.setsockopt(zmq.LINGER, 0)
-        # Control replies are never read: a small frame limit keeps what libzmq may queue there small too.
-        socket.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL if channel == "control" else self.max_message)
-        socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-        if kind == zmq.SUB:
-            socket.setsockopt(zmq.SUBSCRIBE, b"")
-        poller = zmq.Poller()
-        poller.register(socket, zmq.POLLIN)
-        if channel != "control":
-            monitor = socket.get_monitor_socket(_LOST)
-            self._monitors[channel] = monitor
-            poller.register(monitor, zmq.POLLIN)
-        self._pollers[channel] = poller
-        socket.connect(address)
-
-    def listening(self, channel: str) -> bool:
-        """Whether the kernel still accepts connections on ``channel``'s socket: after a dropped connection,
-        True means libzmq refused a frame, False that the kernel went away."""
-        path = self._addresses[channel][1].removeprefix("ipc://")
-        with socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM) as probe:
-            probe.settimeout(1.0)
-            try:
-                probe.connect(path)
-            except OSError:
-                return False
-        return True
-
-    def reopen(self, channel: str) -> None:
-        """Replace a connection libzmq gave up on (it does not reconnect after a refused frame)."""
-        for socket in (self._monitors.pop(channel, None), self._sockets.pop(channel, None)):
-            if socket is not None:
-                socket.close(linger=0)
-        self._open(channel, *self._addresses[channel])
-
     def close(self) -> None:
-        for socket in [*self._monitors.values(), *self._sockets.values()]:
-            socket.close(linger=0)
-        self._monitors, self._sockets, self._pollers = {}, {}, {}
-        if self._context is not None:
-            self._context.term()
-            self._context = None
+        for connection in self._connections.values():
+            connection.close()
+        self._connections = {}
 
     stop_channels = close  # the name Sandbox.destroy calls (it was a BlockingKernelClient)
 
@@ -190,9 +147,21 @@ class KernelClient:
 
     def request(self, channel: str, msg_type: str, content: dict[str, Any]) -> str:
         """Send a signed request; return its msg_id."""
-        msg = self.session.msg(msg_type, content)
-        self.session.send(self._sockets[channel], msg)
-        return str(msg["header"]["msg_id"])
+        msg_id = uuid.uuid4().hex
+        header = {"msg_id": msg_id, "msg_type": msg_type, "username": "nbexec", "session": self._session,
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "5.4"}
+        parts = [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
+        digest = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in parts:
+            digest.update(part)
+        connection = self._channel(channel)
+        try:
+            connection.send([_DELIMITER, digest.hexdigest().encode("ascii"), *parts], SEND_TIMEOUT)
+        except ProtocolError:
+            # As with libzmq, a request the kernel cannot take is no error here: the receive path, which the
+            # caller polls against its deadline and Docker's view of the sandbox, reports what became of it.
+            self.lost = channel if connection.closed else self.lost
+        return msg_id
 
     def execute(self, code: str, *, silent: bool = False, store_history: bool = True,
                 stop_on_error: bool = True) -> str:
@@ -211,59 +180,62 @@ class KernelClient:
     def recv(self, channel: str, timeout: float, *, parent: str | None = None) -> Message | None:
         """The next verified message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds.
 
-        With ``parent``, messages answering other requests are dropped unparsed. Raises ProtocolError when the
-        kernel breaks the protocol, or when libzmq dropped the connection (then ``lost`` is set: a frame over
-        MAXMSGSIZE, or the kernel went away; the caller tells which by asking whether the sandbox still runs).
+        With ``parent``, messages answering other requests are dropped unparsed. A message past the channel's
+        byte limit comes back incomplete (its size counted, its content dropped unread). Raises ProtocolError
+        when the kernel breaks the protocol or closes the connection (then ``lost`` names the channel).
         """
-        socket = self._sockets[channel]
+        connection = self._channel(channel)
         end = time.monotonic() + timeout
         while True:
-            left = max(0.0, end - time.monotonic())
-            events = dict(self._pollers[channel].poll(int(left * 1000)))
-            if len(events) > 1 or (events and socket not in events):
-                self._check_monitor(channel)
-            if socket in events:
-                message = self._verify(channel, socket.recv_multipart(copy=False))
-                if message is not None and (parent is None or message.parent_id == parent):
-                    return message
+            try:
+                incoming = connection.receive(max(0.0, end - time.monotonic()))
+            except ProtocolError:
+                if connection.closed:
+                    self.lost = channel
+                raise
+            if incoming is None:
+                return None
+            message = self._verify(channel, incoming)
+            if message is not None and (parent is None or message.parent_id == parent):
+                return message
             if time.monotonic() >= end:
                 return None
 
-    def _check_monitor(self, channel: str) -> None:
-        monitor = self._monitors[channel]
-        if monitor.poll(0):
-            monitor.recv_multipart()
-            self.lost = channel  # see reopen
-            raise ProtocolError(f"the {channel} connection to the kernel was dropped (a message over the "
-                                f"{self.max_message:,}-byte frame limit, or the kernel went away)")
+    def _channel(self, channel: str) -> zmtp.Connection:
+        connection = self._connections.get(channel)
+        if connection is None:
+            raise ProtocolError(f"the {channel} connection to the kernel is closed")
+        return connection
 
-    def _verify(self, channel: str, frames: list[Any]) -> Message | None:
+    def _verify(self, channel: str, incoming: zmtp.Incoming) -> Message | None:
         """Check sizes and the signature, then parse the headers only; None for a message to ignore."""
-        buffers = [frame.buffer for frame in frames]
-        try:
-            start = next(i for i, b in enumerate(buffers) if len(b) == len(_DELIMITER) and b == _DELIMITER) + 1
-        except StopIteration:
-            raise ProtocolError(f"a message on {channel} has no <IDS|MSG> delimiter") from None
-        parts = buffers[start:]
-        if len(parts) < 5:
-            raise ProtocolError(f"a message on {channel} has {len(parts)} frames after its delimiter (need 5)")
-        signature, header, parent_header, metadata, content = parts[:5]
-        if len(header) > MAX_HEADER or len(parent_header) > MAX_HEADER or len(signature) > 128:
+        frames, sizes = incoming.frames, incoming.sizes
+        start = next((i + 1 for i, f in enumerate(frames) if sizes[i] == len(_DELIMITER) and f == _DELIMITER), 0)
+        if not start:
+            raise ProtocolError(f"a message on {channel} has no <IDS|MSG> delimiter")
+        if len(frames) - start < 5:
+            raise ProtocolError(f"a message on {channel} has {len(frames) - start} frames after its delimiter "
+                                "(need 5)")
+        signature, header, parent_header, metadata, content = frames[start:start + 5]
+        if signature is None or header is None or parent_header is None or len(header) > MAX_HEADER \
+                or len(parent_header) > MAX_HEADER or len(signature) > 128:
             raise ProtocolError(f"a message on {channel} has a header over {MAX_HEADER:,} bytes")
-        digest = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in parts[1:5]:
-            digest.update(part)
-        given = bytes(signature)
-        if not hmac.compare_digest(given, digest.hexdigest().encode("ascii")):
-            raise ProtocolError(f"a message on {channel} is unsigned or its signature is wrong")
-        self._remember(given)
-        parent = _object(parse(bytes(parent_header), "parent header"), "parent header")
-        head = _object(parse(bytes(header), "header"), "header")
+        size = sum(sizes[start + 3:])
+        complete = metadata is not None and content is not None  # buffers are not signed: need not be kept
+        if metadata is not None and content is not None:
+            digest = hmac.new(self._key, digestmod=hashlib.sha256)
+            for part in (header, parent_header, metadata, content):
+                digest.update(part)
+            given = bytes(signature)
+            if not hmac.compare_digest(given, digest.hexdigest().encode("ascii")):
+                raise ProtocolError(f"a message on {channel} is unsigned or its signature is wrong")
+            self._remember(given)
+        parent = _object(parse(parent_header, "parent header"), "parent header")
+        head = _object(parse(header, "header"), "header")
         msg_type, msg_id, parent_id = head.get("msg_type"), head.get("msg_id"), parent.get("msg_id", "")
         if not isinstance(msg_type, str) or not isinstance(msg_id, str) or not isinstance(parent_id, str):
             raise ProtocolError(f"a message on {channel} has a header without string msg_type and msg_id")
-        size = len(metadata) + len(content) + sum(len(extra) for extra in parts[5:])
-        return Message(channel, msg_type, msg_id, parent_id, size, content)
+        return Message(channel, msg_type, msg_id, parent_id, size, content or b"", complete)
 
     def _remember(self, signature: bytes) -> None:
         if signature in self._seen:

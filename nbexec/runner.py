@@ -42,7 +42,7 @@ class Budget:
     dropped_text: int = 0
     dropped_display: int = 0
     dropped_outputs: int = 0
-    dropped_frames: int = 0  # messages libzmq refused unread: larger than the whole allowance
+    dropped_frames: int = 0  # messages streamed past unread: larger than the whole allowance
     errors: int = 0
     markers: list[NotebookNode] = field(default_factory=list)
 
@@ -94,6 +94,8 @@ class _CellState:
     def add(self, msg: Message) -> None:
         """Keep what fits of one output message; raises ProtocolError for a malformed one."""
         kind, budget = msg.msg_type, self.budget
+        if not msg.complete:
+            return self.drop_frame(msg.size)
         if kind == "stream":
             if budget.text <= 0:
                 return self._drop(msg.size, text=True)
@@ -124,7 +126,7 @@ class _CellState:
         return None
 
     def drop_frame(self, size: int) -> None:
-        """Count a message libzmq refused for its size (at least ``size`` bytes, never read)."""
+        """Count a message over the frame limit (``size`` bytes, streamed past unread)."""
         self.budget.dropped_frames += 1
         self._drop(size, text=False)
 
@@ -282,18 +284,14 @@ def _wait_idle(sandbox: Sandbox, config: SandboxConfig, msg_id: str, state: _Cel
 def _step(sandbox: Sandbox, msg_id: str, state: _CellState, outcome: CellOutcome, timeout: float,
           replied: float | None) -> tuple[bool, float | None]:
     """Wait up to ``timeout`` for one message of the cell; (whether the cell is done, when the reply came)."""
-    try:
-        msg = sandbox.recv("iopub", timeout, parent=msg_id)
-        if msg is not None:
-            return _handle(msg, state, outcome), replied
-        if replied is None:  # silence: a full PUB queue in the kernel drops messages, idle too
-            if sandbox.recv("shell", 0, parent=msg_id) is not None:
-                return False, time.monotonic()
-        elif time.monotonic() - replied >= _IDLE_AFTER_REPLY:
-            return True, replied
-    except ProtocolError:
-        if not _frame_refused(sandbox, state):
-            raise
+    msg = sandbox.recv("iopub", timeout, parent=msg_id)
+    if msg is not None:
+        return _handle(msg, state, outcome), replied
+    if replied is None:  # silence: a full PUB queue in the kernel drops messages, idle too
+        if sandbox.recv("shell", 0, parent=msg_id) is not None:
+            return False, time.monotonic()
+    elif time.monotonic() - replied >= _IDLE_AFTER_REPLY:
+        return True, replied
     return False, replied
 
 
@@ -310,18 +308,6 @@ def _handle(msg: Message, state: _CellState, outcome: CellOutcome) -> bool:
             outcome.status = "error"
         state.add(msg)
     return False  # comm_* and kinds nbexec does not know are ignored, unparsed
-
-
-def _frame_refused(sandbox: Sandbox, state: _CellState) -> bool:
-    """After libzmq dropped a connection: True, with the loss counted and the connection replaced, when the
-    kernel still runs (so a frame over MAXMSGSIZE was refused); False when the kernel went away."""
-    client = sandbox.client
-    if client is None or not client.lost or not client.listening(client.lost):
-        return False
-    client.reopen(client.lost)  # what the kernel sends until the new connection is up is lost too
-    client.lost = ""
-    state.drop_frame(client.max_message)
-    return True
 
 
 def _misbehaved(sandbox: Sandbox, config: SandboxConfig, exc: ProtocolError) -> CellOutcome:

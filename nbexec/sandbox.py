@@ -205,7 +205,7 @@ class Sandbox:
                 next_check = time.monotonic() + 0.25
             time.sleep(delay)
             delay = min(delay * 1.5, 0.02)
-        # A frame may hold at most the whole output allowance (plus headers); libzmq drops larger ones.
+        # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
         frame_limit = parse_size(self.config.max_output) + parse_size(self.config.max_display) + kernel.MAX_HEADER
         client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection, max_message=frame_limit)
         self.client = client

@@ -1,12 +1,16 @@
 """The kernel client's receive path and the cell's output budget, fed scripted messages (nbclient's TestRunCell is
-the model). The fake kernel is real ZMQ on ipc:// sockets in a temporary folder: Docker adds nothing here."""
+the model). The fake kernel is real ZMQ (pyzmq, playing ipykernel's part) on ipc:// sockets in a temporary folder,
+and a raw unix-socket peer scripts the ZMTP bytes libzmq would never send: Docker adds nothing here."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import socket
+import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,9 +21,9 @@ import zmq
 from jupyter_client.session import Session
 from nbformat import NotebookNode
 
-from nbexec import outputs, runner
+from nbexec import outputs, runner, zmtp
 from nbexec.errors import NbexecError, ProtocolError
-from nbexec.kernel import MAX_DEPTH, KernelClient, Message, parse
+from nbexec.kernel import MAX_DEPTH, MAX_FRAMES, KernelClient, Message, parse
 from nbexec.runner import Budget, CellOutcome
 
 KEY = "0123456789abcdef" * 4
@@ -94,7 +98,15 @@ RECEIVE_CASES: list[tuple[str, Script, list[str]]] = [
     ("header-not-utf8", lambda k: [k.frames("stream", STREAM, header=b'{"msg_type": "\xff"}')], ["protocol"]),
     ("msg-type-not-a-string", lambda k: [k.frames("stream", STREAM, header=b'{"msg_type": 1, "msg_id": "a"}')],
      ["protocol"]),
-    ("frame-over-maxmsgsize", lambda k: [k.frames("stream", b" " * (FRAME_LIMIT + 1))], ["protocol"]),
+    # Past the byte limit a message is read and dropped as it streams in: its size is known, its content is not.
+    ("content-over-the-limit", lambda k: [k.frames("stream", b" " * (FRAME_LIMIT + 1)), k.frames("stream", STREAM)],
+     ["stream:dropped", "stream"]),
+    # Buffers are not signed: dropped past the limit, the message is still whole (and charged for them).
+    ("buffers-over-the-limit", lambda k: [k.frames("stream", STREAM) + [b"b" * FRAME_LIMIT] * 3], ["stream"]),
+    ("headers-past-the-limit", lambda k: [[b"t" * FRAME_LIMIT, *k.frames("stream", STREAM)]], ["protocol"]),
+    ("too-many-frames", lambda k: [k.frames("stream", STREAM) + [b"b"] * MAX_FRAMES], ["protocol"]),
+    ("long-frames", lambda k: [k.frames("stream", b'{"name": "stdout", "text": "' + b"x" * 70000 + b'"}')],
+     ["stream"]),
 ]
 
 
@@ -109,21 +121,133 @@ def test_receive(kernel: FakeKernel, script: Script, expected: list[str]) -> Non
         except ProtocolError:
             seen.append("protocol")
             break
-        seen.append(message.msg_type if message is not None else "nothing")
+        seen.append("nothing" if message is None else message.msg_type + ("" if message.complete else ":dropped"))
     assert seen == expected
 
 
-def test_a_dropped_connection_is_noticed_at_once(kernel: FakeKernel) -> None:
-    kernel.iopub.send_multipart(kernel.frames("stream", b" " * (FRAME_LIMIT + 1)))
+def test_a_message_over_the_limit_is_never_held(kernel: FakeKernel) -> None:
+    """One message of 40 MiB in 1 MiB frames (libzmq would hold it all): the client keeps about one frame."""
+    extra = [b"b" * FRAME_LIMIT] * 40
+    tracemalloc.start()
+    try:
+        kernel.iopub.send_multipart(kernel.frames("stream", STREAM) + extra, copy=False)
+        message = kernel.client.recv("iopub", 10.0, parent="p1")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message is not None and message.complete and message.size >= 40 * FRAME_LIMIT
+    assert peak < 3 * FRAME_LIMIT, peak
+
+
+def test_a_closed_connection_is_noticed_at_once(kernel: FakeKernel) -> None:
+    kernel.iopub.close(linger=0)  # the kernel went away: end of file on the socket
     started = time.monotonic()
-    with pytest.raises(ProtocolError, match="dropped"):
+    with pytest.raises(ProtocolError, match="closed"):
         kernel.client.recv("iopub", 10.0)
     assert kernel.client.lost == "iopub" and time.monotonic() - started < 5
-    kernel.client.reopen("iopub")  # libzmq gave up on that connection; a new one works
-    deadline = time.monotonic() + 10
-    while kernel.client.recv("iopub", 0.05, parent="p1") is None:
-        assert time.monotonic() < deadline, "the reopened connection never received anything"
-        kernel.iopub.send_multipart(kernel.frames("stream", STREAM))
+    with pytest.raises(ProtocolError):  # and it stays closed
+        kernel.client.recv("iopub", 0)
+
+
+# -- ZMTP framing, from a raw peer ---------------------------------------------------------------------------
+
+def ready(socket_type: bytes) -> bytes:
+    return zmtp.command(b"READY", {"Socket-Type": socket_type, "Identity": b""})
+
+
+def frame(body: bytes, *, more: bool = False, long: bool = False, flags: int = 0) -> bytes:
+    flags |= zmtp.MORE if more else 0
+    if long or len(body) > 255:
+        return bytes((flags | zmtp.LONG,)) + len(body).to_bytes(8, "big") + body
+    return bytes((flags, len(body))) + body
+
+
+PEER = zmtp.GREETING[:11] + b"\x01" + zmtp.GREETING[12:]  # libzmq 4.3 announces ZMTP 3.1
+PING = frame(b"\x04PING\x00\x00" + b"ctx", flags=zmtp.COMMAND)
+LIMIT = 1000
+HANG_UP = b"<the peer closes the connection here>"
+# (id, what the peer sends after the greeting, expected: frames of each message received, or an error's words)
+RAW_CASES: list[tuple[str, bytes, list[Any]]] = [
+    ("short-and-long-frames", ready(b"XPUB") + frame(b"a", more=True) + frame(b"b", long=True, more=True)
+     + frame(b"c" * 300), [[b"a", b"b", b"c" * 300]]),
+    ("commands-between-messages-ignored", ready(b"PUB") + PING + frame(b"a") + PING + frame(b"b"),
+     [[b"a"], [b"b"]]),
+    ("over-the-limit-read-past", ready(b"XPUB") + frame(b"a", more=True) + frame(b"x" * LIMIT, more=True)
+     + frame(b"c") + frame(b"next"), [[b"a", None, None], [b"next"]]),
+    ("too-many-frames", ready(b"XPUB") + frame(b"a", more=True) * 100, ["more than 64 frames"]),
+    ("reserved-flags", ready(b"XPUB") + frame(b"a", flags=0x80), ["reserved flag"]),
+    ("eof-mid-frame", ready(b"XPUB") + frame(b"a" * 100)[:50] + HANG_UP, ["closed"]),
+    ("huge-frame-times-out", ready(b"XPUB") + b"\x02" + (2**62).to_bytes(8, "big") + b"x" * 100000, [None]),
+    ("wrong-socket-type", ready(b"DEALER"), ["cannot talk to"]),
+    ("no-ready", frame(b"a"), ["before its READY"]),
+    ("oversized-command", frame(b"\x05READY" + b"x" * 70000, flags=zmtp.COMMAND), ["malformed command"]),
+    ("error-command", frame(b"\x05ERROR\x06denied", flags=zmtp.COMMAND), ["refused the handshake: denied"]),
+    ("cut-property", frame(b"\x05READY\x0bSocket-Type\x00\x00\x00\x09SUB", flags=zmtp.COMMAND), ["cut short"]),
+]
+BAD_GREETINGS = [
+    ("not-zmtp", b"GET / HTTP/1.1\r\n" + bytes(48), "does not speak ZMTP 3"),
+    ("zmtp-2", PEER[:10] + b"\x01" + PEER[11:], "does not speak ZMTP 3"),
+    ("curve", PEER[:12] + b"CURVE".ljust(20, b"\0") + PEER[32:], "other than NULL"),
+    ("eof-in-greeting", PEER[:10] + HANG_UP, "closed"),
+]
+
+
+def raw_peer(path: Path, script: bytes) -> threading.Thread:
+    """A listening unix socket that answers one connection with ``script``; it closes the connection at
+    ``HANG_UP``, or else once the client has."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def serve() -> None:
+        with server, server.accept()[0] as peer:
+            peer.settimeout(10)
+            try:
+                peer.recv(64)
+                peer.sendall(script.removesuffix(HANG_UP))
+                while not script.endswith(HANG_UP) and peer.recv(65536):
+                    pass
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("script", "expected"), [c[1:] for c in RAW_CASES], ids=[c[0] for c in RAW_CASES])
+def test_zmtp(tmp_path: Path, script: bytes, expected: list[Any]) -> None:
+    raw_peer(tmp_path / "s", PEER + script)
+    seen: list[Any] = []
+    connection = None
+    try:
+        connection = zmtp.Connection.open(tmp_path / "s", "SUB", max_message=LIMIT, max_frames=MAX_FRAMES,
+                                          timeout=5)
+        for _ in expected:
+            message = connection.receive(0.5)
+            seen.append(None if message is None else [None if f is None else bytes(f) for f in message.frames])
+    except ProtocolError as exc:
+        seen.append(next((words for words in expected if isinstance(words, str) and words in str(exc)), str(exc)))
+    finally:
+        if connection is not None:
+            connection.close()
+    assert seen == expected
+
+
+@pytest.mark.parametrize(("greeting", "words"), [c[1:] for c in BAD_GREETINGS], ids=[c[0] for c in BAD_GREETINGS])
+def test_bad_greeting(tmp_path: Path, greeting: bytes, words: str) -> None:
+    raw_peer(tmp_path / "s", greeting)
+    with pytest.raises(ProtocolError, match=words):
+        zmtp.Connection.open(tmp_path / "s", "DEALER", max_message=LIMIT, max_frames=MAX_FRAMES, timeout=5)
+
+
+def test_sizes_are_counted_past_the_limit(tmp_path: Path) -> None:
+    raw_peer(tmp_path / "s", PEER + ready(b"ROUTER") + frame(b"a", more=True) + frame(b"x" * 5000))
+    connection = zmtp.Connection.open(tmp_path / "s", "DEALER", max_message=LIMIT, max_frames=MAX_FRAMES,
+                                      timeout=5)
+    message = connection.receive(5)
+    connection.close()
+    assert message is not None and message.sizes == (1, 5000) and message.frames == (b"a", None)
 
 
 def test_requests_are_signed(kernel: FakeKernel) -> None:
@@ -201,6 +325,10 @@ def error(traceback_lines: int = 3, line: int = 10) -> Message:
     return msg("error", {"ename": "E", "evalue": "v", "traceback": ["x" * line] * traceback_lines + ["last"]})
 
 
+def over_the_limit(kind: str, size: int) -> Message:
+    return Message("iopub", kind, uuid.uuid4().hex, "p1", size, b"", complete=False)
+
+
 def texts(cell: NotebookNode) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
@@ -236,6 +364,9 @@ BUDGET_CASES: list[tuple[str, list[Message], Judge]] = [
      lambda c, b, o: c.outputs[0].data["image/png"] == "p" * 5),
     ("unknown-type-ignored", [msg("nbexec_unknown", b"not even json"), msg("comm_msg", b"[")],
      lambda c, b, o: c.outputs == [] and o.status == "ok"),
+    ("over-the-frame-limit-counted-unread", [over_the_limit("display_data", 5000), stream("a")],
+     lambda c, b, o: b.dropped_frames == 1 and b.dropped_display == 5000 and "a" in texts(c)
+     and "larger than the whole output allowance" in texts(c)),
     ("execution-count-of-the-wrong-type", [msg("execute_input", {"execution_count": "7"})],
      lambda c, b, o: o.execution_count is None),
 ]
