@@ -15,6 +15,7 @@ host announces ZMTP 3.0, so a libzmq peer speaks 3.0 to it: subscriptions are me
 from __future__ import annotations
 
 import math
+import os
 import select
 import socket
 import time
@@ -74,10 +75,15 @@ class Connection:
         """Connect to the unix socket at ``path`` and complete the handshake within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        folder = -1
         try:
+            # A unix socket's path may not exceed 107 bytes, and TMPDIR can be long: connect through a
+            # descriptor of the folder (/proc/self/fd/N/name), which is short and never re-resolves the folder.
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            address = f"/proc/self/fd/{folder}/{path.name}" if os.path.isdir("/proc/self/fd") else str(path)
             while True:  # the socket file appears at bind(), a moment before listen()
                 try:
-                    sock.connect(str(path))
+                    sock.connect(address)
                     break
                 except (ConnectionRefusedError, FileNotFoundError) as exc:
                     if time.monotonic() > deadline:
@@ -88,6 +94,9 @@ class Connection:
         except BaseException:
             sock.close()
             raise
+        finally:
+            if folder >= 0:
+                os.close(folder)
         return connection
 
     def close(self) -> None:

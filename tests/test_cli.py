@@ -129,3 +129,13 @@ def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert owned_by(proc.pid) == []
     assert own_workdirs(proc.pid) == []
+
+
+def test_a_long_tmpdir_still_reaches_the_kernel(docker_ready: None, tmp_path: Path) -> None:
+    """The kernel's unix sockets live under TMPDIR; a path past the 107-byte socket-address limit must work."""
+    deep = tmp_path / ("long-folder-name-" * 6) / ("x" * 60)
+    deep.mkdir(parents=True, mode=0o700)
+    assert len(str(deep)) > 120
+    done = nbexec("run", "-", "--json", cwd=tmp_path, stdin="print(6 * 7)", env={"TMPDIR": str(deep)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout)["stdout"] == "42\n"
