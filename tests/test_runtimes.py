@@ -295,7 +295,7 @@ UNDER_RUNSC: dict[str, tuple[Callable[[nbexec.ExecutionResult], None], str]] = {
 @pytest.mark.load
 @pytest.mark.parametrize("case", HOSTILE_CASES, ids=[c.id for c in HOSTILE_CASES])
 def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str, runtimes.RuntimeCheck],
-                                                  canary: Path, listener: object, cleanup_ledger: None) -> None:
+                                                  canary: Path, listener: object, cleanup_ledger: None) -> None:  # noqa: F811
     """The hostile suite's own contained run (its limits, its listener, its canary), under gVisor."""
     working(checks, "runsc")
     run = hostile.prepare(case, listener)  # type: ignore[arg-type]
