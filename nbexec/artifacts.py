@@ -464,32 +464,11 @@ def _put_error(name: str, exc: OSError) -> FileTransferError:
 def get(data_dir: Path, name: str, *, max_bytes: int = 0) -> bytes:
     """Read /mnt/data/``name`` from the host: a regular file only, never through a link; refused by its size
     at fstat when over ``max_bytes``, and never read past that size."""
-    parts = _relative_parts(name)
-    root = os.open(data_dir, _DIR_FLAGS)
+    _, chunks = open_stream(data_dir, name, max_bytes=max_bytes)
     try:
-        try:
-            parent = _open_parent(root, parts)
-            try:
-                fd = os.open(parts[-1], _READ_FLAGS, dir_fd=parent)
-            finally:
-                os.close(parent)
-        except OSError as exc:
-            raise FileTransferError(f"{name!r} is not a readable regular file in /mnt/data ({exc.strerror})") from exc
-    finally:
-        os.close(root)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FileTransferError(f"{name!r} is not a regular file")
-        if max_bytes and st.st_size > max_bytes:
-            raise FileTransferError(f"{name!r} is larger than {max_bytes:,} bytes")
-        chunks, left = [], st.st_size
-        while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
-            chunks.append(chunk)
-            left -= len(chunk)
         return b"".join(chunks)
     finally:
-        os.close(fd)
+        chunks.close()
 
 
 def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, FileChunks]:
