@@ -150,13 +150,15 @@ def cleanup(client: docker.DockerClient, *, everything: bool = False,
     deleted), or all of them with ``everything``."""
     removed: list[Leftover] = []
     with translated("list nbexec containers"):
-        containers = client.containers.list(all=True, filters={"label": LABEL})
+        # sparse: the list call alone, so a container removed meanwhile cannot fail a per-container inspect
+        containers = client.containers.list(all=True, sparse=True, filters={"label": LABEL})
     for container in containers:
-        labels = container.labels
+        labels = container.attrs.get("Labels") or {}
         owner_label = labels.get(LABEL_OWNER, "")
         if not everything and owner_label and _owner_alive(labels) and not _mounts_from(container, mounting):
             continue
         with contextlib.suppress(docker.errors.NotFound), translated("remove a leftover container"):
             container.remove(force=True)
-        removed.append(Leftover(container.id[:12], container.name, owner_label, labels.get(LABEL_ROLE, "")))
+        name = (container.attrs.get("Names") or ["/"])[0].lstrip("/")
+        removed.append(Leftover(container.id[:12], name, owner_label, labels.get(LABEL_ROLE, "")))
     return removed

@@ -55,16 +55,22 @@ def settle(predicate: Callable[[], bool], timeout: float) -> None:
 
 def own_containers(*, include_pool: bool = False, role: str | None = None) -> list[str]:
     """Names of nbexec containers made by this test process (optionally of one role)."""
-    client = daemon.connect()
-    found = client.containers.list(all=True, filters={"label": f"{daemon.LABEL_OWNER}={daemon.owner()}"})
-    return [c.name for c in found if (include_pool or c.labels.get(daemon.LABEL_ROLE) != "pool")
-            and (role is None or c.labels.get(daemon.LABEL_ROLE) == role)]
+    found = _listed(f"{daemon.LABEL_OWNER}={daemon.owner()}")
+    return [name for name, labels in found if (include_pool or labels.get(daemon.LABEL_ROLE) != "pool")
+            and (role is None or labels.get(daemon.LABEL_ROLE) == role)]
+
+
+def _listed(label: str) -> list[tuple[str, dict[str, str]]]:
+    """(name, labels) of the containers with ``label``, from the list call alone (sparse): a container removed
+    while it is listed cannot fail a per-container inspect."""
+    found = daemon.connect().containers.list(all=True, sparse=True, filters={"label": label})
+    return [((c.attrs.get("Names") or ["/"])[0].lstrip("/"), c.attrs.get("Labels") or {}) for c in found]
 
 
 def owned_by(pid: int) -> list[str]:
     """Names of nbexec containers made by process ``pid`` of this machine (e.g. an `nbexec` subprocess)."""
     label = f"{daemon.LABEL_OWNER}={daemon.owner().rsplit(':', 1)[0]}:{pid}"
-    return [c.name for c in daemon.connect().containers.list(all=True, filters={"label": label})]
+    return [name for name, _ in _listed(label)]
 
 
 def own_workdirs(pid: int | None = None) -> list[Path]:
