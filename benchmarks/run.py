@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 
 import nbexec
-from nbexec import daemon, pool
+from nbexec.sandbox import daemon, pool
 
 WORKLOADS = {
     "print": "print(12345*54321)",

@@ -17,9 +17,9 @@ from common import QUESTION, load_dotenv, recording
 from openai.types.chat import ChatCompletion
 
 import nbexec
+from nbexec.integrations.toolcall import handle_openai_tool_call
+from nbexec.integrations.tools import openai_tool
 from nbexec.links import url_map
-from nbexec.toolcall import handle_openai_tool_call
-from nbexec.tools import openai_tool
 
 MAX_RETRIES = 3
 

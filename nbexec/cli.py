@@ -15,10 +15,11 @@ from typing import Any
 
 import click
 
-from . import __version__, daemon, datafs, image, render
+from . import __version__, render
 from .config import SandboxConfig, describe, from_env, store_from_env
 from .errors import ConfigError, NbexecError, NotebookError
 from .outputs import clean
+from .sandbox import daemon, datafs, image
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
@@ -303,7 +304,7 @@ def doctor() -> None:
 
 def _check_runtimes(config: SandboxConfig) -> int:
     """Start a test container with each supported runtime; a problem only when the configured one fails."""
-    from . import runtimes
+    from .sandbox import runtimes
 
     try:
         click.echo(f"ok   runtimes Docker knows: {', '.join(runtimes.engine_runtimes())}")
@@ -366,7 +367,7 @@ def mcp_command(transport: str, host: str, port: int, token_file: Path | None, m
         _fail(f"--host {host} is not a loopback address: give bearer tokens with --token-file or "
               "NBEXEC_API_TOKENS (or bind 127.0.0.1)", EXIT_USAGE, False)
     try:
-        from . import mcp_server
+        from .integrations import mcp as mcp_server
 
         config = build_config(options)
         server, clients = mcp_server.build(config, max_sessions=max_sessions)
@@ -417,7 +418,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     try:
         import uvicorn
 
-        from . import server
+        from .service import server
     except ImportError as exc:
         _fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
@@ -458,7 +459,7 @@ def cleanup(everything: bool, older_than: str | None) -> None:
     output folders. Without it, outputs are kept: the CLI never deletes what it handed back."""
     from . import folders as host_folders
     from .config import parse_duration
-    from .sandbox import remove_stale_workdirs, remove_tree
+    from .sandbox.container import remove_stale_workdirs, remove_tree
 
     try:
         old = host_folders.older_than(parse_duration(older_than)) if older_than is not None else []

@@ -16,11 +16,12 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from . import artifacts, datafs, folders, notebook, outputs, pool, uploads
+from . import artifacts, folders, notebook, outputs, uploads
 from .config import SandboxConfig, from_env, parse_size
 from .result import CellError, ExecutionResult
 from .runner import Budget, CellOutcome, OutputCallback, run_cell
-from .sandbox import Sandbox
+from .sandbox import datafs, pool
+from .sandbox.container import Sandbox
 from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from nbformat import NotebookNode, from_dict
 from . import outputs
 from .config import SandboxConfig, parse_size
 from .errors import ProtocolError
-from .kernel import MAX_CONTROL, Message
-from .sandbox import Sandbox
+from .sandbox.container import Sandbox
+from .sandbox.kernel import MAX_CONTROL, Message
 
 log = logging.getLogger(__name__)
 

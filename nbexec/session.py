@@ -19,7 +19,7 @@ from typing import Any
 
 from nbformat import NotebookNode
 
-from . import artifacts, folders, notebook, pool, uploads
+from . import artifacts, folders, notebook, uploads
 from .config import SandboxConfig, from_env
 from .errors import (
     FileTransferError,
@@ -31,7 +31,8 @@ from .errors import (
 from .execute import finish, prepare_output_dir, run_cells
 from .result import ExecutionResult, File
 from .runner import OutputCallback
-from .sandbox import Sandbox, remove_tree
+from .sandbox import pool
+from .sandbox.container import Sandbox, remove_tree
 from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)

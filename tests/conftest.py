@@ -22,8 +22,8 @@ import docker
 import pytest
 
 import nbexec
-from nbexec import daemon, pool
-from nbexec.sandbox import Sandbox, remove_tree, work_root
+from nbexec.sandbox import daemon, pool
+from nbexec.sandbox.container import Sandbox, remove_tree, work_root
 
 from . import azurite as azurite_module
 

@@ -94,7 +94,7 @@ def test_doctor_reports_engine_and_image(docker_ready: None, tmp_path: Path) -> 
 
 
 def test_cleanup_removes_orphans(docker_ready: None, tmp_path: Path) -> None:
-    from nbexec import daemon
+    from nbexec.sandbox import daemon
 
     client = daemon.connect()
     orphan = client.containers.create(IMAGE, command=["sleep", "60"], labels={

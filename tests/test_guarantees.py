@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec import Session, daemon, execute_notebook, pool
+from nbexec import Session, execute_notebook
+from nbexec.sandbox import daemon, pool
 
 from .conftest import (
     CONTAINER_ID,

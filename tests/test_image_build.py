@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec import daemon, image
+from nbexec.sandbox import daemon, image
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = os.environ.get("NBEXEC_IMAGE", "nbexec-jupyter:latest")

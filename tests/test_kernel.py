@@ -21,10 +21,11 @@ import zmq
 from jupyter_client.session import Session
 from nbformat import NotebookNode
 
-from nbexec import outputs, runner, zmtp
+from nbexec import outputs, runner
 from nbexec.errors import NbexecError, ProtocolError
-from nbexec.kernel import MAX_DEPTH, MAX_FRAMES, KernelClient, Message, parse
 from nbexec.runner import Budget, CellOutcome
+from nbexec.sandbox import zmtp
+from nbexec.sandbox.kernel import MAX_DEPTH, MAX_FRAMES, KernelClient, Message, parse
 
 KEY = "0123456789abcdef" * 4
 FRAME_LIMIT = 1024 * 1024

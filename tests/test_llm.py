@@ -14,8 +14,8 @@ import pytest
 from pydantic import TypeAdapter
 
 import nbexec
-from nbexec import tools
-from nbexec.toolcall import handle_anthropic_tool_use, handle_openai_function_call, handle_openai_tool_call
+from nbexec.integrations import tools
+from nbexec.integrations.toolcall import handle_anthropic_tool_use, handle_openai_function_call, handle_openai_tool_call
 
 from .conftest import IMAGE, own_children, own_workdirs, owned_by, settle
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec import daemon
+from nbexec.sandbox import daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "nbexec-sandbox"
@@ -152,7 +152,7 @@ def test_fresh_virtualenv_runs_doctor_and_code(wheel: Path, tmp_path: Path, dock
                      timeout=900)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
 
-    where = _run([venv / "bin" / "python", "-c", "import nbexec, nbexec.mcp_server; print(nbexec.__file__)"],
+    where = _run([venv / "bin" / "python", "-c", "import nbexec, nbexec.integrations.mcp; print(nbexec.__file__)"],
                  cwd=work, timeout=120)
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout  # the wheel's copy, not the checkout

@@ -5,7 +5,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import nbexec
-from nbexec import execute_notebook, pool
+from nbexec import execute_notebook
+from nbexec.sandbox import pool
 
 from .conftest import own_containers, own_workdirs
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec import Session, execute_notebook, runtimes
+from nbexec import Session, execute_notebook
+from nbexec.sandbox import runtimes
 
 from .conftest import IMAGE
 from .security import test_hostile as hostile

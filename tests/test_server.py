@@ -19,8 +19,8 @@ import pytest
 import uvicorn
 
 import nbexec
-from nbexec import daemon
-from nbexec.server import ServerSettings, create_app, token_id
+from nbexec.sandbox import daemon
+from nbexec.service.server import ServerSettings, create_app, token_id
 
 from .azurite import free_port
 from .conftest import CONTAINER_ID, IMAGE, container_id, wait_until

@@ -284,7 +284,7 @@ def test_tool_handlers_with_an_uploading_store_keep_no_run_folder(config: nbexec
                                                                    azurite: Azurite) -> None:
     """A tool handler that serves many calls: once the reply is built and the files uploaded, the one-shot's
     folder is gone from the host; the link in the reply still reads the file."""
-    from nbexec.toolcall import handle_anthropic_tool_use
+    from nbexec.integrations.toolcall import handle_anthropic_tool_use
 
     seen: list[nbexec.ExecutionResult] = []
     code = "open('/mnt/data/out.txt', 'w').write('kept in the store')\nprint('done')"

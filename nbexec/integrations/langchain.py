@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import tools
 from ..config import SandboxConfig
 from ..result import ExecutionResult
 from ..session import SessionManager
 from ..storage import ArtifactStore
-from ..toolcall import _outcome
+from . import tools
+from .toolcall import _outcome
 
 try:
     from langchain_core.tools import StructuredTool

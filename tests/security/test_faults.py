@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec import daemon, pool
+from nbexec.sandbox import daemon, pool
 
 from ..conftest import IMAGE, own_containers, own_workdirs, wait_until
 
@@ -112,7 +112,7 @@ def test_docker_engine_restart_mid_run(cleanup_ledger: None, tmp_path: Path) -> 
     recovered = nbexec.execute_notebook("print('back')", config=config)
     assert recovered.ok and recovered.stdout == "back\n"
     pool.shutdown()
-    nbexec.pool.wait_for_teardown()
+    nbexec.sandbox.pool.wait_for_teardown()
     for name in own_containers(include_pool=True):  # sandboxes the dead engine could not remove
         daemon.connect().containers.get(name).remove(force=True)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec import daemon
+from nbexec.sandbox import daemon
 
 from ..conftest import IMAGE
 
@@ -234,7 +234,8 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_cleanup_older_than_removes_old_folders_and_their_containers(
         cleanup_ledger: None, shared_tmp: Path) -> None:
-    from nbexec import execute, sandbox
+    from nbexec import execute
+    from nbexec.sandbox import container as sandbox
 
     outputs = {age: execute.prepare_output_dir(None, f"age-{age}") for age in ("old", "new")}
     for folder in outputs.values():

@@ -24,7 +24,7 @@ import anyio
 import httpx
 import pytest
 
-from nbexec import daemon
+from nbexec.sandbox import daemon
 
 from ..conftest import IMAGE
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nbexec import artifacts, daemon
+from nbexec import artifacts
 from nbexec.errors import FileTransferError
+from nbexec.sandbox import daemon
 
 from ..azurite import free_port
 from ..conftest import CONTAINER_ID, IMAGE, container_id

@@ -15,8 +15,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .config import host_from_env
-from .errors import DockerError, DockerUnavailableError, ImageNotFoundError
+from ..config import host_from_env
+from ..errors import DockerError, DockerUnavailableError, ImageNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from . import pool
-from .config import SandboxConfig
-from .errors import SessionNotFoundError, StorageError
-from .result import ExecutionResult
-from .sandbox import WORKDIR_PREFIX, remove_tree, work_root
-from .session import Session, SessionManager
-from .storage import ArtifactStore
+from ..config import SandboxConfig
+from ..errors import SessionNotFoundError, StorageError
+from ..result import ExecutionResult
+from ..sandbox import pool
+from ..sandbox.container import WORKDIR_PREFIX, remove_tree, work_root
+from ..session import Session, SessionManager
+from ..storage import ArtifactStore
 
 log = logging.getLogger(__name__)
 IO_THREADS = 2  # per token, for file and session work besides runs

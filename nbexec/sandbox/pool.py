@@ -15,10 +15,10 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..config import SandboxConfig
+from ..errors import NbexecError, SandboxError
 from . import daemon, kernel, runtimes
-from .config import SandboxConfig
-from .errors import NbexecError, SandboxError
-from .sandbox import Sandbox, remove_stale_workdirs
+from .container import Sandbox, remove_stale_workdirs
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import docker
 import docker.utils
 
+from ..config import DEFAULT_IMAGE
+from ..errors import ConfigError, DockerError
 from . import daemon
-from .config import DEFAULT_IMAGE
-from .errors import ConfigError, DockerError
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ import docker
 import docker.errors
 import docker.types
 
+from ..config import SandboxConfig, parse_size
+from ..errors import DockerError, SandboxError
+from ..folders import work_root
 from . import daemon, datafs, kernel
-from .config import SandboxConfig, parse_size
-from .errors import DockerError, SandboxError
-from .folders import work_root
 
 log = logging.getLogger(__name__)
 

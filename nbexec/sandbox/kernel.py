@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ProtocolError
 from . import zmtp
-from .errors import ProtocolError
 
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)

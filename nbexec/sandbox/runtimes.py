@@ -24,10 +24,10 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from ..config import SandboxConfig
+from ..errors import ConfigError
+from ..folders import work_root
 from . import daemon
-from .config import SandboxConfig
-from .errors import ConfigError
-from .folders import work_root
 
 DEFAULT = "runc"
 SUPPORTED = {

@@ -1,0 +1,161 @@
+"""Run a model's tool call and answer in that API's shape. Malformed calls and sandbox failures come back to the
+model as tool errors; nothing here raises into the caller's loop.
+
+Every handler takes ``config``, ``sessions`` (a SessionManager: stateful, by ``session_id``), ``conversation``
+(the caller's key for the chat: a session made in one conversation is not found from another sharing the same
+SessionManager), ``store`` and ``on_result`` (called with each ExecutionResult, e.g. to keep the file links for
+the final answer).
+
+Session ids are issued by nbexec, never chosen by the model: an id nbexec did not issue to this conversation is a
+tool error telling the model to omit it, so a model cannot create or join a session by naming one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..config import SandboxConfig
+from ..errors import NbexecError, SessionError
+from ..execute import execute_notebook
+from ..folders import output_root
+from ..result import ExecutionResult
+from ..sandbox.container import remove_tree
+from ..session import Session, SessionManager
+from ..storage import ArtifactStore
+from . import tools
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(arguments, None) or (None, an error message for the model)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            return None, ('The arguments were not JSON. Call the tool with a JSON object such as '
+                          '{"code": "print(1 + 1)"}.')
+    if not isinstance(raw, Mapping):
+        return None, 'The arguments must be a JSON object such as {"code": "print(1 + 1)"}.'
+    code = raw.get("code")
+    if not isinstance(code, str) or not code.strip():
+        return None, 'The "code" argument is missing or empty: pass the Python source to run as "code".'
+    session_id = raw.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        return None, 'The "session_id" argument must be a string.'
+    return dict(raw), None
+
+
+def _scope(conversation: str | None) -> str:
+    """The prefix of the session ids issued to ``conversation`` (none without one)."""
+    if conversation is None:
+        return ""
+    return "c" + hashlib.sha256(conversation.encode("utf-8")).hexdigest()[:16] + "-"
+
+
+def _session(sessions: SessionManager, session_id: str | None, conversation: str | None,
+             store: ArtifactStore | None) -> Session | str:
+    """The conversation's session named ``session_id``, a new one without an id, or a message for the model."""
+    scope = _scope(conversation)
+    if not session_id:
+        try:
+            return sessions.create(session_id=scope + uuid.uuid4().hex, store=store)
+        except SessionError as exc:
+            return f"Cannot start a session: {exc}"
+    unknown = (f"There is no session {session_id[:80]!r} in this conversation (it was closed, reaped after "
+               "being idle, or never issued). Omit session_id to start a new session; its id comes back in the "
+               "result.")
+    if not re.fullmatch(re.escape(scope) + "[0-9a-f]{32}", session_id):
+        return unknown
+    try:
+        return sessions.get(session_id)
+    except SessionError:
+        return unknown
+
+
+def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, sessions: SessionManager | None = None,
+        store: ArtifactStore | None = None, conversation: str | None = None) -> ExecutionResult | str:
+    """Execute parsed arguments one-shot, or in the conversation's session when ``sessions`` is given."""
+    code = arguments["code"]
+    session_id = arguments.get("session_id")
+    if sessions is None:
+        return execute_notebook(code, config=config, store=store)
+    session = _session(sessions, session_id, conversation, store)
+    if isinstance(session, str):
+        return session
+    try:
+        result = session.run(code)
+    except SessionError as exc:
+        return f"{exc}"
+    if not session_id:  # the model must learn the id to keep its state
+        note = f"[session_id: {session.id}; pass it again to keep variables and files]\n"
+        result = dataclasses.replace(result, text=note + result.text)
+    return result
+
+
+def _outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None,
+             **options: Any) -> tuple[ExecutionResult | None, str | None]:
+    arguments, problem = parse_arguments(raw_arguments)
+    if arguments is None:
+        return None, problem
+    try:
+        outcome = run(arguments, **options)
+    except NbexecError as exc:  # the sandbox itself failed: tell the model it was not its fault
+        return None, f"The sandbox is unavailable ({exc}). This is not an error in the code; try again later."
+    if isinstance(outcome, str):
+        return None, outcome
+    if on_result is not None:
+        on_result(outcome)
+    return outcome, None
+
+
+def _retire(result: ExecutionResult | None, options: Mapping[str, Any]) -> None:
+    """Delete a one-shot run's folder once its reply is built, when its files went to a store that uploads (the
+    links are all the model and the caller get); a local store's files stay, as their links point at them."""
+    store = options.get("store")
+    if result is None or options.get("sessions") is not None or store is None:
+        return
+    folder = Path(result.output_dir)
+    if store.local_url(folder) is None and folder.parent == output_root():
+        remove_tree(folder)
+
+
+def handle_openai_tool_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
+    """Chat Completions: take a tool call (SDK object or dict) and return the ``role: tool`` message."""
+    function = _field(call, "function", {})
+    result, problem = _outcome(_field(function, "arguments", "{}"), **options)
+    content = f"Tool error: {problem}" if problem else tools.render_for_llm(result, budget=budget)  # type: ignore[arg-type]
+    _retire(result, options)
+    return {"role": "tool", "tool_call_id": _field(call, "id", ""), "content": content}
+
+
+def handle_openai_function_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
+    """Responses API: take a ``function_call`` item and return the ``function_call_output`` item (with images)."""
+    result, problem = _outcome(_field(call, "arguments", "{}"), **options)
+    output: Any = f"Tool error: {problem}" if problem else tools.openai_content(result, budget=budget)  # type: ignore[arg-type]
+    _retire(result, options)
+    return {"type": "function_call_output", "call_id": _field(call, "call_id", ""), "output": output}
+
+
+def handle_anthropic_tool_use(block: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
+    """Messages API: take a ``tool_use`` block and return the ``tool_result`` block (text and images)."""
+    result, problem = _outcome(_field(block, "input", {}), **options)
+    if problem:
+        return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": True,
+                "content": [{"type": "text", "text": f"Tool error: {problem}"}]}
+    assert result is not None
+    content = tools.anthropic_content(result, budget=budget)
+    _retire(result, options)
+    return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": not result.ok,
+            "content": content}

@@ -1,0 +1,143 @@
+"""LLM tool definitions and model-facing rendering: what the model is told, and what it gets back. Pure."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from ..config import SandboxConfig
+from ..outputs import clean
+from ..result import ExecutionResult
+
+DEFAULT_NAME = "execute_python"  # never "python": models tuned on ChatGPT's tool send that one bare strings
+DEFAULT_BUDGET = 8000
+LIBRARIES = "numpy, pandas, matplotlib, scipy, seaborn, scikit-learn, pillow, openpyxl, sympy"
+
+
+def description(config: SandboxConfig | None = None, *, stateful: bool = False) -> str:
+    """The truth about the environment, as configured, for the model."""
+    config = config or SandboxConfig()
+    state = ("State persists between calls that pass the session_id the first call returned (variables, imports, "
+             "files)."
+             if stateful else "Each call starts a fresh Python process: nothing persists between calls.")
+    network = "The sandbox has internet access." if config.network else \
+        "There is no internet access: do not try to download data or install packages."
+    return (
+        "Execute Python code in a sandboxed Jupyter kernel and return its output. "
+        f"{state} Save files to /mnt/data (the working directory); they are returned to the user as links, "
+        "and you can reference them as sandbox:/mnt/data/<name>. Charts shown with plt.show() or display() "
+        f"are shown to the user automatically. {network} Each call is limited to {config.timeout:g} s and "
+        f"{config.memory} of memory. Installed: {LIBRARIES}. Print what you need to see: only printed output "
+        "and the last expression's value come back."
+    )
+
+
+def json_schema(*, sessions: bool = False) -> dict[str, Any]:
+    """The tool's parameters as JSON Schema: ``code`` (required) and, with sessions, ``session_id``."""
+    properties: dict[str, Any] = {"code": {"type": "string", "description": "Python source to run."}}
+    if sessions:
+        properties["session_id"] = {"type": "string", "description": (
+            "The session_id an earlier call returned, to keep its state; omit it to start a new session. "
+            "Never make one up.")}
+    return {"type": "object", "properties": properties, "required": ["code"], "additionalProperties": False}
+
+
+def openai_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_NAME, sessions: bool = False,
+                api: str = "chat") -> dict[str, Any]:
+    """A function tool for OpenAI's Chat Completions (``api="chat"``) or Responses API (``api="responses"``)."""
+    body = {"name": name, "description": description(config, stateful=sessions),
+            "parameters": json_schema(sessions=sessions)}
+    if api == "responses":  # strict schemas need every property required: true only without session_id
+        return {"type": "function", **body, "strict": not sessions}
+    if api != "chat":
+        raise ValueError("api must be 'chat' or 'responses'")
+    return {"type": "function", "function": body}
+
+
+def anthropic_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_NAME,
+                   sessions: bool = False) -> dict[str, Any]:
+    """A client tool for Anthropic's Messages API."""
+    return {"name": name, "description": description(config, stateful=sessions),
+            "input_schema": json_schema(sessions=sessions)}
+
+
+def _trim_traceback(lines: tuple[str, ...]) -> list[str]:
+    """Keep the user's frames (``Cell In[...]``) and the final error line; count the library frames dropped."""
+    if not lines:
+        return []
+    kept = [line for line in lines[1:-1] if line.lstrip().startswith(("Cell In[", "<ipython-input", "Input In ["))]
+    dropped = max(0, len(lines) - 2 - len(kept))
+    note = [f"({dropped} frame{'s' if dropped != 1 else ''} inside libraries omitted)"] if dropped else []
+    return kept + note + [lines[-1]]
+
+
+def _hint(result: ExecutionResult) -> str:
+    error = result.error
+    assert error is not None
+    return {
+        "exception": "Fix the code and call the tool again.",
+        "timeout": "The code ran out of time: make it faster or work on less data, then call the tool again.",
+        "oom": "The code ran out of memory: use less (smaller data, chunks), then call the tool again.",
+        "kernel_died": "The Python process crashed; its variables are lost. Avoid what crashed it and retry.",
+        "limit": "Too much data was written to /mnt/data: write less and call the tool again.",
+    }.get(error.kind, "Fix the code and call the tool again.")
+
+
+def truncate(text: str, budget: int) -> str:
+    """Keep the head and the tail of ``text`` within ``budget`` characters, saying how much was cut."""
+    if len(text) <= budget:
+        return text
+    marker = "\n[... {} characters omitted ...]\n"
+    room = max(0, budget - len(marker.format(len(text))))
+    head, tail = text[: room * 2 // 3], text[len(text) - room // 3:] if room // 3 else ""
+    return head + marker.format(len(text) - len(head) - len(tail)) + tail
+
+
+def render_for_llm(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET) -> str:
+    """Compact text for the model: output, the error with the user's frames and a hint, files and images."""
+    parts = []
+    text = clean(result.text).strip("\n")
+    if text:
+        parts.append(text)
+    if result.error is not None:
+        error = result.error
+        trace = clean("\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}")
+        parts.append(f"Error ({error.kind}):\n{trace}\n{_hint(result)}")
+    if result.files:
+        parts.append("Files in /mnt/data:\n" + "\n".join(
+            f"- {clean(f.name)} ({f.size:,} bytes): {clean(f.url or f.path)}" for f in result.files))
+    if result.images:
+        parts.append("Images shown to the user:\n" + "\n".join(
+            f"- {clean(Path(i.path).name)}: {clean(i.url or i.path)}" for i in result.images))
+    body = "\n\n".join(parts) or "(no output)"
+    return truncate(body, budget)
+
+
+def _encoded_images(result: ExecutionResult, max_images: int) -> list[tuple[str, str]]:
+    """(mime, base64) of the first raster images a model API accepts (SVG is left out)."""
+    encoded = []
+    for image in result.images[:max_images]:
+        if image.mime not in ("image/png", "image/jpeg", "image/gif"):
+            continue
+        try:
+            encoded.append((image.mime, base64.b64encode(Path(image.path).read_bytes()).decode("ascii")))
+        except OSError:
+            continue
+    return encoded
+
+
+def anthropic_content(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET,
+                      max_images: int = 4) -> list[dict[str, Any]]:
+    """Content blocks for an Anthropic tool_result: the text, then the images."""
+    return [{"type": "text", "text": render_for_llm(result, budget=budget)}] + [
+        {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
+        for mime, data in _encoded_images(result, max_images)]
+
+
+def openai_content(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET,
+                   max_images: int = 4) -> list[dict[str, Any]]:
+    """Content parts for an OpenAI Responses ``function_call_output``: input_text, then input_image."""
+    return [{"type": "input_text", "text": render_for_llm(result, budget=budget)}] + [
+        {"type": "input_image", "image_url": f"data:{mime};base64,{data}"}
+        for mime, data in _encoded_images(result, max_images)]
