@@ -9,6 +9,7 @@ temporary folder private to this test session (TMPDIR), and processes by being c
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import signal
@@ -114,20 +115,29 @@ def output_root() -> Path:
     return work_root().parent / "nbexec-output"
 
 
-def own_children() -> dict[int, str]:
-    """Live (not zombie) child processes of this test process: pid -> command line."""
+def children_of(pid: int) -> dict[int, str]:
+    """Live (not zombie) child processes of ``pid``, from the kernel's list of each of its threads' children (no
+    scan of the machine's processes): pid -> command line."""
     children = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) != os.getpid() or fields[0] == "Z":
-                continue
-            children[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
+            pids = [int(p) for p in Path(task).read_text().split()]
+        except OSError:
             continue
+        for child in pids:
+            try:
+                if (Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split() or ["Z"])[0] == "Z":
+                    continue
+                children[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
+            except OSError:
+                continue
     return children
+
+
+def own_children() -> dict[int, str]:
+    """Live child processes of this test process: pid -> command line."""
+    return children_of(os.getpid())
 
 
 @pytest.fixture(scope="session", autouse=True)

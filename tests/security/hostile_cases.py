@@ -36,6 +36,7 @@ class Observed:
     result: ExecutionResult | None
     received: bytes = b""
     survivors: tuple[str, ...] = ()
+    sandboxes: tuple[str, ...] = ()  # ids of the containers the run used
 
 
 Succeeded = Callable[[Observed], None]

@@ -68,8 +68,12 @@ def test_container_killed_from_outside(cleanup_ledger: None) -> None:
 
 
 def _dockerd_pid() -> int | None:
-    found = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
-    return int(found[0]) if found else None
+    """The engine's pid from its pid file (dockerd's default --pidfile), while that process is dockerd."""
+    try:
+        pid = int(Path("/var/run/docker.pid").read_text())
+        return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd" else None
+    except (OSError, ValueError):
+        return None
 
 
 @pytest.mark.skipif(os.environ.get("NBEXEC_ALLOW_DOCKER_RESTART") != "1",

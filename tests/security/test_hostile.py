@@ -127,13 +127,33 @@ def contained_config(case: Case, canary: Path) -> nbexec.SandboxConfig:
     return base.replace(**{"timeout": 20 if case.wall_s > 30 else 4, **case.contained})
 
 
-def survivors(mark: str) -> list[str]:
-    """Command lines of processes on this machine that carry this run's unique mark."""
+def sandboxes_since(since: float) -> list[str]:
+    """Ids of the containers this test process created since ``since`` (Docker's events, by its owner label)."""
+    events = daemon.connect().events(since=int(since) - 1, until=int(time.time()) + 1, decode=True, filters={
+        "type": "container", "event": "create", "label": f"{daemon.LABEL_OWNER}={daemon.owner()}"})
+    return [event["id"] for event in events]
+
+
+def _pids_cgroups(container: str) -> list[Path]:
+    """Where the container's pids cgroup lives, for each cgroup version and driver Docker may use. A process
+    cannot leave it, and Docker cannot remove it while it holds one."""
+    root = Path("/sys/fs/cgroup")
+    return [root / "pids" / "docker" / container, root / "pids" / "system.slice" / f"docker-{container}.scope",
+            root / "docker" / container, root / "system.slice" / f"docker-{container}.scope"]
+
+
+def survivors(containers: list[str], mark: str) -> list[str]:
+    """Command lines of the processes carrying this run's unique mark in these containers' cgroups (no scan of
+    the machine's processes: only what the test's own sandboxes hold)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+    for path in (p for container in containers for p in _pids_cgroups(container)):
+        try:
+            pids = (path / "cgroup.procs").read_text().split()
+        except OSError:  # gone with its container, or another layout
+            continue
+        for pid in pids:
             try:
-                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
             if mark in line:
@@ -145,7 +165,7 @@ def survivors(mark: str) -> list[str]:
 def test_hostile_program_is_contained(case: Case, canary: Path, listener: Listener, cleanup_ledger: None) -> None:
     run = prepare(case, listener)
     before = (canary.stat().st_mtime_ns, hashlib.sha256(canary.read_bytes()).hexdigest())
-    started = time.monotonic()
+    since, started = time.time(), time.monotonic()
     result = nbexec.execute_notebook(run.code, config=contained_config(case, canary))
     elapsed = time.monotonic() - started
     case.check(result)
@@ -155,8 +175,10 @@ def test_hostile_program_is_contained(case: Case, canary: Path, listener: Listen
     assert os.path.exists(result.notebook_path or "")
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"
     pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
-    settle(lambda: not survivors(run.mark), 5)
-    assert survivors(run.mark) == []
+    sandboxes = sandboxes_since(since)
+    assert sandboxes, "the run's sandbox was not seen"
+    settle(lambda: not survivors(sandboxes, run.mark), 5)
+    assert survivors(sandboxes, run.mark) == []
 
 
 CONTROLLED = [c for c in CASES if c.control is not None]
@@ -183,12 +205,14 @@ def observe(run: Run, config: nbexec.SandboxConfig, listener: Listener) -> Obser
     control = run.case.control
     assert control is not None
     if control.kept:  # the sandbox stays up (a session): the marked processes must be visible on the host
+        since = time.time()
         with nbexec.Session(config) as session:
             result = session.run(run.code)
-            settle(lambda: bool(survivors(run.mark)), 10)
-            seen = tuple(survivors(run.mark))
+            sandboxes = sandboxes_since(since)
+            settle(lambda: bool(survivors(sandboxes, run.mark)), 10)
+            seen = tuple(survivors(sandboxes, run.mark))
         pool.wait_for_teardown()
-        return Observed(result.stdout, result, survivors=seen)
+        return Observed(result.stdout, result, survivors=seen, sandboxes=tuple(sandboxes))
     result = nbexec.execute_notebook(run.code, config=config)
     settle(lambda: bool(listener.got(run.token)), 3 if "@TOKEN@" in run.case.code else 0)
     return Observed(result.stdout, result, listener.got(run.token))
@@ -213,7 +237,8 @@ def test_attack_succeeds_with_its_defence_removed(case: Case, canary: Path, list
         with pytest.raises((AssertionError, pytest.fail.Exception)):
             case.check(seen.result)
     if control.kept:  # and once the session is closed, the marked processes are gone
-        wait_until(lambda: not survivors(run.mark), 10, "marked processes outlived the closed session")
+        wait_until(lambda: not survivors(list(seen.sandboxes), run.mark), 10,
+                   "marked processes outlived the closed session")
 
 
 def test_every_case_has_a_control_or_says_why_not() -> None:

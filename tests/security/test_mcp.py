@@ -26,7 +26,7 @@ import pytest
 
 from nbexec.sandbox import daemon
 
-from ..conftest import IMAGE
+from ..conftest import IMAGE, children_of
 
 
 def _free_port() -> int:
@@ -58,15 +58,7 @@ class McpProcess:
         return [entry for root in roots for entry in root.iterdir()]
 
     def children(self) -> list[int]:
-        found = []
-        for stat_file in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat_file.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.process.pid:
-                found.append(int(stat_file.parent.name))
-        return found
+        return list(children_of(self.process.pid))
 
 
 def _environment(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -30,7 +30,7 @@ from nbexec.errors import FileTransferError
 from nbexec.sandbox import daemon
 
 from ..azurite import free_port
-from ..conftest import CONTAINER_ID, IMAGE, container_id
+from ..conftest import CONTAINER_ID, IMAGE, children_of, container_id
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_A = "token-a-" + "a" * 24
@@ -82,13 +82,7 @@ class Served:
 
 
 def _children(pid: int) -> set[int]:
-    found = set()
-    for task in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            found |= {int(p) for p in Path(task).read_text().split()}
-        except OSError:
-            continue
-    return found
+    return set(children_of(pid))
 
 
 def start_serve(tmp: Path, *args: str, no_auth: bool = False, env: dict[str, str] | None = None) -> Served:
