@@ -6,7 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const ANSI = /\u001b\[[0-9;]*[A-Za-z]/g;
 const IMAGES = ["image/png", "image/jpeg", "image/gif", "image/svg+xml"];
-const state = { token: "", session: null, busy: false };
+const state = { token: "", session: null, busy: false, abort: null };
 
 function api(path, options = {}) {
   const headers = new Headers(options.headers || {});
@@ -200,7 +200,9 @@ async function connect(event) {
 async function run() {
   if (state.busy || !state.token) return;
   state.busy = true;
+  state.abort = new AbortController();
   $("run").disabled = true;
+  $("stop").disabled = false;
   const block = element("article", "run");
   block.imageCount = 0;
   block.append(element("pre", "code", $("code").value));
@@ -210,7 +212,7 @@ async function run() {
     const session = await ensureSession();
     const response = await api("/v1/sessions/" + encodeURIComponent(session) + "/execute?stream=true", {
       method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ code: $("code").value }),
+      body: JSON.stringify({ code: $("code").value }), signal: state.abort.signal,
     });
     if (response.status === 404) {
       state.session = null;
@@ -219,11 +221,18 @@ async function run() {
     if (!response.ok) throw new Error(response.status + ": " + (await problem(response)));
     await follow(block, response);
   } catch (error) {
-    block.append(element("p", "failure", String(error.message || error)));
-    setStatus("Failed: " + (error.message || error), "failed");
+    if (error.name === "AbortError") {
+      block.append(element("p", "failure", "Stopped: the server interrupts the run when the stream closes."));
+      setStatus("Stopped.", "stopped");
+    } else {
+      block.append(element("p", "failure", String(error.message || error)));
+      setStatus("Failed: " + (error.message || error), "failed");
+    }
   } finally {
     state.busy = false;
+    state.abort = null;
     $("run").disabled = false;
+    $("stop").disabled = true;
   }
 }
 
@@ -260,6 +269,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("token-form").addEventListener("submit", connect);
   $("run").addEventListener("click", run);
   $("reset").addEventListener("click", reset);
+  $("stop").addEventListener("click", () => state.abort && state.abort.abort());
   $("code").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
       event.preventDefault();
