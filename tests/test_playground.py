@@ -148,8 +148,8 @@ def test_the_playground_runs_code_in_a_browser(served: Served, browser: Any, tmp
 
 
 def test_stop_interrupts_a_streamed_run(served: Served, browser: Any) -> None:
-    if _status(browser) not in FINISHED + ("idle",):  # this test follows the one above, on the same page
-        pytest.fail("the page is not connected", pytrace=False)
+    browser.get(f"{served.url}/")
+    _connect(browser, TOKEN_A)
     session = _text(browser, "#session").removeprefix("session ")
     code = "import time\nprint('first', flush=True)\ntime.sleep(60)\nprint('never')"
     browser.execute_script("document.getElementById('code').value = arguments[0];", code)
