@@ -4,10 +4,12 @@
 #
 #   scripts/setup.sh          # run code: Docker engine, python3-venv, .venv with nbexec, the runtime image
 #   scripts/setup.sh --test   # the above, plus what the tests need: nbexec's test and lint extras in .venv,
-#                             # Node.js and npm, and Azurite + TypeScript in .tools/ (scripts/test-tools/)
+#                             # Node.js and npm, Azurite + TypeScript in .tools/ (scripts/test-tools/), and
+#                             # Chromium with its driver for the playground's browser test
 #
 # apt packages, each only when missing: docker.io (and debootstrap where no registry answers), python3-venv,
-# ca-certificates; with --test also nodejs and npm. Node is never needed to run code, only for the tests.
+# ca-certificates; with --test also nodejs, npm, chromium and chromium-driver (Debian's; Ubuntu ships Chromium
+# as a snap instead). Node and Chromium are never needed to run code, only for the tests.
 #
 # Environment: NBEXEC_IMAGE (tag to build), NBEXEC_CA_BUNDLE (CA file for pip inside the build; defaults to
 # the system bundle when it exists), NBEXEC_AIRGAPPED=1 (always build on a debootstrapped Debian base).
@@ -18,7 +20,7 @@ WITH_TESTS=0
 for arg in "$@"; do
     case "$arg" in
         --test) WITH_TESTS=1 ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
     esac
 done
@@ -112,8 +114,13 @@ ensure_test_tools() {
     npm ci --silent --no-audit --no-fund --prefix .tools >/dev/null
 }
 
+ensure_browser() {
+    # The playground test drives a real headless Chromium through Selenium with Debian's matching driver.
+    apt_install chromium chromium-driver
+}
+
 ensure_base_packages
 ensure_docker
 ensure_venv
 ensure_image
-if [ "$WITH_TESTS" = 1 ]; then ensure_test_tools; fi
+if [ "$WITH_TESTS" = 1 ]; then ensure_test_tools; ensure_browser; fi

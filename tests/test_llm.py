@@ -158,7 +158,8 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
             error = await client.call_tool("execute_python", {"code": "1/0"})
             resources = await client.list_resources()
             content = await client.read_resource(resources.resources[0].uri)
-            return {"tools": [t.name for t in listed.tools], "first": first, "second": second, "error": error,
+            return {"tools": [t.name for t in listed.tools], "schema": listed.tools[0].input_schema,
+                    "first": first, "second": second, "error": error,
                     "resources": [r.name for r in resources.resources], "content": content}
 
     servers: list[int] = []
@@ -170,6 +171,7 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
     assert owned_by(servers[0]) == [], "the MCP server left its session container behind"
     assert own_workdirs(servers[0]) == [], "the MCP server left its working folders behind"
     assert out["tools"] == ["execute_python"]
+    assert out["schema"] == tools.json_schema()  # the same arguments model as the OpenAI and Anthropic tools
     assert not out["first"].is_error
     assert [c.type for c in out["second"].content] == ["text", "image"]
     assert out["second"].content[0].text.startswith("42")

@@ -82,6 +82,21 @@ def test_health_ready_metrics(service: Running) -> None:
         assert "nbexec_live_sessions" in client.get("/metrics").text
 
 
+def test_metrics_count_executions_in_the_prometheus_format(service: Running) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with service.client() as client:
+        assert client.post("/v1/execute", json={"code": "1/0"}).json()["ok"] is False
+        response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(response.text) for s in family.samples}
+    assert samples[("nbexec_executions_total", (("kind", "oneshot"),))] >= 1
+    assert samples[("nbexec_failures_total", (("kind", "exception"),))] >= 1
+    assert samples[("nbexec_execution_seconds_count", ())] >= 1
+    assert ("nbexec_live_sessions", ()) in samples and ("nbexec_pool_ready", ()) in samples
+
+
 def test_auth_is_required(service: Running) -> None:
     with service.client(None) as anonymous, service.client("wrong-token-xxxxxxxxxxxx") as wrong:
         assert anonymous.post("/v1/execute", json={"code": "1"}).status_code == 401
@@ -180,7 +195,20 @@ def test_openapi_documents_the_routes(service: Running) -> None:
     for route in ("/v1/execute", "/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/execute",
                   "/v1/sessions/{session_id}/files", "/v1/sessions/{session_id}/files/{name}", "/healthz"):
         assert route in paths, route
-
+    with service.client(None) as client:
+        document = client.get("/openapi.json").json()
+    scheme = document["components"]["securitySchemes"]["HTTPBearer"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    execute = document["paths"]["/v1/execute"]["post"]
+    assert execute["security"] == [{"HTTPBearer": []}]
+    assert "security" not in document["paths"]["/healthz"]["get"]
+    ok = execute["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/ResultModel"}
+    assert "text/event-stream" in ok
+    result = document["components"]["schemas"]["ResultModel"]
+    assert {"ok", "stdout", "error", "files", "images"} <= set(result["required"])
+    session = document["paths"]["/v1/sessions"]["post"]["responses"]["201"]["content"]["application/json"]
+    assert session["schema"] == {"$ref": "#/components/schemas/SessionModel"}
 
 
 def test_fuzzing_finds_no_server_error(service: Running) -> None:
@@ -223,6 +251,18 @@ def test_typescript_client_runs_with_node(service: Running, tmp_path: Path) -> N
     assert "session: ok=true stdout=43 files=input.csv,sums.csv" in done.stdout
     assert "download: ,0 | a,4 | b,6" in done.stdout
     assert "error: ZeroDivisionError: division by zero" in done.stdout
+
+
+def test_a_quiet_stream_gets_keep_alive_comments(docker_ready: None) -> None:
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, interrupt_grace=2)
+    settings = ServerSettings(config=config, tokens=(TOKEN_A,), keepalive=0.2)
+    code = "import time\nprint('a', flush=True)\ntime.sleep(2)\nprint('b')"
+    with running(settings) as service, service.client() as client, \
+            client.stream("POST", "/v1/execute?stream=true", json={"code": code}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    first, last = lines.index("event: output"), lines.index("event: result")
+    assert ": keep-alive" in lines[first:last], lines  # comments while the cell slept between its two prints
+    assert lines[-1].startswith("data: {") and '"stdout": "a\\nb\\n"' in lines[-1]
 
 
 class BrokenStore:

@@ -192,7 +192,20 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
             uri=uri, blob=base64.b64encode(content).decode("ascii"), mime_type=mime)])
 
     server.middleware.append(own_resources)
+    server.middleware.append(declared_arguments)
     return server, clients
+
+
+async def declared_arguments(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """List ``execute_python`` with the parameters of ``tools.ToolArguments`` (the schema the OpenAI and Anthropic
+    tools use), not the one the SDK derives from the handler's signature. mcp 2.3 hands middleware the listing
+    already serialized (a dict, by alias)."""
+    result = await call_next(ctx)
+    if ctx.method == "tools/list" and isinstance(result, dict):
+        for tool in result.get("tools", []):
+            if isinstance(tool, dict) and tool.get("name") == tools.DEFAULT_NAME:
+                tool["inputSchema"] = tools.json_schema()
+    return result
 
 
 # -- serving ------------------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from ..config import SandboxConfig
 from ..outputs import clean
@@ -33,14 +34,35 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False) 
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class ToolArguments:
+    """What a model passes to the tool: the one definition the OpenAI, Anthropic and MCP schemas are made from.
+
+    A field whose metadata says ``sessions`` exists only in the stateful tool. A dataclass, not a pydantic model, so
+    this module needs nothing beyond the core dependencies."""
+
+    code: str = field(metadata={"description": "Python source to run."})
+    session_id: str | None = field(default=None, metadata={"sessions": True, "description": (
+        "The session_id an earlier call returned, to keep its state; omit it to start a new session. "
+        "Never make one up.")})
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
 def json_schema(*, sessions: bool = False) -> dict[str, Any]:
-    """The tool's parameters as JSON Schema: ``code`` (required) and, with sessions, ``session_id``."""
-    properties: dict[str, Any] = {"code": {"type": "string", "description": "Python source to run."}}
-    if sessions:
-        properties["session_id"] = {"type": "string", "description": (
-            "The session_id an earlier call returned, to keep its state; omit it to start a new session. "
-            "Never make one up.")}
-    return {"type": "object", "properties": properties, "required": ["code"], "additionalProperties": False}
+    """The tool's parameters as JSON Schema, from ``ToolArguments``: ``code`` and, with sessions, ``session_id``."""
+    hints = get_type_hints(ToolArguments)
+    properties: dict[str, Any] = {}
+    required = []
+    for item in fields(ToolArguments):
+        if item.metadata.get("sessions") and not sessions:
+            continue
+        kind = next(t for t in (hints[item.name], *get_args(hints[item.name])) if t in _JSON_TYPES)
+        properties[item.name] = {"type": _JSON_TYPES[kind], "description": item.metadata["description"]}
+        if item.default is MISSING:
+            required.append(item.name)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def openai_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_NAME, sessions: bool = False,

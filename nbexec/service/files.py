@@ -1,0 +1,98 @@
+"""The file routes of `nbexec serve`: a session's /mnt/data (list, upload, download) and the images and files of
+sessions and one-shot results, each streamed in chunks from its owner's folder through the link-safe reader."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import StreamingResponse
+
+from .. import artifacts
+from ..config import parse_size
+from ..session import Session
+from .runs import Runs, owner
+from .schemas import FileListModel, FileModel, StoredModel
+from .tenants import RouteStore, Tenants
+
+DOWNLOAD = {"description": "The file's bytes.", "content": {"application/octet-stream": {}}}
+
+
+def owned(folders: Tenants, who: str, session_id: str) -> Session:
+    """The session ``session_id`` of ``who``; 404 for anyone else, as for a session that does not exist."""
+    session = folders.session(who, session_id)
+    if session is None:
+        raise HTTPException(404, "no such session")
+    return session
+
+
+def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
+    cap = parse_size(folders.config.max_data)
+
+    @app.get("/v1/sessions/{session_id}/files")
+    async def list_files(session_id: str, who: str = Depends(owner)) -> FileListModel:
+        session = owned(folders, who, session_id)
+        found = await runs.io(who, session.files)
+        return FileListModel(files=[FileModel(name=f.name, size=f.size, mime=f.mime, sha256=f.sha256,
+                                              url=RouteStore.url(f"/v1/sessions/{session.id}", "files", f.name))
+                                    for f in found])
+
+    @app.put("/v1/sessions/{session_id}/files/{name:path}", status_code=201)
+    async def put_file(session_id: str, name: str, request: Request, who: str = Depends(owner)) -> StoredModel:
+        session = owned(folders, who, session_id)
+        content = await request.body()  # the gateway stops it at --max-body
+        try:
+            path = await runs.io(who, session.upload, content, name)
+        except HTTPException as exc:
+            raise HTTPException(400 if exc.status_code == 404 else exc.status_code, exc.detail) from exc
+        return StoredModel(path=path, size=len(content))
+
+    @app.get("/v1/sessions/{session_id}/files/{name:path}", response_class=StreamingResponse, responses={200: DOWNLOAD})
+    async def get_file(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
+        session = owned(folders, who, session_id)  # /mnt/data as it is now, like the listing
+        return await _download(runs, who, lambda: session.open_file(name, max_bytes=cap))
+
+    @app.get("/v1/sessions/{session_id}/images/{name}", response_class=StreamingResponse, responses={200: DOWNLOAD})
+    async def get_session_image(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
+        folder = folders.session_folder(owned(folders, who, session_id))
+        return await _download_from(runs, who, folder / "images" if folder else None, name, 0)
+
+    @app.get("/v1/executions/{execution_id}/files/{name:path}", response_class=StreamingResponse,
+             responses={200: DOWNLOAD})
+    async def get_result_file(execution_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
+        folder = folders.result_folder(who, execution_id)
+        return await _download_from(runs, who, folder / "data" if folder else None, name, cap)
+
+    @app.get("/v1/executions/{execution_id}/images/{name}", response_class=StreamingResponse,
+             responses={200: DOWNLOAD})
+    async def get_result_image(execution_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
+        folder = folders.result_folder(who, execution_id)
+        return await _download_from(runs, who, folder / "images" if folder else None, name, 0)
+
+
+async def _download_from(runs: Runs, who: str, folder: Path | None, name: str, cap: int) -> StreamingResponse:
+    if folder is None:
+        raise HTTPException(404, "no such file")
+    return await _download(runs, who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
+
+
+async def _download(runs: Runs, who: str, opener: Callable[[], tuple[int, artifacts.FileChunks]]) -> StreamingResponse:
+    """Stream a regular file in chunks on the token's I/O threads (never loaded whole)."""
+    _, chunks = await runs.io(who, opener)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while (chunk := await runs.io(who, next, chunks, None)) is not None:
+                yield chunk
+        finally:
+            _close(chunks)
+
+    return StreamingResponse(body(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": "attachment", "X-Content-Type-Options": "nosniff"})
+
+
+def _close(chunks: Iterator[bytes]) -> None:
+    close = getattr(chunks, "close", None)
+    if close is not None:
+        close()

@@ -1,0 +1,104 @@
+"""Who a request is, and where its work runs: the owner the gateway authenticated, per-token execution slots, the
+token's own worker threads, and nbexec errors mapped to HTTP ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import HTTPException, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..errors import DockerError, FileTransferError, NbexecError, SessionError
+from . import streaming
+from .gateway import OWNER_KEY
+from .tenants import Tenants
+
+if TYPE_CHECKING:
+    from .server import ServerSettings
+
+log = logging.getLogger(__name__)
+Render = Callable[[Any], dict[str, Any]]  # runs in a worker thread: (on_output or None) -> the public result
+
+# Declares the scheme in the OpenAPI document only: the gateway has checked the token before any body was read.
+bearer = HTTPBearer(auto_error=False, description="One of the server's API tokens (--token-file, NBEXEC_API_TOKENS).")
+
+
+def owner(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> str:
+    """Who sent the request, as the gateway authenticated it."""
+    who = request.scope.get("state", {}).get(OWNER_KEY)
+    if not who:  # unreachable behind the gateway: refuse rather than serve anonymously
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return str(who)
+
+
+def too_many(message: str) -> HTTPException:
+    return HTTPException(429, message, headers={"Retry-After": "5"})
+
+
+def http_error(exc: NbexecError) -> HTTPException:
+    if isinstance(exc, FileTransferError):
+        return HTTPException(400, str(exc))
+    if isinstance(exc, SessionError):
+        return HTTPException(409, str(exc))
+    if isinstance(exc, DockerError):
+        return HTTPException(503, "the sandbox engine failed; try again later")
+    return HTTPException(500, "nbexec failed to run this; see the server's log")
+
+
+class Runs:
+    """Per-token execution slots and worker threads."""
+
+    def __init__(self, folders: Tenants, settings: ServerSettings) -> None:
+        self.folders = folders
+        self.settings = settings
+        self.running: dict[str, int] = {}
+
+    def take_slot(self, who: str) -> None:
+        if self.running.get(who, 0) >= self.settings.max_running_per_token:
+            raise too_many(f"{self.settings.max_running_per_token} executions already running for this token")
+        self.running[who] = self.running.get(who, 0) + 1
+
+    def _free_slot(self, who: str) -> None:
+        self.running[who] -= 1
+
+    async def run(self, who: str, render: Render, on_output: Any = None, *, slot_taken: bool = False) -> Any:
+        """Run ``render`` on the token's own run threads inside its slot, mapping nbexec errors to HTTP ones.
+
+        The slot is held until the thread is done, even when the client leaves earlier."""
+        if not slot_taken:
+            self.take_slot(who)
+        loop = asyncio.get_running_loop()
+        try:
+            future = self.folders.lanes(who).runs.submit(render, on_output)
+        except RuntimeError:
+            self._free_slot(who)
+            raise HTTPException(503, "the server is shutting down") from None
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._free_slot, who))
+        try:
+            return await asyncio.wrap_future(future)
+        except NbexecError as exc:
+            log.warning("execution failed: %s", exc)
+            raise http_error(exc) from exc
+        except Exception as exc:  # a bug or a broken store: the client gets a plain 500, the log the details
+            log.exception("execution failed unexpectedly")
+            raise HTTPException(500, "nbexec failed to run this; see the server's log") from exc
+
+    async def respond(self, who: str, render: Render, interrupt: Callable[[], None], stream: bool) -> Any:
+        """The result, or with ``stream`` a server-sent event stream of the run."""
+        if not stream:
+            return await self.run(who, render)
+        self.take_slot(who)  # before the response starts, so a refusal is a real 429
+        return streaming.respond(lambda on_output: self.run(who, render, on_output, slot_taken=True), interrupt,
+                                 self.settings.keepalive, self.folders.background)
+
+    async def io(self, who: str, func: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking file or session work on the token's own I/O threads."""
+        try:
+            return await asyncio.wrap_future(self.folders.lanes(who).io.submit(func, *args))
+        except FileTransferError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except NbexecError as exc:
+            raise http_error(exc) from exc
