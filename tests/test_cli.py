@@ -102,7 +102,7 @@ def test_cleanup_removes_orphans(docker_ready: None, tmp_path: Path) -> None:
     done = nbexec("cleanup", cwd=tmp_path)
     assert done.returncode == 0
     assert orphan.name in done.stdout
-    assert not client.containers.list(all=True, filters={"id": orphan.id})
+    assert not client.containers.list(all=True, sparse=True, filters={"id": orphan.id})
 
 
 def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:

@@ -136,10 +136,10 @@ def node_name() -> Iterator[str]:
     name = f"pk-{uuid.uuid4().hex[:12]}"
     yield name
     client = daemon.connect()
-    left = client.containers.list(all=True, filters={"label": f"{daemon.LABEL_NODE}={name}"})
+    left = client.containers.list(all=True, sparse=True, filters={"label": f"{daemon.LABEL_NODE}={name}"})
     for container in left:
         container.remove(force=True)
-    assert not left, f"the installed nbexec left containers: {[c.name for c in left]}"
+    assert not left, f"the installed nbexec left containers: {[c.id for c in left]}"
 
 
 def test_fresh_virtualenv_runs_doctor_and_code(wheel: Path, tmp_path: Path, docker_ready: None,

@@ -46,7 +46,7 @@ def _leaks_before_teardown(cleanup_ledger: None) -> None:
 
 
 def exists(container: str) -> bool:
-    return bool(daemon.connect().containers.list(all=True, filters={"id": container}))
+    return bool(daemon.connect().containers.list(all=True, sparse=True, filters={"id": container}))
 
 
 @contextlib.contextmanager

@@ -256,7 +256,8 @@ def test_cleanup_older_than_removes_old_folders_and_their_containers(
         assert done.returncode == 0, done.stderr
         assert not os.path.exists(outputs["old"]) and not workdirs["old"].exists(), done.stdout
         assert os.path.exists(outputs["new"]) and workdirs["new"].exists(), done.stdout
-        left = {c.id for c in client.containers.list(all=True, filters={"label": daemon.LABEL})}
+        ids = [c.id for c in containers.values()]
+        left = {c.id for c in client.containers.list(all=True, sparse=True, filters={"id": ids})}
         assert containers["old"].id not in left and containers["new"].id in left
         assert _cli("cleanup", "--older-than", "yesterday").returncode == 2
     finally:
@@ -280,7 +281,7 @@ def test_sweep_on_start_finds_dead_previous_instance_of_this_node(docker_ready: 
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_NODE_NAME": node})
         assert done.returncode == 0, done.stderr
-        left = {c.id for c in client.containers.list(all=True, filters={"label": daemon.LABEL})}
+        left = {c.id for c in client.containers.list(all=True, sparse=True, filters={"id": [c.id for c in made]})}
         assert made[0].id not in left, "the dead previous instance's container was not swept"
         assert made[1].id in left, "another node's container was swept"
     finally:

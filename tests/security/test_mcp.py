@@ -50,7 +50,7 @@ class McpProcess:
         return f"{daemon.LABEL_OWNER}={socket.gethostname()}:{self.process.pid}"
 
     def containers(self) -> list[str]:
-        return [c.name for c in daemon.connect().containers.list(all=True, filters={"label": self.label})]
+        return [c.id for c in daemon.connect().containers.list(all=True, sparse=True, filters={"label": self.label})]
 
     def folders(self) -> list[Path]:
         """Working folders and session output folders the server made (the two roots themselves excepted)."""

@@ -341,7 +341,7 @@ def test_a_client_leaving_a_one_shot_stream_stops_its_sandbox(served: Served) ->
         first = _stream_until_first_output(a, "/v1/execute?stream=true",
                                            CONTAINER_ID + "\nimport sys, time\nsys.stdout.flush()\ntime.sleep(60)")
     container = container_id(first)  # the one-shot's own container, whatever its pool label says
-    gone = lambda: not daemon.connect().containers.list(all=True, filters={"id": container})  # noqa: E731
+    gone = lambda: not daemon.connect().containers.list(all=True, sparse=True, filters={"id": container})  # noqa: E731
     assert wait_for(gone, 10), "the one-shot sandbox outlived its client"
 
 
