@@ -52,17 +52,25 @@ os.makedirs(site, exist_ok=True)
 if site not in sys.path:
     sys.path.insert(1 if sys.path and sys.path[0] in ("", os.getcwd()) else 0, site)
 os.environ.update(PIP_NO_INDEX="1", PIP_FIND_LINKS={WHEELS_MOUNT!r}, PIP_PREFIX={PREFIX!r}, PIP_ONLY_BINARY=":all:",
-                  PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_WARN_SCRIPT_LOCATION="1")
+                  PIP_NO_CACHE_DIR="1", PIP_NO_COMPILE="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_WARN_SCRIPT_LOCATION="1")
 os.environ["PATH"] = {PREFIX!r} + "/bin:" + os.environ.get("PATH", "")
 importlib.invalidate_caches()
 """
 _TARGET = ("__import__('json').dumps(['%d.%d' % __import__('sys').version_info[:2], __import__('platform').machine(),"
            " __import__('os').confstr('CS_GNU_LIBC_VERSION') or ''])")
 _INSTALL = """
-import importlib, subprocess, sys
-done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--", *SPECS], capture_output=True,
+import importlib, importlib.metadata, subprocess, sys
+def installed(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+# Already there at the resolved versions (the image has it, or an earlier install): pip need not start.
+if all(installed(name) == version for name, version in PINS.items()):
+    SPECS = []
+done = SPECS and subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--", *SPECS], capture_output=True,
                       text=True)
-if done.returncode:
+if done and done.returncode:
     raise RuntimeError((done.stdout + done.stderr).strip()[-1500:])
 importlib.invalidate_caches()
 """
@@ -203,10 +211,10 @@ def notes(records: Sequence[Package]) -> list[str]:
 def _provide(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, requested: list[str], lines: list[PipLine],
              records: list[Package], originals: dict[int, str]) -> None:
     policy = Policy.of(config)
-    if requested:
-        problem = _provide_one(sandbox, config, policy, requested, records, install=True)
-        if problem:
-            records.append(Package(name=", ".join(requested), status="failed", reason=problem))
+    if requested:  # each on its own: the allowed ones are installed, the refused ones reported
+        allowed = [text for text in requested if policy.check(text)[1] is None]
+        _refusals(policy, [text for text in requested if text not in allowed], records)
+        _provide_one(sandbox, config, policy, allowed, records, install=True)
     for line in lines:
         problem = _provide_one(sandbox, config, policy, list(line.requirements), records, install=False)
         if problem:
@@ -216,13 +224,7 @@ def _provide(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, requeste
 def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts: list[str], records: list[Package],
                  *, install: bool) -> str | None:
     """Check, resolve, link (and with ``install``, install) one request; None, or why it was not provided."""
-    refusals = []
-    for text in texts:
-        requirement, reason = policy.check(text)
-        if reason is not None:
-            shown = text or "an editable install"
-            records.append(Package(name=shown, status="refused", reason=reason))
-            refusals.append(f"{shown}: {reason}")
+    refusals = _refusals(policy, texts, records)
     if refusals:
         return "nbexec refused to install " + "; ".join(refusals) + ". Nothing from this request was installed."
     if not texts:
@@ -232,17 +234,30 @@ def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts:
         source = source_of(config)
         wheels = wheelhouse.resolve(texts, policy.constraints(), target, source)
         wheelhouse.link(wheels, sandbox.workdir / "wheels", source)
+        asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:
-            _run_hidden(sandbox, f"exec(compile({_INSTALL!r}, '<nbexec-install>', 'exec'), {{'SPECS': {texts!r}}})",
-                        config.timeout)
+            pins = {w.name: w.version for w in wheels if w.name in asked}
+            _run_hidden(sandbox, f"exec(compile({_INSTALL!r}, '<nbexec-install>', 'exec'), "
+                        f"{{'SPECS': {texts!r}, 'PINS': {pins!r}}})", config.timeout)
     except PackageError as exc:
         records.extend(Package(name=text, status="failed", reason=str(exc)) for text in texts)
         return f"nbexec could not provide {', '.join(texts)}: {exc}"
-    asked = {canonicalize_name(Requirement(text).name) for text in texts}
     records.extend(Package(name=w.name, status="installed" if install and w.name in asked else "provided",
                            version=w.version, sha256=w.sha256, filename=w.filename, size=w.size,
                            requested=w.name in asked) for w in wheels)
     return None
+
+
+def _refusals(policy: Policy, texts: list[str], records: list[Package]) -> list[str]:
+    """Record the requirements the policy refuses; "<name>: <why>" for each."""
+    refusals = []
+    for text in texts:
+        reason = policy.check(text)[1]
+        if reason is not None:
+            shown = text or "an editable install"
+            records.append(Package(name=shown, status="refused", reason=reason))
+            refusals.append(f"{shown}: {reason}")
+    return refusals
 
 
 def _rewrite(nb: NotebookNode, line: PipLine, message: str, originals: dict[int, str]) -> None:

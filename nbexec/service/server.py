@@ -70,17 +70,23 @@ class ServerSettings:
             raise ConfigError("result_ttl and keepalive must be above 0 seconds")
 
 
+_PACKAGES = ("Packages to install before the code runs (e.g. tabulate, pyarrow==17.*): wheels fetched by the server "
+             "under its package policy and installed offline; what became of each is in the result's `packages`.")
+
+
 class ExecuteBody(BaseModel):
     code: str = Field(min_length=1, max_length=1_000_000, description="Python source to run.")
     timeout: float | None = Field(default=None, gt=0, le=3600,
                                   description="Seconds; capped by the server's limit (default: that limit).")
     files: dict[str, str] | None = Field(
         default=None, description="Files to put in /mnt/data first: name -> base64 content (one-shot only).")
+    packages: list[str] = Field(default_factory=list, max_length=50, description=_PACKAGES)
 
 
 class SessionExecuteBody(BaseModel):
     code: str = Field(min_length=1, max_length=1_000_000)
     timeout: float | None = Field(default=None, gt=0, le=3600)
+    packages: list[str] = Field(default_factory=list, max_length=50, description=_PACKAGES)
 
 
 class Metrics:
@@ -269,7 +275,8 @@ def _execute_routes(app: FastAPI, folders: Tenants, gate: _Gate, metrics: Metric
             try:
                 for name, content in files.items():
                     session.upload(content, name)
-                result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output)
+                result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
+                                     packages=body.packages)
             finally:
                 folders.finish_one_shot(execution_id)
             metrics.record("oneshot", result)
@@ -301,7 +308,8 @@ def _session_routes(app: FastAPI, folders: Tenants, gate: _Gate, metrics: Metric
         session = _owned(folders, who, session_id)
 
         def render(on_output: Any = None) -> dict[str, Any]:
-            result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output)
+            result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
+                                 packages=body.packages)
             metrics.record("session", result)
             return public(result)
 
