@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from nbformat import NotebookNode
 from packaging.requirements import InvalidRequirement, Requirement
@@ -52,8 +53,10 @@ os.makedirs(site, exist_ok=True)
 if site not in sys.path:
     sys.path.insert(1 if sys.path and sys.path[0] in ("", os.getcwd()) else 0, site)
 os.environ.update(PIP_NO_INDEX="1", PIP_FIND_LINKS={WHEELS_MOUNT!r}, PIP_PREFIX={PREFIX!r}, PIP_ONLY_BINARY=":all:",
-                  PIP_NO_CACHE_DIR="1", PIP_NO_COMPILE="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_WARN_SCRIPT_LOCATION="1")
-os.environ["PATH"] = {PREFIX!r} + "/bin:" + os.environ.get("PATH", "")
+                  PIP_NO_CACHE_DIR="1", PIP_NO_COMPILE="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+                  PIP_NO_WARN_SCRIPT_LOCATION="1")
+env = os.environ
+env.update(PATH={PREFIX!r} + "/bin:" + env.get("PATH", ""))
 importlib.invalidate_caches()
 """
 _TARGET = ("__import__('json').dumps(['%d.%d' % __import__('sys').version_info[:2], __import__('platform').machine(),"
@@ -68,8 +71,8 @@ def installed(name):
 # Already there at the resolved versions (the image has it, or an earlier install): pip need not start.
 if all(installed(name) == version for name, version in PINS.items()):
     SPECS = []
-done = SPECS and subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--", *SPECS], capture_output=True,
-                      text=True)
+done = SPECS and subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--", *SPECS],
+                                capture_output=True, text=True)
 if done and done.returncode:
     raise RuntimeError((done.stdout + done.stderr).strip()[-1500:])
 importlib.invalidate_caches()
@@ -287,7 +290,7 @@ def _target(sandbox: Sandbox, config: SandboxConfig) -> wheelhouse.Target:
 
 
 def _run_hidden(sandbox: Sandbox, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                ) -> dict[str, object]:
+                ) -> dict[str, Any]:
     """Run ``code`` in the kernel outside the notebook (silent, no history); its reply, or PackageError."""
     client = sandbox.client
     assert client is not None

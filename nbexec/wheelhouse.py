@@ -150,7 +150,7 @@ def _download(scratch: Path, requirements: list[str], constraints: list[str], ta
             "--disable-pip-version-check", "--progress-bar", "off", "--no-cache-dir", "--dest", str(dest),
             "--constraint", str(constraint_file), *source.pip_args(), *target.pip_args(), "--", *requirements]
     # Only what nbexec sets: no host variable (PIP_*, proxies aside) changes what is resolved.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": str(temp), "HOME": str(scratch),
+    env = {"PATH": os.defpath, "TMPDIR": str(temp), "HOME": str(scratch),
            **{k: v for k, v in os.environ.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy")}}
     log_path = scratch / "pip.log"
     with open(log_path, "wb") as log_file:

@@ -51,11 +51,11 @@ class Index:
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, directory=str(root), **kwargs)
 
-            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+            def do_GET(self) -> None:  # the name http.server calls
                 index.requests.append(self.path)
                 super().do_GET()
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            def log_message(self, format: str, *args: Any) -> None:  # the base class's names
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -150,6 +150,11 @@ for host, port in [({gateway!r}, {port}), ('169.254.169.254', 80), ('pypi.org', 
         print('connected', host)
     except OSError as exc:
         print('refused', host, type(exc).__name__)
+try:
+    open('/mnt/wheels/planted.whl', 'wb')
+    print('wheels writable')
+except OSError as exc:
+    print('wheels read-only', exc.errno)
 """
 
 
@@ -165,6 +170,7 @@ def test_pip_lines_install_offline_and_refused_packages_are_never_downloaded(
     assert "value 42" in result.stdout
     assert "nbexec refused to install evil-pkg" in result.stderr and "allowlist" in result.stderr
     assert "['lo']" in result.stdout and "connected" not in result.stdout
+    assert "wheels read-only 30" in result.stdout  # EROFS: the sandbox cannot plant a wheel for a later install
     assert index.fetched("evil-pkg") == [], "a refused package was downloaded"
     shown = {p.name: p for p in result.packages}
     assert shown["nbexec-tiny"].status == "provided" and shown["nbexec-tiny"].version == "1.0"

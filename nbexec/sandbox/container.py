@@ -169,8 +169,8 @@ class Sandbox:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={parse_size(config.tmp_size)},mode=1777",
                       HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700"},
             "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
-                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind"),
-                       docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True)]
+                       docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True),
+                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")]
             + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]
                if config.input_dir else []),
             "mem_limit": memory,
