@@ -7,9 +7,9 @@
    that prints which package was refused, why, and what is allowed (the saved notebook keeps the original).
 3. The host resolves the rest with its own pip, wheels only, for the sandbox's interpreter (`wheelhouse`),
    and links the wheels into the sandbox's /mnt/wheels (a read-only mount every sandbox gets at start).
-4. Inside, pip installs with ``--no-index --find-links /mnt/wheels --prefix /tmp/nbexec-packages``: the
-   sandbox's own tmpfs (capped by tmp_size, counted against its memory, gone with it; not /mnt/data, whose
-   files are results). The kernel's PIP_* variables make the cells' own pip lines do exactly that; packages
+4. Inside, pip installs with ``--no-index --find-links /mnt/wheels --prefix /mnt/packages``: an in-memory
+   filesystem of the sandbox (tmp_size bytes, counted against its memory, gone with it; mounted exec, unlike
+   /tmp, so native extensions load; not /mnt/data, whose files are results). The kernel's PIP_* variables make the cells' own pip lines do exactly that; packages
    of the call are installed by a hidden step before the first cell.
 """
 
@@ -35,10 +35,10 @@ from . import wheelhouse
 from .config import SandboxConfig, parse_size
 from .errors import PackageError
 from .result import Package
-from .sandbox.container import WHEELS_MOUNT, Sandbox
+from .sandbox.container import PACKAGES_MOUNT, WHEELS_MOUNT, Sandbox
 from .sandbox.kernel import MAX_CONTROL
 
-PREFIX = "/tmp/nbexec-packages"
+PREFIX = PACKAGES_MOUNT
 _PIP_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:%|!\s*)?(?:pip3?|python3?\s+-m\s+pip)\s+install(?P<args>(?:\s.*)?)$")
 # pip options whose value is the next word (none of them is fetched by the host).
 _VALUED = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url", "--extra-index-url",

@@ -50,10 +50,13 @@ class Target:
 
     def pip_args(self) -> list[str]:
         nodot = self.python.replace(".", "")
-        # pip widens a manylinux_2_N platform to every older manylinux tag (and the legacy aliases) by itself.
-        glibc = (self.glibc or "2.17").replace(".", "_")
+        # Every manylinux tag the sandbox's glibc runs, newest first, and the legacy aliases (pip widens only
+        # those: given manylinux_2_36 alone it would not take a manylinux_2_17 wheel).
+        newest = int((self.glibc or "2.17").split(".")[1])
+        platforms = [f"manylinux_2_{minor}_{self.machine}" for minor in range(newest, 16, -1)]
+        platforms += [f"{alias}_{self.machine}" for alias in ("manylinux2014", "manylinux2010", "manylinux1")]
         return ["--python-version", self.python, "--implementation", "cp", "--abi", f"cp{nodot}",
-                "--platform", f"manylinux_{glibc}_{self.machine}"]
+                *(arg for platform in platforms for arg in ("--platform", platform))]
 
 
 @dataclass(frozen=True)
