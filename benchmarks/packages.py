@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nbexec  # noqa: E402 - after the path change
-from nbexec import packages, wheelhouse  # noqa: E402
-from tests.pyindex import Index  # noqa: E402
+import nbexec
+from nbexec import packages, wheelhouse
+from tests.pyindex import Index
 
 
 def _timed(func: Callable[[], object], samples: int) -> list[float]:

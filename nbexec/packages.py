@@ -9,8 +9,9 @@
    and links the wheels into the sandbox's /mnt/wheels (a read-only mount every sandbox gets at start).
 4. Inside, pip installs with ``--no-index --find-links /mnt/wheels --prefix /mnt/packages``: an in-memory
    filesystem of the sandbox (tmp_size bytes, counted against its memory, gone with it; mounted exec, unlike
-   /tmp, so native extensions load; not /mnt/data, whose files are results). The kernel's PIP_* variables make the cells' own pip lines do exactly that; packages
-   of the call are installed by a hidden step before the first cell.
+   /tmp, so native extensions load; not /mnt/data, whose files are results). The kernel's PIP_* variables
+   make the cells' own pip lines do exactly that; packages of the call are installed by a hidden step before
+   the first cell.
 """
 
 from __future__ import annotations
