@@ -81,6 +81,7 @@ class BatchOptions:
     parameters: Mapping[str, Any] | None = None
     fail_fast: bool = False
     store: ArtifactStore | None = None
+    packages: tuple[str, ...] = ()  # installed before each file runs (see nbexec.packages)
 
 
 def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path) -> Item:
@@ -88,7 +89,7 @@ def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path
     try:
         nb = notebook.load(path)
         parameters.inject(nb, options.parameters or {})
-        result = execute_notebook(nb, config=config, output_dir=out, store=options.store)
+        result = execute_notebook(nb, config=config, output_dir=out, store=options.store, packages=options.packages)
     except (NotebookError, ConfigError) as exc:  # this input is bad; the others still run
         return Item(path, "failed", time.monotonic() - started, message=str(exc))
     except NbexecError as exc:  # nbexec or Docker failed

@@ -99,13 +99,16 @@ def main(verbose: int) -> None:
 @click.option("--html-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write an HTML render of each executed notebook (images embedded).")
 @click.option("--fail-fast", is_flag=True, help="Start no new file after the first failure.")
+@click.option("--package", "package_names", multiple=True, metavar="REQUIREMENT",
+              help="Install this package before the code runs (repeatable; e.g. tabulate, 'pyarrow==17.*'): fetched "
+                   "as a wheel on the host under the package policy, installed offline in the sandbox.")
 @click.option("--mount-input", "input_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Mount this host folder read-only at /mnt/input.")
 @sandbox_options
 def run(inputs: tuple[str, ...], as_json: bool, output_dir: Path | None, save_notebook: Path | None, store: str,
         upload: str | None, jobs: int, parameter_pairs: tuple[tuple[str, str], ...], parameters_file: Path | None,
-        junit_xml: Path | None, html_dir: Path | None, fail_fast: bool, input_dir: Path | None,
-        **options: Any) -> None:
+        junit_xml: Path | None, html_dir: Path | None, fail_fast: bool, package_names: tuple[str, ...],
+        input_dir: Path | None, **options: Any) -> None:
     """Run FILE... (.py with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each in a fresh
     sandbox. One file prints what its notebook shows; several print progress and a summary table."""
     from . import batch, parameters
@@ -125,14 +128,16 @@ def run(inputs: tuple[str, ...], as_json: bool, output_dir: Path | None, save_no
     except (NotebookError, ConfigError) as exc:
         _fail(str(exc), EXIT_USAGE, as_json)
     if single:
-        _run_single(paths[0], config, artifact_store, values, output_dir, save_notebook, as_json)
+        _run_single(paths[0], config, artifact_store, values, output_dir, save_notebook, as_json, package_names)
     _run_batch(paths, config, batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"),
-                                                 parameters=values, fail_fast=fail_fast, store=artifact_store),
+                                                 parameters=values, fail_fast=fail_fast, store=artifact_store,
+                                                 packages=package_names),
                junit_xml, html_dir, as_json)
 
 
 def _run_single(path: Path, config: SandboxConfig, artifact_store: Any, values: dict[str, Any],
-                output_dir: Path | None, save_notebook: Path | None, as_json: bool) -> None:
+                output_dir: Path | None, save_notebook: Path | None, as_json: bool,
+                packages: tuple[str, ...] = ()) -> None:
     from .execute import execute_notebook
     from .notebook import load
     from .parameters import inject
@@ -142,7 +147,7 @@ def _run_single(path: Path, config: SandboxConfig, artifact_store: Any, values: 
         if output_dir is None:
             stem = "stdin" if str(path) == "-" else path.stem
             output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"
-        result = execute_notebook(nb, config=config, output_dir=output_dir, store=artifact_store)
+        result = execute_notebook(nb, config=config, output_dir=output_dir, store=artifact_store, packages=packages)
         if save_notebook is not None and result.notebook_path:
             shutil.copyfile(result.notebook_path, save_notebook)
         shown = json_text(result.to_json()) if as_json else None

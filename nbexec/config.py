@@ -131,7 +131,23 @@ class SandboxConfig:
         default=5.0, metadata=_doc("Seconds an interrupted cell gets to stop before the sandbox is killed.")
     )
 
+    # -- packages (see nbexec.packages): resolved and downloaded on the host, installed offline in the sandbox --
+    packages: str = field(default="allowlist", metadata=_doc(
+        "Which packages the code may install (%pip install, packages=[...]): allowlist (the shipped list plus "
+        "allowed_packages), any (any wheel from the index) or off."))
+    allowed_packages: tuple[str, ...] = field(default=(), metadata=_doc(
+        "Project names (optionally with a version constraint, e.g. pyarrow>=14) added to the shipped allowlist."))
+    package_index: str = field(default="https://pypi.org/simple", metadata=_doc(
+        "Where the host fetches wheels: a package index URL (PEP 503), or a local folder of wheels."))
+    max_packages: int = field(default=40, metadata=_doc(
+        "Distributions (wheels, dependencies included) one execution may have fetched for it."))
+    max_package_download: str = field(default="256m", metadata=_doc(
+        "Bytes of wheels one resolution may download; a download past it is stopped."))
+    package_cache: str | None = field(default=None, metadata=_doc(
+        "Host folder (0700) that caches wheels by sha256 (default: <tmp>/nbexec-wheels-<uid>)."))
+
     def __post_init__(self) -> None:
+        self._check_packages()
         for name in ("memory", "max_output", "max_display", "max_data", "tmp_size"):
             parse_size(getattr(self, name))
         if parse_size(self.memory) < 64 * 1024**2:
@@ -155,6 +171,16 @@ class SandboxConfig:
         if self.input_dir is not None:
             object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
         object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
+
+    def _check_packages(self) -> None:
+        if self.packages not in ("allowlist", "any", "off"):
+            raise ConfigError(f"packages must be allowlist, any or off, got {self.packages!r}")
+        parse_size(self.max_package_download)
+        if self.max_packages < 1:
+            raise ConfigError(f"max_packages must be 1 or more, got {self.max_packages}")
+        object.__setattr__(self, "allowed_packages", tuple(self.allowed_packages))
+        if self.package_cache is not None:
+            object.__setattr__(self, "package_cache", os.path.abspath(self.package_cache))
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.env.items())) + tuple(

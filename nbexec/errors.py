@@ -14,6 +14,7 @@
     │   ├── SessionLimitError        too many live sessions
     │   └── SessionNotFoundError     no session with that id
     ├── FileTransferError        an upload or download into /mnt/data was refused
+    ├── PackageError             packages could not be resolved or provided (reported in results, raised elsewhere)
     └── StorageError             an artifact store failed (reported per file in results, raised elsewhere)
 """
 
@@ -77,6 +78,10 @@ class SessionNotFoundError(SessionError, KeyError):
 
 class FileTransferError(NbexecError):
     """A file could not be put into or fetched from /mnt/data."""
+
+
+class PackageError(NbexecError):
+    """Packages asked for could not be resolved, downloaded or provided to the sandbox."""
 
 
 class StorageError(NbexecError):

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from . import artifacts, folders, notebook, outputs, uploads
+from . import packages as installs
 from .config import SandboxConfig, from_env, parse_size
 from .result import CellError, ExecutionResult
 from .runner import Budget, CellOutcome, OutputCallback, run_cell
@@ -133,7 +134,7 @@ def _data_notes(sandbox: Sandbox) -> list[str]:
 def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
                      output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None,
                      store: ArtifactStore | None = None, files: Mapping[str, bytes] | None = None,
-                     **overrides: Any) -> ExecutionResult:
+                     packages: Sequence[str] = (), **overrides: Any) -> ExecutionResult:
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
@@ -143,6 +144,8 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     ``files`` ({name: bytes}) are put into /mnt/data before the code runs (and are listed in the result).
     ``store`` receives every file and image (default: a LocalStore, whose URLs are file:// URLs of the
     files where they lie); links to them replace `sandbox:/mnt/data/...` references in the text views.
+    ``packages`` (requirements such as "tabulate" or "pyarrow==17.*") are fetched on the host and installed
+    offline before the code runs, as the code's own ``%pip install`` lines are (see `nbexec.packages`).
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
     """
     started = time.monotonic()
@@ -162,13 +165,16 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
         for name, content in (files or {}).items():
             artifacts.put(sandbox.data_dir, name, content, owner=sandbox.file_owner())
         nb.metadata["language_info"] = sandbox.language_info or nb.metadata.get("language_info", {})
-        error, dropped = run_cells(sandbox, nb, config, on_output=on_output)
+        with installs.prepared(sandbox, nb, config, requested=packages) as installed:
+            error, dropped = run_cells(sandbox, nb, config, on_output=on_output)
         ran = time.monotonic()
         sandbox.freeze()  # the files are collected as a snapshot: nothing runs while they are copied
         nb.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
         result = finish(nb, error, execution_id=execution_id, output_dir=out, sandbox=sandbox,
                         notebook_path=None, started=started,
                         timings={"sandbox_s": acquired - started, "run_s": ran - acquired}, dropped=dropped)
+        result = dataclasses.replace(result, packages=tuple(installed),
+                                     notes=result.notes + tuple(installs.notes(installed)))
     finally:
         # After the result is built, so the teardown and the pool's refill do not compete with it.
         pool.release(sandbox)

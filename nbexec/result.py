@@ -90,6 +90,28 @@ class Upload:
 
 
 @dataclass(frozen=True)
+class Package:
+    """A package asked for by the call or a pip line of the code, and what became of it (see `nbexec.packages`).
+
+    ``status``: installed (asked by the call, installed before the code ran), provided (its wheel was put in
+    /mnt/wheels for the code's own pip line, or as a dependency), refused (the policy; never downloaded) or
+    failed (it could not be resolved or installed). ``reason`` says why for the last two."""
+
+    name: str
+    status: str
+    version: str | None = None
+    sha256: str | None = None
+    filename: str | None = None
+    size: int | None = None
+    requested: bool = True
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "version": self.version, "sha256": self.sha256,
+                "filename": self.filename, "size": self.size, "requested": self.requested, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class ExecutionResult:
     """Everything one execution produced. ``ok`` is False when the code raised, timed out or was stopped."""
 
@@ -111,6 +133,7 @@ class ExecutionResult:
     truncated_bytes: int = 0
     uploads: tuple[Upload, ...] = ()
     notes: tuple[str, ...] = ()  # nbexec's own remarks on what it capped, dropped or enforced (never the code's)
+    packages: tuple[Package, ...] = ()  # packages asked for and what became of them (nbexec.packages)
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
@@ -132,6 +155,7 @@ class ExecutionResult:
             "truncated_bytes": self.truncated_bytes,
             "uploads": [u.to_dict() for u in self.uploads],
             "notes": list(self.notes),
+            "packages": [p.to_dict() for p in self.packages],
         }
 
     def to_json(self, **dumps_options: Any) -> str:

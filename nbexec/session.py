@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from nbformat import NotebookNode
 
 from . import artifacts, folders, notebook, uploads
+from . import packages as installs
 from .config import SandboxConfig, from_env
 from .errors import (
     FileTransferError,
@@ -29,7 +32,7 @@ from .errors import (
     SessionNotFoundError,
 )
 from .execute import finish, prepare_output_dir, run_cells
-from .result import ExecutionResult, File
+from .result import ExecutionResult, File, Package
 from .runner import OutputCallback
 from .sandbox import pool
 from .sandbox.container import Sandbox, remove_tree
@@ -188,9 +191,23 @@ class Session:
 
     # -- running code -------------------------------------------------------------------------------
 
-    def run(self, code: str, *, timeout: float | None = None,
-            on_output: OutputCallback | None = None) -> ExecutionResult:
-        """Run ``code`` as a new cell of the session's notebook and return that cell's result."""
+    def install(self, *requirements: str) -> tuple[Package, ...]:
+        """Fetch ``requirements`` on the host and install them in the sandbox now (see `nbexec.packages`);
+        what became of each is returned (and kept in the notebook's metadata). Refusals are data, not errors."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            with installs.prepared(self._sandbox, self.notebook, self.config, requested=requirements,
+                                   first_index=len(self.notebook.cells)) as records:
+                pass
+            self.last_activity = time.monotonic()
+            return tuple(records)
+
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputCallback | None = None,
+            packages: Sequence[str] = ()) -> ExecutionResult:
+        """Run ``code`` as a new cell of the session's notebook and return that cell's result (``packages`` are
+        installed first, as `install` does; the cell's own pip lines are served the same way)."""
         started = time.monotonic()
         cell = notebook.build(code).cells[0]
         with self._lock:
@@ -203,7 +220,8 @@ class Session:
             self.notebook.cells.append(cell)
             if not self.notebook.metadata.get("language_info", {}).get("version"):
                 self.notebook.metadata["language_info"] = sandbox.language_info
-            error, dropped = run_cells(sandbox, self.notebook, config, on_output=on_output, first_index=index)
+            with installs.prepared(sandbox, self.notebook, config, requested=packages, first_index=index) as installed:
+                error, dropped = run_cells(sandbox, self.notebook, config, on_output=on_output, first_index=index)
             ran = time.monotonic()
             if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit", "protocol") \
                     and not sandbox.state().running:
@@ -213,6 +231,8 @@ class Session:
                             sandbox=sandbox, notebook_path=self.output_dir / "session.ipynb", started=started,
                             timings={"run_s": ran - started}, dropped=dropped, first_cell=index,
                             known=self._copied, folder=self._folder)
+            result = dataclasses.replace(result, packages=tuple(installed),
+                                         notes=result.notes + tuple(installs.notes(installed)))
             return uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
 
     def save(self, path: str | Path) -> Path:

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 RUNTIME_MOUNT = "/run/nbexec"
 DATA_MOUNT = "/mnt/data"
 INPUT_MOUNT = "/mnt/input"
+WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (see nbexec.packages)
+PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
 HOME = "/home/sandbox"
 WORKDIR_PREFIX = "nbexec-"
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
@@ -112,6 +114,7 @@ class Sandbox:
             # The kernel binds its sockets here: writable until it is up, then read-only (see _lock_runtime).
             os.chmod(self.runtime_dir, 0o777)
         os.chmod(conn, 0o400)
+        (self.workdir / "wheels").mkdir(mode=0o755)  # packages: empty until the host links wheels in
         self._make_data_fs()
 
     def _make_data_fs(self) -> None:
@@ -165,8 +168,11 @@ class Sandbox:
             "security_opt": ["no-new-privileges"],
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={parse_size(config.tmp_size)},mode=1777",
-                      HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700"},
+                      HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700",
+                      PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={parse_size(config.tmp_size)},uid={uid},gid={gid},"
+                                      "mode=700"},
             "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
+                       docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True),
                        docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")]
             + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]
                if config.input_dir else []),

@@ -17,6 +17,9 @@ class SessionExecuteBody(BaseModel):
     code: str = Field(min_length=1, max_length=MAX_CODE, description="Python source to run.")
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT,
                                   description="Seconds; capped by the server's limit (default: that limit).")
+    packages: list[str] = Field(default_factory=list, max_length=50, description=(
+        "Packages to install before the code runs (e.g. tabulate, pyarrow==17.*): wheels fetched by the server "
+        "under its package policy and installed offline; what became of each is in the result's `packages`."))
 
 
 class ExecuteBody(SessionExecuteBody):

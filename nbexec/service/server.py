@@ -154,7 +154,8 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
             try:
                 for name, content in uploads.items():
                     session.upload(content, name)
-                result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output)
+                result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
+                                     packages=body.packages)
             finally:
                 folders.finish_one_shot(execution_id)
             metrics.record("oneshot", result)
@@ -186,7 +187,8 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         session = files.owned(folders, who, session_id)
 
         def render(on_output: Any = None) -> dict[str, Any]:
-            result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output)
+            result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
+                                 packages=body.packages)
             metrics.record("session", result)
             return public(result)
 

@@ -1,0 +1,223 @@
+"""Packages: the policy and the pip-line scan (pure), the host wheelhouse against a real index on loopback, and
+real pip in the real sandbox installing offline from /mnt/wheels."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+import nbexec
+from nbexec import packages, wheelhouse
+from nbexec.errors import PackageError
+
+from .conftest import IMAGE
+from .pyindex import Index
+
+TARGET = wheelhouse.Target(python="3.11", machine="x86_64", glibc="2.36")
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
+    served = Index(tmp_path_factory.mktemp("index"))
+    served.add("nbexec-tiny", "1.0", "VALUE = 42\n", requires=("nbexec-dep>=2",))
+    served.add("nbexec-dep", "2.0", "X = 2\n")
+    served.add("nbexec-big", "1.0", "DATA = '" + "x" * 300_000 + "'\n")
+    served.add("evil-pkg", "1.0", "raise SystemExit('never installed')\n")
+    yield served
+    served.close()
+
+
+def _config(index: Index, cache: Path, **changes: object) -> nbexec.SandboxConfig:
+    values: dict[str, object] = {"image": IMAGE, "pool_size": 0, "warm_imports": (), "timeout": 90,
+                                 "package_index": index.url, "allowed_packages": ("nbexec-tiny", "nbexec-big"),
+                                 "package_cache": str(cache)}
+    values.update(changes)
+    return nbexec.SandboxConfig(**values)  # type: ignore[arg-type]
+
+
+# -- pure: the scan and the policy ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("line", "requirements", "skipped"), [
+    ("%pip install tabulate", ("tabulate",), ()),
+    ("!pip install -q 'pyarrow==17.*' polars", ("pyarrow==17.*", "polars"), ()),
+    ("  !python -m pip install --upgrade seaborn", ("seaborn",), ()),
+    ("pip3 install -r requirements.txt x", ("x",), ("requirements.txt",)),
+    ("%pip install {name}", (), ("{name}",)),
+    ("!pip install -e ./here", ("",), ("./here",)),
+], ids=["magic", "bang-quoted", "python-m-indented", "requirements-file", "ipython-variable", "editable"])
+def test_scan_finds_pip_lines(line: str, requirements: tuple[str, ...], skipped: tuple[str, ...]) -> None:
+    (found,) = packages.scan(f"x = 1\n{line}\nprint(x)")
+    assert (found.line, found.requirements, found.skipped) == (1, requirements, skipped)
+
+
+@pytest.mark.parametrize("source", ["import pip", "# %pip install x", "pipx install y", "print('pip install z')",
+                                    "%pipe install a"])
+def test_scan_ignores_other_lines(source: str) -> None:
+    assert packages.scan(source) == []
+
+
+def test_the_shipped_allowlist_parses_and_covers_the_usual_libraries() -> None:
+    names = {Requirement(line).name for line in packages.shipped()}
+    assert {"pandas", "polars", "pyarrow", "scipy", "statsmodels", "plotly", "openpyxl", "pypdf", "nltk",
+            "tabulate"} <= names
+    assert len(names) == len(packages.shipped()) > 50
+
+
+@pytest.mark.parametrize(("mode", "text", "refused_because"), [
+    ("allowlist", "tabulate", None),
+    ("allowlist", "Tabulate>=0.9", None),
+    ("allowlist", "evil-pkg", "not on this nbexec's allowlist"),
+    ("allowlist", "pandas @ https://example.com/pandas.whl", "only names from the package index"),
+    ("allowlist", "not a requirement!", "not a valid requirement"),
+    ("any", "evil-pkg", None),
+    ("off", "tabulate", "turned off"),
+], ids=["listed", "listed-other-spelling", "unlisted", "url", "invalid", "any", "off"])
+def test_policy(mode: str, text: str, refused_because: str | None) -> None:
+    policy = packages.Policy.of(nbexec.SandboxConfig(packages=mode))
+    requirement, reason = policy.check(text)
+    if refused_because is None:
+        assert requirement is not None and reason is None
+    else:
+        assert requirement is None and reason is not None and refused_because in reason
+
+
+def test_operator_entries_extend_the_list_and_bound_versions() -> None:
+    policy = packages.Policy.of(nbexec.SandboxConfig(allowed_packages=("evil-pkg<2",)))
+    assert policy.check("evil-pkg")[1] is None
+    assert "evil-pkg<2" in policy.constraints()
+    assert packages.Policy.of(nbexec.SandboxConfig(packages="any")).constraints() == []
+
+
+# -- the host wheelhouse against a real index ----------------------------------------------------------
+
+def test_resolve_downloads_wheels_once_and_serves_them_from_the_cache(index: Index, tmp_path: Path) -> None:
+    source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=10, cache=tmp_path / "cache")
+    before = len(index.requests)
+    wheels = wheelhouse.resolve(["nbexec-tiny"], [], TARGET, source)
+    assert {(w.name, w.version) for w in wheels} == {("nbexec-tiny", "1.0"), ("nbexec-dep", "2.0")}
+    served = index.root / "simple" / "nbexec-tiny" / "nbexec_tiny-1.0-py3-none-any.whl"
+    tiny = next(w for w in wheels if w.name == "nbexec-tiny")
+    assert tiny.sha256 == hashlib.sha256(served.read_bytes()).hexdigest()
+    assert (tmp_path / "cache" / "blobs" / tiny.sha256).read_bytes() == served.read_bytes()
+    assert os.stat(tmp_path / "cache").st_mode & 0o777 == 0o700
+    asked = len(index.requests)
+    assert asked > before
+    assert wheelhouse.resolve(["nbexec-tiny"], [], TARGET, source) == wheels
+    assert len(index.requests) == asked, "the second resolution went to the index"
+
+
+def test_a_download_past_the_byte_cap_is_stopped_and_nothing_is_kept(index: Index, tmp_path: Path) -> None:
+    source = wheelhouse.Source(index=index.url, max_bytes=50_000, max_count=10, cache=tmp_path / "cache")
+    with pytest.raises(PackageError, match="cap"):
+        wheelhouse.resolve(["nbexec-big"], [], TARGET, source)
+    assert os.listdir(tmp_path / "cache" / "blobs") == []
+    assert os.listdir(tmp_path / "cache" / "resolved") == []
+
+
+def test_too_many_distributions_are_refused(index: Index, tmp_path: Path) -> None:
+    source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=1, cache=tmp_path / "cache")
+    with pytest.raises(PackageError, match="max_packages"):
+        wheelhouse.resolve(["nbexec-tiny"], [], TARGET, source)
+
+
+def test_a_tampered_cache_file_is_never_linked(index: Index, tmp_path: Path) -> None:
+    source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=10, cache=tmp_path / "cache")
+    wheels = wheelhouse.resolve(["nbexec-dep"], [], TARGET, source)
+    blob = tmp_path / "cache" / "blobs" / wheels[0].sha256
+    blob.write_bytes(b"not the wheel")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(PackageError, match="sha256"):
+        wheelhouse.link(wheels, tmp_path / "out", source)
+    assert not blob.exists() and os.listdir(tmp_path / "out") == []
+
+
+# -- real pip in the real sandbox ----------------------------------------------------------------------
+
+_NO_NETWORK = """
+import os, socket
+print(sorted(os.listdir('/sys/class/net')))
+for host, port in [({gateway!r}, {port}), ('169.254.169.254', 80), ('pypi.org', 443)]:
+    try:
+        socket.create_connection((host, port), timeout=3)
+        print('connected', host)
+    except OSError as exc:
+        print('refused', host, type(exc).__name__)
+try:
+    open('/mnt/wheels/planted.whl', 'wb')
+    print('wheels writable')
+except OSError as exc:
+    print('wheels read-only', exc.errno)
+"""
+
+
+def test_pip_lines_install_offline_and_refused_packages_are_never_downloaded(
+        index: Index, tmp_path: Path, cleanup_ledger: None) -> None:
+    config = _config(index, tmp_path / "cache")
+    code = ("%pip install nbexec-tiny\nimport nbexec_tiny, nbexec_dep\nprint('value', nbexec_tiny.VALUE)\n"
+            "%pip install evil-pkg\n")
+    # The index is on the host's loopback; the sandbox reaches neither it nor the bridge gateway nor the internet.
+    check = _NO_NETWORK.format(gateway="172.17.0.1", port=index.server.server_address[1])
+    result = nbexec.execute_notebook(code + check, config=config)
+    assert result.ok, result.error
+    assert "value 42" in result.stdout
+    assert "nbexec refused to install evil-pkg" in result.stderr and "allowlist" in result.stderr
+    assert "['lo']" in result.stdout and "connected" not in result.stdout
+    assert "wheels read-only 30" in result.stdout  # EROFS: the sandbox cannot plant a wheel for a later install
+    assert index.fetched("evil-pkg") == [], "a refused package was downloaded"
+    shown = {p.name: p for p in result.packages}
+    assert shown["nbexec-tiny"].status == "provided" and shown["nbexec-tiny"].version == "1.0"
+    assert shown["nbexec-dep"].requested is False
+    assert shown["evil-pkg"].status == "refused"
+    saved = json.loads(Path(result.notebook_path or "").read_text())
+    assert saved["cells"][0]["source"] == code + check, "the saved notebook must keep the code as written"
+    assert {p["name"] for p in saved["metadata"]["nbexec"]["packages"]} == {"nbexec-tiny", "nbexec-dep", "evil-pkg"}
+
+
+def test_call_packages_install_before_the_code_and_sessions_reuse_them(
+        index: Index, tmp_path: Path, cleanup_ledger: None) -> None:
+    config = _config(index, tmp_path / "cache")
+    result = nbexec.execute_notebook("import nbexec_tiny; print(nbexec_tiny.VALUE)", config=config,
+                                     packages=["nbexec-tiny==1.0", "evil-pkg"])
+    assert result.ok and result.stdout == "42\n"
+    assert {(p.name, p.status) for p in result.packages} >= {("nbexec-tiny", "installed"), ("evil-pkg", "refused")}
+    assert any("evil-pkg was refused" in note for note in result.notes)
+    requests = len(index.requests)
+    with nbexec.Session(config) as session:
+        installed = session.install("nbexec-tiny==1.0")  # the same request: resolved from the cache
+        assert [p.status for p in installed if p.requested] == ["installed"]
+        assert session.run("import nbexec_dep; print(nbexec_dep.X)").stdout == "2\n"
+        again = session.run("print(1)", packages=["nbexec-tiny==1.0"]).packages
+        assert [p.status for p in again if p.requested] == ["installed"]
+    assert len(index.requests) == requests, "cached wheels went to the index again"
+
+
+def test_installs_off_refuse_with_a_reason(index: Index, tmp_path: Path, cleanup_ledger: None) -> None:
+    config = _config(index, tmp_path / "cache", packages="off")
+    before = len(index.requests)
+    result = nbexec.execute_notebook("!pip install nbexec-tiny\nprint('ran')", config=config)
+    assert result.ok and "ran" in result.stdout and "turned off" in result.stderr
+    assert len(index.requests) == before
+
+
+def test_nbexec_run_with_package_and_a_pip_line(index: Index, tmp_path: Path, cleanup_ledger: None) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("%pip install nbexec-tiny\nimport nbexec_tiny\nprint('tiny', nbexec_tiny.VALUE)\n")
+    env = {**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_PACKAGE_INDEX": index.url,
+           "NBEXEC_ALLOWED_PACKAGES": "nbexec-tiny", "NBEXEC_PACKAGE_CACHE": str(tmp_path / "cache"),
+           "NBEXEC_WARM_IMPORTS": ""}
+    done = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script), "--json", "--package",
+                           "evil-pkg", "--output-dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert "tiny 42" in shown["stdout"]
+    statuses = {p["name"]: p["status"] for p in shown["packages"]}
+    assert (statuses["nbexec-tiny"], statuses["evil-pkg"]) == ("provided", "refused")
