@@ -7,11 +7,13 @@
    that prints which package was refused, why, and what is allowed (the saved notebook keeps the original).
 3. The host resolves the rest with its own pip, wheels only, for the sandbox's interpreter (`wheelhouse`),
    and links the wheels into the sandbox's /mnt/wheels (a read-only mount every sandbox gets at start).
-4. Inside, pip installs with ``--no-index --find-links /mnt/wheels --prefix /mnt/packages``: an in-memory
-   filesystem of the sandbox (tmp_size bytes, counted against its memory, gone with it; mounted exec, unlike
-   /tmp, so native extensions load; not /mnt/data, whose files are results). The kernel's PIP_* variables
-   make the cells' own pip lines do exactly that; packages of the call are installed by a hidden step before
-   the first cell.
+4. Inside, `nbexec.wheelinstall` (sent into the kernel once per sandbox) unpacks the resolution into
+   /mnt/packages: an in-memory filesystem of the sandbox (tmp_size bytes, counted against its memory, gone with
+   it; mounted exec, unlike /tmp, so native extensions load; not /mnt/data, whose files are results). No pip
+   starts unless the sandbox already has another version of something (then pip runs offline:
+   ``--no-index --find-links /mnt/wheels --prefix /mnt/packages``, which the kernel's PIP_* variables also make
+   of the code's own pip calls). Packages of the call are installed by a hidden step before the first cell; a
+   plain pip line of a cell is replaced, for the run, by a call of the installer.
 """
 
 from __future__ import annotations
@@ -58,26 +60,14 @@ os.environ.update(PIP_NO_INDEX="1", PIP_FIND_LINKS={WHEELS_MOUNT!r}, PIP_PREFIX=
                   PIP_NO_WARN_SCRIPT_LOCATION="1")
 env = os.environ
 env.update(PATH={PREFIX!r} + "/bin:" + env.get("PATH", ""))
+import types
+module = types.ModuleType("_nbexec_wheels")
+exec(compile(INSTALLER, "<nbexec-wheels>", "exec"), module.__dict__)
+sys.modules["_nbexec_wheels"] = module
 importlib.invalidate_caches()
 """
 _TARGET = ("__import__('json').dumps(['%d.%d' % __import__('sys').version_info[:2], __import__('platform').machine(),"
            " __import__('os').confstr('CS_GNU_LIBC_VERSION') or ''])")
-_INSTALL = """
-import importlib, importlib.metadata, subprocess, sys
-def installed(name):
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-# Already there at the resolved versions (the image has it, or an earlier install): pip need not start.
-if all(installed(name) == version for name, version in PINS.items()):
-    SPECS = []
-done = SPECS and subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--", *SPECS],
-                                capture_output=True, text=True)
-if done and done.returncode:
-    raise RuntimeError((done.stdout + done.stderr).strip()[-1500:])
-importlib.invalidate_caches()
-"""
 _targets: weakref.WeakKeyDictionary[Sandbox, wheelhouse.Target] = weakref.WeakKeyDictionary()
 
 
@@ -220,17 +210,20 @@ def _provide(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, requeste
         _refusals(policy, [text for text in requested if text not in allowed], records)
         _provide_one(sandbox, config, policy, allowed, records, install=True)
     for line in lines:
-        problem = _provide_one(sandbox, config, policy, list(line.requirements), records, install=False)
-        if problem:
-            _rewrite(nb, line, problem, originals)
+        replacement = _provide_one(sandbox, config, policy, list(line.requirements), records, install=False,
+                                   plain=not line.skipped)
+        if replacement:
+            _rewrite(nb, line, replacement, originals)
 
 
 def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts: list[str], records: list[Package],
-                 *, install: bool) -> str | None:
-    """Check, resolve, link (and with ``install``, install) one request; None, or why it was not provided."""
+                 *, install: bool, plain: bool = False) -> str | None:
+    """Check, resolve, link (and with ``install``, install) one request. For a pip line: the code that replaces
+    it for this run (a message saying why nothing was provided, or, for a ``plain`` line, the installer that
+    needs no pip), or None (the line runs pip as written)."""
     refusals = _refusals(policy, texts, records)
     if refusals:
-        return "nbexec refused to install " + "; ".join(refusals) + ". Nothing from this request was installed."
+        return _say("nbexec refused to install " + "; ".join(refusals) + ". Nothing from this request was installed.")
     if not texts:
         return None
     try:
@@ -240,16 +233,26 @@ def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts:
         wheelhouse.link(wheels, sandbox.workdir / "wheels", source)
         asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:
-            pins = {w.name: w.version for w in wheels if w.name in asked}
-            _run_hidden(sandbox, f"exec(compile({_INSTALL!r}, '<nbexec-install>', 'exec'), "
-                        f"{{'SPECS': {texts!r}, 'PINS': {pins!r}}})", config.timeout)
+            _run_hidden(sandbox, installer_call(texts, wheels, asked), config.timeout)
     except PackageError as exc:
         records.extend(Package(name=text, status="failed", reason=str(exc)) for text in texts)
-        return f"nbexec could not provide {', '.join(texts)}: {exc}"
+        return _say(f"nbexec could not provide {', '.join(texts)}: {exc}")
     records.extend(Package(name=w.name, status="installed" if install and w.name in asked else "provided",
                            version=w.version, sha256=w.sha256, filename=w.filename, size=w.size,
                            requested=w.name in asked) for w in wheels)
-    return None
+    return installer_call(texts, wheels, asked, verbose=True) if plain else None
+
+
+def installer_call(texts: Sequence[str], wheels: Sequence[wheelhouse.Wheel], asked: set[str], *,
+                   verbose: bool = False) -> str:
+    """The code that installs ``wheels`` in the kernel with `nbexec.wheelinstall` (pip only where needed)."""
+    listed = [[w.filename, w.name, w.version] for w in wheels]
+    return (f"__import__('_nbexec_wheels').install({list(texts)!r}, {listed!r}, asked={sorted(asked)!r}"
+            f"{', verbose=True' if verbose else ''})")
+
+
+def _say(message: str) -> str:
+    return f"print({message!r}, file=__import__('sys').stderr)"
 
 
 def _refusals(policy: Policy, texts: list[str], records: list[Package]) -> list[str]:
@@ -264,11 +267,11 @@ def _refusals(policy: Policy, texts: list[str], records: list[Package]) -> list[
     return refusals
 
 
-def _rewrite(nb: NotebookNode, line: PipLine, message: str, originals: dict[int, str]) -> None:
+def _rewrite(nb: NotebookNode, line: PipLine, code: str, originals: dict[int, str]) -> None:
     cell = nb.cells[line.cell]
     originals.setdefault(line.cell, cell.source)
     lines = cell.source.splitlines()
-    lines[line.line] = f"{line.indent}print({message!r}, file=__import__('sys').stderr)"
+    lines[line.line] = f"{line.indent}{code}"
     cell.source = "\n".join(lines)
 
 
@@ -277,7 +280,8 @@ def _target(sandbox: Sandbox, config: SandboxConfig) -> wheelhouse.Target:
     known = _targets.get(sandbox)
     if known is not None:
         return known
-    content = _run_hidden(sandbox, f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{}})",
+    installer = resources.files("nbexec").joinpath("wheelinstall.py").read_text("utf-8")
+    content = _run_hidden(sandbox, f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{'INSTALLER': {installer!r}}})",
                           config.startup_timeout, expressions={"target": _TARGET})
     try:
         shown = content["user_expressions"]["target"]["data"]["text/plain"]
