@@ -38,11 +38,13 @@ def sandbox_options(func: Callable[..., Any]) -> Callable[..., Any]:
         kind = str(fields[name].type)
         default = fields[name].default
         help_text = describe(name) + (f" [default: {default}]" if default is not None else "")
-        if kind == "bool":
+        if kind.startswith("bool"):  # network: the switch here, allowlist through --allow-host
             func = click.option(f"{flag}/--no-{name.replace('_', '-')}", name, default=None, help=help_text)(func)
         else:
             click_type = {"int": int, "float": float}.get(kind.split(" ")[0], str)
             func = click.option(flag, name, type=click_type, default=None, help=help_text)(func)
+    func = click.option("--allow-host", "allowed_hosts", multiple=True, metavar="HOST[:PORT]",
+                        help=describe("allowed_hosts") + " Repeatable; turns network allowlist on.")(func)
     func = click.option("--env", "env_names", multiple=True, metavar="NAME",
                         help="Pass the host variable NAME into the sandbox (repeatable); none is passed otherwise.",
                         )(func)
@@ -52,6 +54,10 @@ def sandbox_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def build_config(values: dict[str, Any], **fixed: Any) -> SandboxConfig:
     """The config from NBEXEC_* and the command line (the command line wins)."""
     overrides = {name: values.pop(name) for name in _OPTION_FIELDS if name in values}
+    allowed_hosts = values.pop("allowed_hosts", ())
+    if allowed_hosts:
+        overrides["allowed_hosts"] = tuple(allowed_hosts)
+        overrides["network"] = "allowlist" if overrides.get("network") is None else overrides["network"]
     env_names = values.pop("env_names", ())
     missing = [n for n in env_names if n not in os.environ]
     if missing:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .egress import parse_rule
 from .errors import ConfigError
 
 DEFAULT_IMAGE = "nbexec-jupyter:latest"
@@ -83,7 +84,9 @@ class SandboxConfig:
     """Where and how code runs. Every field is documented once, here; the CLI and NBEXEC_* reuse these texts."""
 
     image: str = field(default=DEFAULT_IMAGE, metadata=_doc("Runtime image (build it with `nbexec image build`)."))
-    network: bool = field(default=False, metadata=_doc("Give the sandbox a network (off: no interface but loopback)."))
+    network: bool | str = field(default=False, metadata=_doc(
+        "The sandbox's network: off (no interface but loopback), on (Docker's bridge: anywhere), or allowlist "
+        "(still no interface; HTTP and HTTPS to allowed_hosts only, through nbexec's proxy on the host)."))
     memory: str = field(default="1g", metadata=_doc("Memory limit of the sandbox; swap is off."))
     cpus: float = field(default=1.0, metadata=_doc("CPU limit (cores)."))
     pids: int = field(default=256, metadata=_doc("Limit on processes and threads in the sandbox."))
@@ -146,8 +149,19 @@ class SandboxConfig:
     package_cache: str | None = field(default=None, metadata=_doc(
         "Host folder (0700) that caches wheels by sha256 (default: <tmp>/nbexec-wheels-<uid>)."))
 
+    # -- network="allowlist" (see nbexec.egress): HTTP(S) to listed hosts through a proxy on the host --
+    allowed_hosts: tuple[str, ...] = field(default=(), metadata=_doc(
+        "Hosts network=allowlist reaches: exact names or *.domain, optionally :port (default 80 and 443; :* any); "
+        "private, loopback and link-local addresses only when listed as an address (127.0.0.1:8080)."))
+    max_egress: str = field(default="64m", metadata=_doc(
+        "Bytes (up and down) one execution may move through the allowlist proxy; the connection past it is closed."))
+    max_connections: int = field(default=64, metadata=_doc(
+        "Connections one execution may open through the allowlist proxy (refused ones count); later ones are "
+        "refused."))
+
     def __post_init__(self) -> None:
         self._check_packages()
+        self._check_network()
         for name in ("memory", "max_output", "max_display", "max_data", "tmp_size"):
             parse_size(getattr(self, name))
         if parse_size(self.memory) < 64 * 1024**2:
@@ -182,6 +196,19 @@ class SandboxConfig:
         if self.package_cache is not None:
             object.__setattr__(self, "package_cache", os.path.abspath(self.package_cache))
 
+    def _check_network(self) -> None:
+        if self.network not in (False, True, "allowlist"):
+            raise ConfigError(f"network must be False, True or 'allowlist', got {self.network!r}")
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        for entry in self.allowed_hosts:
+            parse_rule(entry)
+        if self.network == "allowlist" and not self.allowed_hosts:
+            raise ConfigError("network='allowlist' needs allowed_hosts (NBEXEC_ALLOWED_HOSTS, --allow-host): "
+                              "the hosts the code may reach")
+        parse_size(self.max_egress)
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be 1 or more, got {self.max_connections}")
+
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.env.items())) + tuple(
             getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"))
@@ -200,7 +227,8 @@ class SandboxConfig:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
                 tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir,
-                self.max_data_bytes, self.max_files, self.max_output, self.max_display)  # the frame cap
+                self.max_data_bytes, self.max_files, self.max_output, self.max_display,  # the frame cap
+                self.allowed_hosts, self.max_egress, self.max_connections)  # the egress proxy's rules
 
     @property
     def memory_bytes(self) -> int:
@@ -231,11 +259,10 @@ def _parse_field(name: str, raw: str) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(SandboxConfig)}[name]
     kind = str(kind)
     try:
+        if kind == "bool | str":  # network: a switch, or the word allowlist
+            return "allowlist" if raw.strip().lower() == "allowlist" else _parse_field_bool(raw)
         if kind == "bool":
-            lowered = raw.strip().lower()
-            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
-                raise ValueError(raw)
-            return lowered in {"1", "true", "yes", "on"}
+            return _parse_field_bool(raw)
         if kind == "int":
             return int(raw)
         if kind.startswith("float"):
@@ -247,6 +274,13 @@ def _parse_field(name: str, raw: str) -> Any:
         return raw or None if kind.endswith("None") else raw
     except ValueError as exc:
         raise ConfigError(f"NBEXEC_{name.upper()}={raw!r} is not a valid {kind}") from exc
+
+
+def _parse_field_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+        raise ValueError(raw)
+    return lowered in {"1", "true", "yes", "on"}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from . import artifacts, folders, notebook, outputs, uploads
+from . import artifacts, egress, folders, notebook, outputs, uploads
 from . import packages as installs
 from .config import SandboxConfig, from_env, parse_size
 from .result import CellError, ExecutionResult
@@ -95,6 +95,7 @@ def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, outp
                 max_file=cap, max_total=cap, max_files=config.max_files), known=known)
         notes = _data_notes(sandbox)
         error = _as_limit(error, sandbox, notes)
+        connections, traffic_notes = egress.take(sandbox)
         if notebook_path is None:
             notebook_path = artifacts.write_new(out, "notebook.ipynb", notebook.dumps(nb))
         else:
@@ -106,7 +107,7 @@ def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, outp
         error=error, outputs=tuple(flat), images=tuple(images), files=tuple(found.files),
         skipped_files=tuple(found.skipped), notebook=nb, notebook_path=str(notebook_path),
         output_dir=str(output_dir), duration_s=duration, timings=timings, truncated_bytes=dropped,
-        notes=tuple(notes + found.notes))
+        notes=tuple(notes + found.notes + traffic_notes), connections=connections)
 
 
 def _as_limit(error: CellError | None, sandbox: Sandbox, notes: list[str]) -> CellError | None:

@@ -180,7 +180,7 @@ def prepared(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, *, reque
 
     Refused pip lines are rewritten for the run and restored after it; the records are added to the notebook's
     metadata (``nbexec.packages``). Without packages asked for, this does nothing (no call into the sandbox)."""
-    lines = [] if config.network else [found for index in range(first_index, len(nb.cells))
+    lines = [] if config.network is True else [found for index in range(first_index, len(nb.cells))
                                        if nb.cells[index].cell_type == "code"
                                        for found in scan(nb.cells[index].source, index)]
     records: list[Package] = []

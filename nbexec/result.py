@@ -112,6 +112,28 @@ class Package:
 
 
 @dataclass(frozen=True)
+class Connection:
+    """One connection through the egress proxy of ``network="allowlist"`` (see `nbexec.egress`): where to, whether
+    it was allowed, why it was refused or ended (``reason``), the address the host connected to, and the bytes
+    sent up (from the sandbox) and down. ``open``: still open when the execution ended (logged again next time)."""
+
+    host: str
+    port: int
+    method: str
+    allowed: bool
+    reason: str | None = None
+    address: str | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    open: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "method": self.method, "allowed": self.allowed,
+                "reason": self.reason, "address": self.address, "bytes_up": self.bytes_up,
+                "bytes_down": self.bytes_down, "open": self.open}
+
+
+@dataclass(frozen=True)
 class ExecutionResult:
     """Everything one execution produced. ``ok`` is False when the code raised, timed out or was stopped."""
 
@@ -134,6 +156,7 @@ class ExecutionResult:
     uploads: tuple[Upload, ...] = ()
     notes: tuple[str, ...] = ()  # nbexec's own remarks on what it capped, dropped or enforced (never the code's)
     packages: tuple[Package, ...] = ()  # packages asked for and what became of them (nbexec.packages)
+    connections: tuple[Connection, ...] = ()  # network="allowlist": every connection tried (nbexec.egress)
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
@@ -156,6 +179,7 @@ class ExecutionResult:
             "uploads": [u.to_dict() for u in self.uploads],
             "notes": list(self.notes),
             "packages": [p.to_dict() for p in self.packages],
+            "connections": [c.to_dict() for c in self.connections],
         }
 
     def to_json(self, **dumps_options: Any) -> str:

@@ -22,13 +22,16 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False) 
     state = ("State persists between calls that pass the session_id the first call returned (variables, imports, "
              "files)."
              if stateful else "Each call starts a fresh Python process: nothing persists between calls.")
-    network = "The sandbox has internet access." if config.network else \
+    network = "The sandbox has internet access." if config.network is True else \
         "There is no internet access: do not try to download data or install packages."
-    if not config.network and config.packages != "off":
+    if config.network is not True and config.packages != "off":
         network = ("There is no internet access, so do not try to download data; but `%pip install <name>` at the "
                    "start of a line works for common data, science, plotting, file-format and text libraries (the "
                    "wheel is fetched for you and installed offline; a package outside the allowed list is refused "
                    "with a message saying why).")
+    if config.network == "allowlist":
+        network += (" HTTP and HTTPS to these hosts only work, through the proxy set in HTTP_PROXY/HTTPS_PROXY "
+                    f"(urllib, requests and pip use it): {', '.join(config.allowed_hosts)}.")
     return (
         "Execute Python code in a sandboxed Jupyter kernel and return its output. "
         f"{state} Save files to /mnt/data (the working directory); they are returned to the user as links, "

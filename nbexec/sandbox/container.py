@@ -73,6 +73,7 @@ class Sandbox:
         self._connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
+        self.egress: Any = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
 
     def file_owner(self) -> tuple[int, int] | None:
         """Who files the host puts into /mnt/data must belong to: the sandbox user when nbexec runs as root
@@ -86,6 +87,8 @@ class Sandbox:
     @classmethod
     def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
         """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
+        from .. import egress
+
         docker_client = daemon.connect()
         sandbox_id = uuid.uuid4().hex[:16]
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
@@ -93,9 +96,13 @@ class Sandbox:
         try:
             sandbox.data_dir.mkdir(mode=0o700)
             sandbox._prepare_folders()
+            if config.network == "allowlist":  # before the container, which mounts the proxy's folder
+                sandbox.egress = egress.open_proxy(workdir, config)
             sandbox._create_container(docker_client, role)
             sandbox._watch_data()
             sandbox._connect()
+            if sandbox.egress is not None:
+                egress.start_forwarder(sandbox)
         except BaseException:
             sandbox.destroy()
             raise
@@ -163,7 +170,7 @@ class Sandbox:
             # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
             "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
             "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role},
-            "network_mode": "bridge" if config.network else "none",
+            "network_mode": "bridge" if config.network is True else "none",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "read_only": True,
@@ -187,6 +194,11 @@ class Sandbox:
         }
         if config.runtime:
             options["runtime"] = config.runtime
+        if config.network == "allowlist":  # still no interface: HTTP(S) through the host's proxy
+            from .. import egress
+
+            options["mounts"].append(egress.mount(self.workdir))
+            options["environment"].update(egress.ENVIRONMENT)
         return options
 
     def _create_container(self, docker_client: docker.DockerClient, role: str) -> None:
@@ -302,6 +314,8 @@ class Sandbox:
 
     def destroy(self) -> None:
         """Remove the container, unmount and delete its data filesystem, and remove the working folder."""
+        if self.egress is not None:
+            self.egress.close()
         if self.data_watch is not None:
             self.data_watch.close()
         if self.freezer is not None:
