@@ -66,9 +66,9 @@ def _install_rows(config: nbexec.SandboxConfig, root: Path, wanted: list[str], s
                     started = time.perf_counter()
                     session.install(*wanted)
                     rows["again"].append(time.perf_counter() - started)
-    return [_row("Session.install, cold (download + pip in the sandbox)", rows["cold"]),
-            _row("Session.install, warm (cached wheels, pip in the sandbox)", rows["warm"]),
-            _row("Session.install, again in the same sandbox (pip not started)", rows["again"])]
+    return [_row("Session.install, cold (download + unpack in the sandbox)", rows["cold"]),
+            _row("Session.install, warm (cached wheels unpacked, no pip)", rows["warm"]),
+            _row("Session.install, again in the same sandbox (already there)", rows["again"])]
 
 
 def _execute_rows(config: nbexec.SandboxConfig, wanted: list[str], samples: int) -> list[str]:

@@ -119,8 +119,8 @@ def address_problem(address: Address) -> str | None:
         if problem is not None:
             return f"{problem} (inside an IPv6 address)"
     checks = (("is_loopback", "a loopback address"), ("is_link_local", "a link-local address (cloud metadata)"),
-              ("is_private", "a private address"), ("is_multicast", "a multicast address"),
-              ("is_unspecified", "an unspecified address"), ("is_reserved", "a reserved address"))
+              ("is_unspecified", "an unspecified address"), ("is_multicast", "a multicast address"),
+              ("is_private", "a private address"), ("is_reserved", "a reserved address"))
     for attribute, reason in checks:
         if getattr(address, attribute):
             return reason
