@@ -85,7 +85,7 @@ def parse_rule(text: str) -> Rule:
     if ports and not all(0 < p < 65536 for p in ports):
         raise ConfigError(f"allowed_hosts entry {text!r}: the port is out of range")
     normal = normalise(host)
-    if normal is None or normal.startswith("*.") and _address(normal[2:]) is not None:
+    if normal is None or (normal.startswith("*.") and _address(normal[2:]) is not None):
         raise ConfigError(f"allowed_hosts entry {text!r} is not a host name, *.domain, or an IP address")
     return Rule(normal, ports)
 
@@ -167,7 +167,7 @@ class Allowlist:
             if problem is not None:
                 return [], (f"{normal} resolves to {text}, {problem}; such addresses are reached only when "
                             "allowed_hosts lists the address itself")
-        return (addresses, None) if addresses else ([], f"{normal} has no address")
+        return (list(addresses), None) if addresses else ([], f"{normal} has no address")
 
 
 # -- the sandbox's side: the proxy's folder, the forwarder, the log --------------------------------------------

@@ -24,7 +24,7 @@ import json
 import re
 import shlex
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -243,7 +243,7 @@ def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts:
     return installer_call(texts, wheels, asked, verbose=True) if plain else None
 
 
-def installer_call(texts: Sequence[str], wheels: Sequence[wheelhouse.Wheel], asked: set[str], *,
+def installer_call(texts: Sequence[str], wheels: Sequence[wheelhouse.Wheel], asked: Iterable[str], *,
                    verbose: bool = False) -> str:
     """The code that installs ``wheels`` in the kernel with `nbexec.wheelinstall` (pip only where needed)."""
     listed = [[w.filename, w.name, w.version] for w in wheels]
@@ -281,7 +281,8 @@ def _target(sandbox: Sandbox, config: SandboxConfig) -> wheelhouse.Target:
     if known is not None:
         return known
     installer = resources.files("nbexec").joinpath("wheelinstall.py").read_text("utf-8")
-    content = _run_hidden(sandbox, f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{'INSTALLER': {installer!r}}})",
+    setup = f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{'INSTALLER': {installer!r}}})"
+    content = _run_hidden(sandbox, setup,
                           config.startup_timeout, expressions={"target": _TARGET})
     try:
         shown = content["user_expressions"]["target"]["data"]["text/plain"]

@@ -180,7 +180,7 @@ class Proxy:
         entry.allowed, entry.address = True, addresses[0]
         return entry
 
-    def _refused(self, entry: _Entry, client: socket.socket, reason: str) -> None:
+    def _refused(self, entry: _Entry, client: socket.socket, reason: str) -> _Entry | None:
         entry.reason = reason
         if not entry.method:
             entry.host = ""
@@ -272,11 +272,11 @@ def _parse(head: bytes) -> tuple[str, str, int, bytes | None]:
         return "", "not an HTTP/1.x proxy request", 0, None
     method, target = parts[0].decode(), parts[1].decode("ascii", "replace")
     if method == "CONNECT":
-        host, _, port = target.rpartition(":")
+        host, _, digits = target.rpartition(":")
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not digits.isdigit() or not 0 < int(digits) < 65536:
             return "", "CONNECT needs host:port", 0, None
-        return method, host, int(port), None
+        return method, host, int(digits), None
     url = urlsplit(target)
     try:
         port = url.port or 80
@@ -285,9 +285,9 @@ def _parse(head: bytes) -> tuple[str, str, int, bytes | None]:
     if url.scheme != "http" or not url.hostname or not 0 < port < 65536 or url.username or url.password:
         return "", "only CONNECT and http:// URLs without credentials go through this proxy", 0, None
     names = [line.split(b":", 1)[0] for line in lines[1:]]
-    if not all(b":" in line and _TOKEN.match(name) for line, name in zip(lines[1:], names)):
+    if not all(b":" in line and _TOKEN.match(name) for line, name in zip(lines[1:], names, strict=True)):
         return "", "a header line that is not name: value", 0, None
-    headers = [line for line, name in zip(lines[1:], names) if name.lower() not in _HOP]
+    headers = [line for line, name in zip(lines[1:], names, strict=True) if name.lower() not in _HOP]
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
     authority = url.netloc.rsplit("@", 1)[-1].encode()
     forward = b"\r\n".join([f"{method} {path} {parts[2].decode()}".encode(), b"Host: " + authority, *headers,

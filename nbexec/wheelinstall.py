@@ -44,7 +44,7 @@ class UnsafeWheel(Exception):
 def paths(prefix: str = PREFIX) -> dict[str, str]:
     """Where each wheel scheme goes under ``prefix`` (pip's --prefix layout)."""
     found = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix})
-    version = "python%d.%d" % sys.version_info[:2]
+    version = "python{}.{}".format(*sys.version_info[:2])
     return {"purelib": found["purelib"], "platlib": found["platlib"], "scripts": found["scripts"],
             "data": prefix, "headers": os.path.join(prefix, "include", version)}
 
@@ -80,7 +80,8 @@ def _installed(name: str) -> str | None:
 def _plan(wheels: Sequence[Sequence[str]], folder: str, asked: set[str]) -> tuple[list[Sequence[str]], str]:
     """The wheels to unpack, and "unpack", or "pip" when a package asked for is installed at another version
     or an installed dependency does not meet a requirement of the resolution."""
-    todo, present = [], {}
+    todo: list[Sequence[str]] = []
+    present: dict[str, str] = {}
     for filename, name, version in wheels:
         have = _installed(name)
         if have is None:
@@ -174,7 +175,7 @@ def unpack(path: str, places: dict[str, str], *, requested: bool = False) -> lis
     extra = {"INSTALLER": b"nbexec\n", **({"REQUESTED": b""} if requested else {})}
     for name, content in extra.items():
         records.append(_put(os.path.join(meta, name), content, 0o644))
-    rows = [(os.path.relpath(where, site), digest, size) for where, digest, size in records]
+    rows = [(os.path.relpath(where, site), digest, str(size)) for where, digest, size in records]
     rows.append((os.path.relpath(os.path.join(meta, "RECORD"), site), "", ""))
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(rows)

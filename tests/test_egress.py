@@ -261,7 +261,8 @@ def attempt(name, func):
     except Exception as exc:
         print(name, 'shut', type(exc).__name__)
 attempt('tcp-gateway', lambda: socket.create_connection(('{gateway}', {tcp}), timeout=3).sendall(b'escaped'))
-attempt('udp-gateway', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'escaped', ('{gateway}', {udp})))
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+attempt('udp-gateway', lambda: udp.sendto(b'escaped', ('{gateway}', {udp})))
 attempt('dns', lambda: socket.getaddrinfo('example.com', 80))
 attempt('direct-refused', lambda: socket.create_connection(('127.0.0.1', {refused}), timeout=3))
 attempt('metadata', lambda: socket.create_connection(('169.254.169.254', 80), timeout=3))

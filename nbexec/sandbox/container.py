@@ -27,6 +27,7 @@ import docker
 import docker.errors
 import docker.types
 
+from .. import egress
 from ..config import SandboxConfig, parse_size
 from ..errors import DockerError, SandboxError
 from ..folders import work_root
@@ -87,8 +88,6 @@ class Sandbox:
     @classmethod
     def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
         """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
-        from .. import egress
-
         docker_client = daemon.connect()
         sandbox_id = uuid.uuid4().hex[:16]
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
@@ -195,8 +194,6 @@ class Sandbox:
         if config.runtime:
             options["runtime"] = config.runtime
         if config.network == "allowlist":  # still no interface: HTTP(S) through the host's proxy
-            from .. import egress
-
             options["mounts"].append(egress.mount(self.workdir))
             options["environment"].update(egress.ENVIRONMENT)
         return options
