@@ -311,3 +311,27 @@ def test_the_sandbox_reaches_an_allowed_server_and_nothing_else(
         assert json.loads(result.to_json())["connections"][0]["host"] == "127.0.0.1"
     finally:
         gateway.close()
+
+
+def test_a_session_logs_each_run_and_installs_stay_offline(
+        servers: dict[str, Server], tmp_path: Path, cleanup_ledger: None) -> None:
+    from .pyindex import Index
+
+    index = Index(tmp_path / "index")
+    try:
+        index.add("nbexec-tiny", "1.0", "VALUE = 42\n")
+        allowed = servers["allowed"].port
+        config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=60, network="allowlist",
+                                      allowed_hosts=(f"127.0.0.1:{allowed}",), packages="any",
+                                      package_index=index.url, package_cache=str(tmp_path / "cache"))
+        fetch = f"import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:{allowed}/{{}}').read())"
+        with nbexec.Session(config) as session:
+            first = session.run("%pip install nbexec-tiny\nimport nbexec_tiny\n" + fetch.format("one"))
+            second = session.run(fetch.format("two") + "\nprint(nbexec_tiny.VALUE)")
+        assert first.ok and second.ok, (first.error, second.error)
+        assert "42" in second.stdout and {p.name for p in first.packages} == {"nbexec-tiny"}
+        assert [(c.host, c.allowed, c.open) for c in first.connections] == [("127.0.0.1", True, False)]
+        assert len(second.connections) == 1, "a run's log holds only its own connections"
+        assert [path for path, _ in servers["allowed"].seen][-2:] == ["/one", "/two"]
+    finally:
+        index.close()
