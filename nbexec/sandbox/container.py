@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 RUNTIME_MOUNT = "/run/nbexec"
 DATA_MOUNT = "/mnt/data"
 INPUT_MOUNT = "/mnt/input"
+MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
 HOME = "/home/sandbox"
 WORKDIR_PREFIX = "nbexec-"
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
@@ -62,6 +63,7 @@ class Sandbox:
         self.workdir = workdir
         self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
         self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
+        self.input_links: frozenset[str] = frozenset()  # names in data_dir nbexec linked to /mnt/input
         self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
         self.freezer: datafs.Freezer | None = None
         self.container: Any = None
@@ -113,6 +115,23 @@ class Sandbox:
             os.chmod(self.runtime_dir, 0o777)
         os.chmod(conn, 0o400)
         self._make_data_fs()
+        if self.config.input_dir and self.config.link_input:
+            self._link_input(self.config.input_dir)
+
+    def _link_input(self, folder: str) -> None:
+        """Link each visible entry of the input folder from /mnt/data (the kernel's working folder) to its
+        place under /mnt/input, so `open('data.csv')` reads the file next to the notebook. The links point
+        inside the sandbox; the host never follows them (and drops them from the result's skipped files)."""
+        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))[:MAX_INPUT_LINKS]
+        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for name in names:
+                os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
+                if os.getuid() == 0:
+                    os.chown(name, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        self.input_links = frozenset(names)
 
     def _make_data_fs(self) -> None:
         """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
