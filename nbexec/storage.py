@@ -199,15 +199,15 @@ class AzureBlobStore:
         """Reach the container now (made when missing), before any code runs: a missing extra or bad settings
         raise ConfigError, an unreachable service StorageError; each says what to do."""
         _azure()
-        from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
+        from azure.core.exceptions import AzureError, HttpResponseError
 
         where = f"Azure Blob Storage (account {self._account_name() or '?'}, container {self.settings.container})"
         try:
             self._ensure_container()
-        except ClientAuthenticationError as exc:
-            raise ConfigError(f"{where} refused the credentials: {redact(_first_line(exc))}. Check "
-                              "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_KEY.") from exc
         except HttpResponseError as exc:
+            if exc.status_code in (401, 403):
+                raise ConfigError(f"{where} refused the credentials: {redact(_first_line(exc))} Check "
+                                  "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_KEY.") from exc
             raise ConfigError(f"{where} answered {exc.status_code}: {redact(_first_line(exc))}") from exc
         except (AzureError, ValueError) as exc:  # ValueError: a malformed connection string or account URL
             raise StorageError(f"{where} is not reachable: {redact(_first_line(exc))}. Check the endpoint in "

@@ -101,7 +101,7 @@ def _hint(result: ExecutionResult) -> str:
         "exception": "Fix the code and call the tool again.",
         "timeout": "The code ran out of time: make it faster or work on less data, then call the tool again.",
         "oom": "The code ran out of memory: use less (smaller data, chunks), then call the tool again.",
-        "kernel_died": "The Python process crashed; its variables are lost. Avoid what crashed it and retry.",
+        "kernel_died": "The Python process ended and its variables are lost (see why above); retry without it.",
         "limit": "Too much data was written to /mnt/data: write less and call the tool again.",
     }.get(error.kind, "Fix the code and call the tool again.")
 

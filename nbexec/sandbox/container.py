@@ -301,6 +301,8 @@ class Sandbox:
                 return ContainerState(running=False, exit_code=None, oom_killed=False)
             raise
         status = self.container.attrs.get("State", {})
+        if status.get("Status") == "removing":  # `docker rm -f` from outside: it kills first, then removes
+            return ContainerState(running=False, exit_code=None, oom_killed=False)
         return ContainerState(bool(status.get("Running")), status.get("ExitCode"), bool(status.get("OOMKilled")))
 
     def interrupt(self) -> None:
