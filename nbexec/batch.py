@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import re
 import threading
 import time
@@ -20,6 +21,7 @@ from .result import ExecutionResult
 from .storage import ArtifactStore
 
 SUFFIXES = (".py", ".ipynb")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,20 @@ class BatchOptions:
     fail_fast: bool = False
     store: ArtifactStore | None = None
     packages: tuple[str, ...] = ()  # installed before each file runs (see nbexec.packages)
+    mount_folders: bool = False  # each file's folder at /mnt/input, linked from the working folder
+
+
+def with_folder(config: SandboxConfig, path: Path) -> SandboxConfig:
+    """The config with ``path``'s folder as the read-only input folder (its entries linked from the kernel's
+    working folder), unless one is set, the input is stdin, or the folder is the home folder or / (too much to
+    show untrusted code: mount a narrower folder with --mount-input)."""
+    if config.input_dir is not None or str(path) == "-":
+        return config
+    folder = path.resolve().parent
+    if folder in (Path.home().resolve(), Path(folder.anchor)):
+        log.info("%s lies in %s: its folder is not mounted (use --mount-input)", path, folder)
+        return config
+    return config.replace(input_dir=str(folder), link_input=True)
 
 
 def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path) -> Item:
@@ -89,7 +105,9 @@ def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path
     try:
         nb = notebook.load(path)
         parameters.inject(nb, options.parameters or {})
-        result = execute_notebook(nb, config=config, output_dir=out, store=options.store, packages=options.packages)
+        config = with_folder(config, path) if options.mount_folders else config
+        result = execute_notebook(nb, config=config, output_dir=out, store=options.store,
+                                  packages=options.packages)
     except (NotebookError, ConfigError) as exc:  # this input is bad; the others still run
         return Item(path, "failed", time.monotonic() - started, message=str(exc))
     except NbexecError as exc:  # nbexec or Docker failed

@@ -15,15 +15,11 @@ from typing import Any
 
 import click
 
-from . import __version__, render
+from . import __version__, commands, render, terminal
+from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
 from .config import SandboxConfig, describe, from_env, store_from_env
 from .errors import ConfigError, NbexecError, NotebookError
 from .outputs import clean
-from .sandbox import daemon, datafs, image
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
-EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
-missing or invalid input); 3 nbexec or Docker failure."""
 
 # Config fields offered as options, each with its help text taken from SandboxConfig.
 _OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "max_output", "max_data",
@@ -86,6 +82,8 @@ def main(verbose: int) -> None:
 @main.command(epilog=EXIT_CODES)
 @click.argument("inputs", nargs=-1, required=True, metavar="FILE...")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print only what the code prints and its errors (no file list, progress or summary table).")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
               help="One file: where data/, images/ and the notebook go [default: ./nbexec-output/<name>-<id>]. "
                    "Several: the folder that gets one sub-folder per file [default: ./nbexec-output].")
@@ -109,16 +107,21 @@ def main(verbose: int) -> None:
               help="Install this package before the code runs (repeatable; e.g. tabulate, 'pyarrow==17.*'): fetched "
                    "as a wheel on the host under the package policy, installed offline in the sandbox.")
 @click.option("--mount-input", "input_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Mount this host folder read-only at /mnt/input.")
+              help="Mount this host folder read-only at /mnt/input (instead of each file's own folder).")
+@click.option("--mount-folder/--no-mount-folder", default=True, show_default=True,
+              help="Mount each file's folder read-only at /mnt/input and link its entries into the working "
+                   "folder, so `open('data.csv')` reads the file next to the notebook (never the home folder or /).")
 @sandbox_options
-def run(inputs: tuple[str, ...], as_json: bool, output_dir: Path | None, save_notebook: Path | None, store: str,
-        upload: str | None, jobs: int, parameter_pairs: tuple[tuple[str, str], ...], parameters_file: Path | None,
-        junit_xml: Path | None, html_dir: Path | None, fail_fast: bool, package_names: tuple[str, ...],
-        input_dir: Path | None, **options: Any) -> None:
+def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | None, save_notebook: Path | None,
+        store: str, upload: str | None, jobs: int, parameter_pairs: tuple[tuple[str, str], ...],
+        parameters_file: Path | None, junit_xml: Path | None, html_dir: Path | None, fail_fast: bool,
+        package_names: tuple[str, ...], input_dir: Path | None, mount_folder: bool, **options: Any) -> None:
     """Run FILE... (.py with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each in a fresh
-    sandbox. One file prints what its notebook shows; several print progress and a summary table."""
+    sandbox. One file streams what its notebook shows; several print progress, a summary table and the
+    tracebacks of the files that failed."""
     from . import batch, parameters
 
+    shown = _Shown(as_json=as_json, quiet=quiet, painter=terminal.Painter())
     try:
         single = len(inputs) == 1 and not Path(inputs[0]).is_dir() and not any(c in inputs[0] for c in "*?[") \
             and not (junit_xml or html_dir or fail_fast)
@@ -131,49 +134,66 @@ def run(inputs: tuple[str, ...], as_json: bool, output_dir: Path | None, save_no
         config = build_config(options, **fixed)
         artifact_store = store_from_env(upload or store)
         paths = batch.discover(list(inputs))
+        if hasattr(artifact_store, "check"):  # reach the store before any code runs (missing extra, bad key)
+            artifact_store.check()
     except (NotebookError, ConfigError) as exc:
-        _fail(str(exc), EXIT_USAGE, as_json)
+        fail(str(exc), EXIT_USAGE, as_json)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, as_json)
+    options_ = batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"), parameters=values,
+                                  fail_fast=fail_fast, store=artifact_store, mount_folders=mount_folder,
+                                  packages=package_names)
     if single:
-        _run_single(paths[0], config, artifact_store, values, output_dir, save_notebook, as_json, package_names)
-    _run_batch(paths, config, batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"),
-                                                 parameters=values, fail_fast=fail_fast, store=artifact_store,
-                                                 packages=package_names),
-               junit_xml, html_dir, as_json)
+        _run_single(paths[0], config, options_, output_dir, save_notebook, shown)
+    _run_batch(paths, config, options_, junit_xml, html_dir, shown)
 
 
-def _run_single(path: Path, config: SandboxConfig, artifact_store: Any, values: dict[str, Any],
-                output_dir: Path | None, save_notebook: Path | None, as_json: bool,
-                packages: tuple[str, ...] = ()) -> None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Shown:
+    """How a run shows itself: one JSON object, or text (streamed; quiet: the code's output and errors only)."""
+
+    as_json: bool
+    quiet: bool
+    painter: terminal.Painter
+
+
+def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Path | None,
+                save_notebook: Path | None, shown: _Shown) -> None:
+    from .batch import with_folder
     from .execute import execute_notebook
     from .notebook import load
     from .parameters import inject
 
+    live = None if shown.as_json else terminal.Live(shown.painter)
     try:
-        nb = inject(load(path), values)
+        nb = inject(load(path), options.parameters)
         if output_dir is None:
             stem = "stdin" if str(path) == "-" else path.stem
             output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"
-        result = execute_notebook(nb, config=config, output_dir=output_dir, store=artifact_store, packages=packages)
+        config = with_folder(config, path) if options.mount_folders else config
+        result = execute_notebook(nb, config=config, output_dir=output_dir, store=options.store, on_output=live,
+                                  packages=options.packages)
         if save_notebook is not None and result.notebook_path:
             shutil.copyfile(result.notebook_path, save_notebook)
-        shown = json_text(result.to_json()) if as_json else None
     except (NotebookError, ConfigError) as exc:
-        _fail(str(exc), EXIT_USAGE, as_json)
+        fail(str(exc), EXIT_USAGE, shown.as_json)
     except NbexecError as exc:
-        _fail(str(exc), EXIT_INFRA, as_json)
+        fail(str(exc), EXIT_INFRA, shown.as_json)
     except Exception as exc:  # a bug or an OS failure in nbexec: still one answer, never a bare traceback
         logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
-        _fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc} (run with -vv for the traceback)",
-              EXIT_INFRA, as_json)
-    if shown is not None:
-        click.echo(shown)
+        fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc} (run with -vv for the traceback)",
+             EXIT_INFRA, shown.as_json)
+    if live is None:
+        click.echo(json_text(result.to_json()))
     else:
-        text = render.for_terminal(result)
-        if text:
-            click.echo(text)
+        live.finish()
+        notes = [] if shown.quiet else render.summary_lines(result, images=True)
+        if notes:
+            click.echo("\n".join(notes))
         if result.error is not None:
-            click.echo(render.error_text(result), err=True)
-        click.echo(f"notebook: {result.notebook_path}", err=True)
+            shown.painter.echo(shown.painter.style(render.error_text(result), fg="red"), err=True)
+        if not shown.quiet:
+            shown.painter.echo(shown.painter.style(f"notebook: {result.notebook_path}", dim=True), err=True)
     sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
 
 
@@ -187,177 +207,45 @@ def json_text(text: str) -> str:
 
 
 def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml: Path | None,
-               html_dir: Path | None, as_json: bool) -> None:
+               html_dir: Path | None, shown: _Shown) -> None:
     from . import batch, reports
 
-    progress = Progress(len(paths), live=sys.stderr.isatty() and not as_json)
+    progress = terminal.Progress(len(paths), live=sys.stderr.isatty() and not shown.as_json, quiet=shown.quiet,
+                                 painter=shown.painter)
     try:
         items = batch.run(paths, config, options, on_event=progress.event)
     except NbexecError as exc:
-        _fail(str(exc), EXIT_INFRA, as_json)
+        fail(str(exc), EXIT_INFRA, shown.as_json)
     except Exception as exc:  # as in _run_single: one answer, exit 3
         logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
-        _fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc}", EXIT_INFRA, as_json)
+        fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc}", EXIT_INFRA, shown.as_json)
     progress.close()
     if junit_xml:
         reports.junit_xml(items, junit_xml)
     if html_dir:
         reports.html(items, html_dir)
     failed = any(i.status != "passed" for i in items)
-    if as_json:
+    if shown.as_json:
         click.echo(json_text(json.dumps({"ok": not failed, "results": [
             {"file": i.name, "status": i.status, "duration_s": round(i.duration_s, 3), "message": i.message,
              "result": i.result.to_dict() if i.result else None} for i in items]}, ensure_ascii=False)))
     else:
-        click.echo(reports.summary(items))
+        _show_failures(items, shown.painter)
+        table = reports.summary(items, style=shown.painter.status)
+        click.echo(table.splitlines()[-1] if shown.quiet else table, color=shown.painter.out or None)
     if any(i.status == "error" for i in items):
         sys.exit(EXIT_INFRA)
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
 
 
-class Progress:
-    """A live status line on a terminal; one line per finished file otherwise (CI logs)."""
-
-    def __init__(self, total: int, *, live: bool) -> None:
-        self.total, self.live = total, live
-        self.done = self.failed = 0
-        self.running: list[str] = []
-
-    def event(self, kind: str, subject: Any) -> None:
-        if kind == "start":
-            self.running.append(str(subject))
-        else:
-            self.done += 1
-            self.failed += subject.status != "passed"
-            if subject.name in self.running:
-                self.running.remove(subject.name)
-            if not self.live:
-                note = f" ({subject.message.splitlines()[0][:100]})" if subject.message else ""
-                click.echo(f"[{self.done}/{self.total}] {subject.status.upper():7} {subject.name} "
-                           f"{subject.duration_s:.1f} s{note}", err=True)
-        if self.live:
-            line = f"[{self.done}/{self.total}] {self.failed} failed; running: {', '.join(self.running)[:60]}"
-            click.echo(f"\r\x1b[K{line}", err=True, nl=False)
-
-    def close(self) -> None:
-        if self.live:
-            click.echo("\r\x1b[K", err=True, nl=False)
-
-
-def _fail(message: str, code: int, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"ok": False, "nbexec_error": message, "exit_code": code}))
-    click.echo(f"nbexec: {clean(message)}", err=True)
-    sys.exit(code)
-
-
-@main.group(name="image")
-def image_group() -> None:
-    """Build and inspect the runtime image."""
-
-
-@image_group.command(name="build", epilog=EXIT_CODES)
-@click.option("--tag", default=None,
-              help="Image tag to build [default: the config's image].")
-@click.option("--base-image", help="Base image (build argument BASE_IMAGE) [default: python:3.12-slim].")
-@click.option("--debootstrap", is_flag=True,
-              help="No registry: make a Debian base with debootstrap + docker import (root), and build on it.")
-@click.option("--mirror", help="Debian mirror for --debootstrap [default: http://deb.debian.org/debian].")
-@click.option("--ca-bundle", type=click.Path(dir_okay=False, exists=True, path_type=Path), envvar="NBEXEC_CA_BUNDLE",
-              help="CA certificates for pip inside the build (a TLS-inspecting proxy or private mirror).")
-@click.option("--no-cache", is_flag=True, help="Build every layer anew.")
-def image_build(tag: str | None, base_image: str | None, debootstrap: bool, mirror: str | None,
-                ca_bundle: Path | None, no_cache: bool) -> None:
-    """Build the runtime image, showing Docker's progress."""
-    tag = tag or from_env().image
-    try:
-        if debootstrap:
-            base_image = base_image or image.DEFAULT_BASE
-            if image.exists(base_image):
-                click.echo(f"nbexec: using the existing base image {base_image}", err=True)
-            else:
-                image.make_base(base_image, mirror=mirror)
-        options = image.BuildOptions(tag=tag, base_image=base_image, ca_bundle=ca_bundle, no_cache=no_cache)
-        image_id = image.build(options, progress=lambda line: click.echo(line, err=True))
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE, False)
-    except NbexecError as exc:
-        _fail(str(exc), EXIT_INFRA, False)
-    click.echo(f"built {tag} ({image_id})")
-
-
-@main.command(epilog=EXIT_CODES)
-def doctor() -> None:
-    """Check that Docker answers, the image is present and which runtimes work here; print a fix for each problem."""
-    problems = 0
-    config = from_env()
-    click.echo(f"nbexec {__version__}, Python {sys.version.split()[0]}")
-    try:
-        client = daemon.connect()
-        version = client.version()
-        click.echo(f"ok   Docker engine {version.get('Version')} (API {version.get('ApiVersion')})")
-    except NbexecError as exc:
-        click.echo(f"FAIL {exc}")
-        sys.exit(EXIT_INFRA)
-    try:
-        info = image.describe(config.image)
-        click.echo(f"ok   image {config.image}: {info['id']} ({info['size_mb']} MB, built {info['created'][:19]})")
-    except NbexecError as exc:
-        problems += 1
-        click.echo(f"FAIL {exc}")
-    problems += _check_runtimes(config)
-    _check_sandbox_uid(config)
-    click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
-               "ok   /mnt/data is a filesystem of its own per sandbox (max_data bytes, max_files inodes)")
-    click.echo(f"     policy: {config!r}")
-    sys.exit(EXIT_INFRA if problems else EXIT_OK)
-
-
-def _check_runtimes(config: SandboxConfig) -> int:
-    """Start a test container with each supported runtime; a problem only when the configured one fails."""
-    from .sandbox import runtimes
-
-    try:
-        click.echo(f"ok   runtimes Docker knows: {', '.join(runtimes.engine_runtimes())}")
-        checks = runtimes.check_all(config.image, config.runtime)
-    except NbexecError as exc:
-        click.echo(f"FAIL {exc}")
-        return 1
-    configured = config.runtime or runtimes.DEFAULT
-    problems = 0
-    for found in checks:
-        what = f"runtime {found.name} ({runtimes.SUPPORTED.get(found.name, 'configured')})"
-        mark = " [configured]" if found.name == configured else ""
-        if found.works:
-            click.echo(f"ok   {what}{mark} runs a test container ({found.seconds:.2f} s)")
+def _show_failures(items: list[Any], painter: terminal.Painter) -> None:
+    """The traceback (or message) of each file that did not pass, on stderr, before the summary."""
+    for item in items:
+        if item.status in ("passed", "skipped"):
             continue
-        problems += found.name == configured
-        click.echo(f"{'FAIL' if found.name == configured else 'WARN'} {what}{mark} does not work here: "
-                   f"{found.reason}")
-    return problems
-
-
-def _check_sandbox_uid(config: SandboxConfig) -> None:
-    """Warn when sandboxes run as a login account: code there shares its files' ownership and per-uid limits."""
-    import pwd
-
-    if not config.user and os.getuid() == 0:
-        click.echo("ok   sandbox uid: a fresh uid per sandbox with no account (nbexec runs as root)")
-        return
-    uid = config.uid_gid()[0]
-    try:
-        account = pwd.getpwuid(uid)
-    except KeyError:
-        click.echo(f"ok   sandbox uid {uid}: no account on this host")
-        return
-    shell = os.path.basename(account.pw_shell or "")
-    if shell in ("", "nologin", "false", "sync"):
-        click.echo(f"ok   sandbox uid {uid}: account {account.pw_name} cannot log in ({account.pw_shell})")
-        return
-    where = "NBEXEC_USER / --user" if config.user else "your own uid (nbexec does not run as root)"
-    click.echo(f"WARN sandbox uid {uid} is the login account {account.pw_name} ({account.pw_shell}), from {where}: "
-               "sandboxed code shares that account's per-uid kernel limits and file ownership. Run nbexec as root "
-               "(a fresh uid per sandbox) or set NBEXEC_USER to a uid no account has.")
+        text = render.error_text(item.result) if item.result is not None else clean(item.message)
+        painter.echo(painter.style(f"--- {clean(item.name)}: {item.status.upper()} ---", bold=True), err=True)
+        painter.echo(painter.style(text or item.status, fg="red"), err=True)
 
 
 @main.command(name="mcp", epilog=EXIT_CODES)
@@ -375,7 +263,7 @@ def mcp_command(transport: str, host: str, port: int, token_file: Path | None, m
     """Serve the execute_python tool over MCP (stdio by default); state is kept per client session."""
     tokens = _tokens(token_file)
     if transport == "streamable-http" and not tokens and not _loopback(host):
-        _fail(f"--host {host} is not a loopback address: give bearer tokens with --token-file or "
+        fail(f"--host {host} is not a loopback address: give bearer tokens with --token-file or "
               "NBEXEC_API_TOKENS (or bind 127.0.0.1)", EXIT_USAGE, False)
     try:
         from .integrations import mcp as mcp_server
@@ -383,9 +271,9 @@ def mcp_command(transport: str, host: str, port: int, token_file: Path | None, m
         config = build_config(options)
         server, clients = mcp_server.build(config, max_sessions=max_sessions)
     except ImportError as exc:
-        _fail(str(exc), EXIT_USAGE, False)
+        fail(str(exc), EXIT_USAGE, False)
     except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE, False)
+        fail(str(exc), EXIT_USAGE, False)
     mcp_server.serve(server, clients, transport=transport, host=host, port=port, tokens=tokens,
                      max_sessions=max_sessions)
 
@@ -431,7 +319,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
 
         from .service import server
     except ImportError as exc:
-        _fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
+        fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
     if token_file:
         tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()]
@@ -440,7 +328,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     except ValueError:
         loopback = False
     if no_auth and not loopback:
-        _fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
+        fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
     if no_auth:
         click.echo("nbexec: WARNING: authentication is OFF; anyone who can reach "
                    f"{host}:{port} can run code", err=True)
@@ -452,43 +340,16 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
             max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
             max_running_per_token=max_running_per_token, result_ttl=result_ttl)
     except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE, False)
+        fail(str(exc), EXIT_USAGE, False)
     # On SIGTERM/SIGINT, requests get a few seconds to finish; then the app's shutdown interrupts and closes
     # every run and removes its folders (uvicorn re-raises SIGTERM afterwards: no atexit handler runs).
     uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=3)
 
 
-@main.command(epilog=EXIT_CODES)
-@click.option("--all", "everything", is_flag=True, help="Also remove containers of nbexec processes still running.")
-@click.option("--older-than", metavar="AGE",
-              help="Also remove nbexec's own output and working folders (in its private folders in the temporary "
-                   "folder, never an --output-dir you chose) unchanged for longer than AGE (30m, 12h, 1d), and the "
-                   "containers that use them.")
-def cleanup(everything: bool, older_than: str | None) -> None:
-    """Remove containers and working folders nbexec left behind (found by label); with --older-than, also old
-    output folders. Without it, outputs are kept: the CLI never deletes what it handed back."""
-    from . import folders as host_folders
-    from .config import parse_duration
-    from .sandbox.container import remove_stale_workdirs, remove_tree
 
-    try:
-        old = host_folders.older_than(parse_duration(older_than)) if older_than is not None else []
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE, False)
-    try:
-        removed = daemon.cleanup(daemon.connect(), everything=everything, mounting=old)
-    except NbexecError as exc:
-        _fail(str(exc), EXIT_INFRA, False)
-    for path in old:
-        remove_tree(path)
-    folders = old + remove_stale_workdirs()
-    for item in removed:
-        click.echo(f"removed container {item.name} ({item.id}, {item.role or 'unknown role'}, owner {item.owner})")
-    for folder in folders:
-        click.echo(f"removed folder {folder}")
-    click.echo(f"{len(removed)} containers and {len(folders)} folders removed")
-
+for _command in (commands.image_group, commands.doctor, commands.cleanup):
+    main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

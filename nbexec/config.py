@@ -124,6 +124,12 @@ class SandboxConfig:
     )
     runtime: str | None = field(default=None, metadata=_doc("OCI runtime, e.g. runsc for gVisor (default: Docker's)."))
     input_dir: str | None = field(default=None, metadata=_doc("Host folder mounted read-only at /mnt/input."))
+    link_input: bool = field(
+        default=False,
+        metadata=_doc("Link the entries of input_dir (up to 200, not hidden ones) from the working folder "
+                      "/mnt/data, so relative paths read the files next to a notebook; new files still land in "
+                      "/mnt/data."),
+    )
     warm_imports: tuple[str, ...] = field(
         default=("numpy", "pandas", "matplotlib.pyplot"),
         metadata=_doc("Modules a waiting kernel imports in advance (only sys.modules changes)."),
@@ -226,7 +232,7 @@ class SandboxConfig:
     def container_key(self) -> tuple[Any, ...]:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
-                tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir,
+                tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir, self.link_input,
                 self.max_data_bytes, self.max_files, self.max_output, self.max_display,  # the frame cap
                 self.allowed_hosts, self.max_egress, self.max_connections)  # the egress proxy's rules
 

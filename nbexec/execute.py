@@ -93,6 +93,8 @@ def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, outp
         with out.child("data") as target:
             found = artifacts.snapshot(sandbox.data_dir, target, artifacts.Limits(
                 max_file=cap, max_total=cap, max_files=config.max_files), known=known)
+        # nbexec's own links to the input folder are not files the code left behind
+        skipped = [s for s in found.skipped if s.name not in sandbox.input_links or "link" not in s.reason]
         notes = _data_notes(sandbox)
         error = _as_limit(error, sandbox, notes)
         connections, traffic_notes = egress.take(sandbox)
@@ -105,7 +107,7 @@ def finish(nb: NotebookNode, error: CellError | None, *, execution_id: str, outp
     return ExecutionResult(
         ok=error is None, execution_id=execution_id, stdout=view.stdout, stderr=view.stderr, text=view.text,
         error=error, outputs=tuple(flat), images=tuple(images), files=tuple(found.files),
-        skipped_files=tuple(found.skipped), notebook=nb, notebook_path=str(notebook_path),
+        skipped_files=tuple(skipped), notebook=nb, notebook_path=str(notebook_path),
         output_dir=str(output_dir), duration_s=duration, timings=timings, truncated_bytes=dropped,
         notes=tuple(notes + found.notes + traffic_notes), connections=connections)
 

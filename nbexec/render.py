@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from .outputs import IMAGE_TYPES, clean
 from .result import ExecutionResult, Image
 
@@ -10,29 +13,48 @@ def _text(value: object) -> str:
     return "".join(value) if isinstance(value, list) else str(value)
 
 
-def _image_line(image: Image | None) -> str:
-    if image is None:
-        return "[image]"
+def _image_where(image: Image) -> str:
     uploaded = image.url and not image.url.startswith("file:")
-    return f"[image: {clean(image.url if uploaded and image.url else image.path)}]"
+    return clean(image.url if uploaded and image.url else image.path)
+
+
+def _image_line(image: Image | None) -> str:
+    return "[image]" if image is None else f"[image: {_image_where(image)}]"
+
+
+def output_lines(output: dict[str, Any], images: Iterator[Image] | None = None) -> tuple[str, str]:
+    """One output as (where, text): where is "stdout" or "stderr" (the code's stderr stream), or "" for
+    outputs a terminal does not show (errors: the traceback is shown once, at the end). Images show as
+    ``[image: path]`` (``[image]`` while it is not saved)."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        where = "stderr" if output.get("name") == "stderr" else "stdout"
+        return where, clean(_text(output.get("text", "")))
+    if kind in ("execute_result", "display_data"):
+        data = output.get("data", {})
+        if any(mime in data for mime in IMAGE_TYPES):
+            return "stdout", _image_line(next(images, None) if images is not None else None) + "\n"
+        if "text/plain" in data:
+            return "stdout", clean(_text(data["text/plain"])) + "\n"
+    return "", ""
 
 
 def for_terminal(result: ExecutionResult) -> str:
     """What a notebook would show, in order: text, ``[image: path]``, then files written and the error."""
-    lines: list[str] = []
     images = iter(result.images)
-    for output in result.outputs:
-        kind = output.get("output_type")
-        if kind == "stream":
-            lines.append(clean(_text(output.get("text", ""))).rstrip("\n"))
-        elif kind in ("execute_result", "display_data"):
-            data = output.get("data", {})
-            if any(mime in data for mime in IMAGE_TYPES):
-                lines.append(_image_line(next(images, None)))
-            elif "text/plain" in data:
-                lines.append(clean(_text(data["text/plain"])))
+    shown = [(where, text.rstrip("\n")) for where, text in (output_lines(o, images) for o in result.outputs)]
+    notes = summary_lines(result)
+    return "\n".join([text for where, text in shown if where] + (["", *notes] if notes else []))
+
+
+def summary_lines(result: ExecutionResult, *, images: bool = False) -> list[str]:
+    """What a run left behind: images (when asked: a live view showed them as ``[image]``), files written,
+    files not uploaded or not collected, dropped output."""
+    lines: list[str] = []
+    if images and result.images:
+        lines.append("images:")
+        lines.extend(f"  {_image_where(image)}" for image in result.images)
     if result.files:
-        lines.append("")
         lines.append("files written to /mnt/data:")
         lines.extend(f"  {clean(f.name)} ({f.size:,} bytes) -> {clean(f.url or f.path)}" for f in result.files)
     failed = [u for u in result.uploads if u.status in ("failed", "skipped")]
@@ -44,7 +66,7 @@ def for_terminal(result: ExecutionResult) -> str:
         lines.extend(f"  {clean(s.name)}: {clean(s.reason)}" for s in result.skipped_files)
     if result.truncated_bytes:
         lines.append(f"[output truncated: {result.truncated_bytes:,} bytes dropped]")
-    return "\n".join(line for line in lines if line is not None)
+    return lines
 
 
 def error_text(result: ExecutionResult) -> str:

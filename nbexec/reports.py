@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -72,13 +73,15 @@ def html(items: list[Item], folder: Path) -> list[Path]:
     return written
 
 
-def summary(items: list[Item]) -> str:
-    """A plain table: file, status, duration, error."""
+def summary(items: list[Item], style: Callable[[str, str], str] = lambda status, text: text) -> str:
+    """A plain table: file, status, duration, error; ``style(status, cell)`` may colour the status cells."""
     rows = [("file", "status", "duration", "error")]
     rows += [(i.name, i.status.upper(), f"{i.duration_s:.1f} s", i.message.splitlines()[0][:80] if i.message else "")
              for i in items]
     widths = [max(len(r[c]) for r in rows) for c in range(3)]
-    lines = ["  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows]
+    statuses = ["", *(i.status for i in items)]
+    lines = ["  ".join((style(status, r[c].ljust(widths[c])) if c == 1 and status else r[c].ljust(widths[c]))
+                       for c in range(3)) + "  " + r[3] for r, status in zip(rows, statuses, strict=True)]
     passed = sum(i.status == "passed" for i in items)
     lines.append(f"{passed} passed, {len(items) - passed} failed")
     return "\n".join(line.rstrip() for line in lines)

@@ -337,6 +337,10 @@ def _check_sandbox(sandbox: Sandbox) -> CellOutcome | None:
             return CellOutcome(status="oom", exit_code=container.exit_code, message=(
                 f"The sandbox ran out of memory (limit {sandbox.config.memory}) and its kernel was killed. "
                 "Use less memory (process data in chunks) or raise the limit (--memory / NBEXEC_MEMORY)."))
+        if container.exit_code is None:  # Docker no longer knows it: removed from outside, not by the code
+            return CellOutcome(status="died", message=(
+                "The sandbox's container was removed from outside nbexec (docker rm, a cleanup job, or the "
+                "engine restarted) while the code ran; this is not an error in the code. Run it again."))
         return CellOutcome(status="died", exit_code=container.exit_code, message=(
             f"The kernel died (exit code {container.exit_code}): the code ended the process "
             "(os._exit, a crash in native code, or a fatal signal). Its variables are lost."))

@@ -195,6 +195,24 @@ class AzureBlobStore:
                 self._delegation_key = self._client().get_user_delegation_key(now, self._delegation_key_expires)
         return str(blob.generate_blob_sas(user_delegation_key=self._delegation_key, **common))
 
+    def check(self) -> None:
+        """Reach the container now (made when missing), before any code runs: a missing extra or bad settings
+        raise ConfigError, an unreachable service StorageError; each says what to do."""
+        _azure()
+        from azure.core.exceptions import AzureError, HttpResponseError
+
+        where = f"Azure Blob Storage (account {self._account_name() or '?'}, container {self.settings.container})"
+        try:
+            self._ensure_container()
+        except HttpResponseError as exc:
+            if exc.status_code in (401, 403):
+                raise ConfigError(f"{where} refused the credentials: {redact(_first_line(exc))} Check "
+                                  "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_KEY.") from exc
+            raise ConfigError(f"{where} answered {exc.status_code}: {redact(_first_line(exc))}") from exc
+        except (AzureError, ValueError) as exc:  # ValueError: a malformed connection string or account URL
+            raise StorageError(f"{where} is not reachable: {redact(_first_line(exc))}. Check the endpoint in "
+                               "AZURE_STORAGE_CONNECTION_STRING and that the service runs.") from exc
+
     def _ensure_container(self) -> None:
         if self._container_ready:
             return
@@ -224,6 +242,10 @@ class AzureBlobStore:
 
     def local_url(self, path: Path) -> str | None:
         return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
 
 
 def blob_name(prefix: str, execution_id: str, relative: str) -> str:

@@ -40,6 +40,9 @@ def test_batch_reports_everything(cleanup_ledger: None, tmp_path: Path) -> None:
     assert time.monotonic() - started < 120
     assert done.returncode == 1, done.stderr
     assert "PASSED" in done.stdout and "TIMEOUT" in done.stdout and "2 passed, 2 failed" in done.stdout
+    # the failed files' tracebacks follow the progress lines, one section each
+    assert "--- nb/broken.py: FAILED ---" in done.stderr and "RuntimeError: nope" in done.stderr
+    assert "--- nb/forever.py: TIMEOUT ---" in done.stderr and "\x1b" not in done.stderr
     suite = ET.parse(tmp_path / "out" / "junit.xml").getroot().find("testsuite")
     assert suite is not None
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("4", "2", "0")

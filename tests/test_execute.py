@@ -163,3 +163,28 @@ def test_async_wrapper(config: nbexec.SandboxConfig) -> None:
         return [r.stdout for r in results]
 
     assert asyncio.run(main()) == ["0\n", "1\n", "2\n"]
+
+
+def test_a_container_removed_from_outside_is_named(cold: nbexec.SandboxConfig) -> None:
+    """`docker rm -f` while a cell runs: the result says the container went, not that the code crashed."""
+    import threading
+
+    from nbexec.sandbox import daemon
+
+    from .conftest import own_containers, wait_until
+
+    started = threading.Event()
+    outcome: list[nbexec.ExecutionResult] = []
+    runner = threading.Thread(target=lambda: outcome.append(execute_notebook(
+        "print('running', flush=True)\nimport time\ntime.sleep(60)", config=cold,
+        on_output=lambda index, output: started.set())))
+    runner.start()
+    wait_until(started.is_set, 60, "the code never ran")
+    names = own_containers(role="oneshot")
+    assert len(names) == 1, names
+    daemon.connect().containers.get(names[0]).remove(force=True)  # this test's own sandbox
+    runner.join(60)
+    result = outcome[0]
+    assert result.error is not None and result.error.kind == "kernel_died"
+    assert "removed from outside nbexec" in result.error.evalue and "exit code" not in result.error.evalue
+    assert result.stdout == "running\n"

@@ -4,6 +4,7 @@ and the LLM examples replayed end to end on real Docker."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from pydantic import TypeAdapter
 import nbexec
 from nbexec.integrations import tools
 from nbexec.integrations.toolcall import handle_anthropic_tool_use, handle_openai_function_call, handle_openai_tool_call
+from nbexec.outputs import strip_ansi
 
 from .conftest import IMAGE, own_children, own_workdirs, owned_by, settle
 
@@ -47,6 +49,26 @@ def test_description_tells_the_truth() -> None:
     assert "no internet" in closed and "30 s" in closed and "/mnt/data" in closed and "fresh" in closed
     opened = tools.description(nbexec.SandboxConfig(network=True), stateful=True)
     assert "internet access" in opened and "no internet" not in opened and "session_id" in opened
+    per_connection = tools.description(nbexec.SandboxConfig(), stateful=True, by_session_id=False)
+    assert "session_id" not in per_connection and "persists" in per_connection
+
+
+def test_description_states_the_configured_limits() -> None:
+    config = nbexec.SandboxConfig(timeout=45, cell_timeout=10, memory="3g", cpus=2, max_output="200k",
+                                  max_data="50m", max_files=30)
+    text = tools.description(config)
+    for fact in ("45 s (10 s per cell)", "3g of memory", "2 CPU", "past 200k per call is dropped",
+                 "at most 30 50m of files in /mnt/data"):
+        assert fact in text, fact
+
+
+def test_the_omitted_frames_are_counted(config: nbexec.SandboxConfig) -> None:
+    own = tools.render_for_llm(nbexec.execute_notebook("def f():\n    1/0\nf()", config=config))
+    assert "omitted" not in own and own.count("Cell In[1]") == 2
+    deep = nbexec.execute_notebook("import pandas as pd\npd.read_csv('missing.csv')", config=config)
+    library = sum(strip_ansi(line).startswith("File ") for line in deep.error.traceback)  # type: ignore[union-attr]
+    assert library >= 2
+    assert f"({library} frames inside libraries omitted)" in tools.render_for_llm(deep)
 
 
 def test_truncate_keeps_head_and_tail() -> None:
@@ -152,6 +174,7 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
             await client.initialize()
             servers.extend(pid for pid, line in own_children().items() if "nbexec.cli mcp" in line)
             listed = await client.list_tools()
+            description = listed.tools[0].description
             first = await client.call_tool("execute_python", {"code": "x = 41\nopen('out.txt', 'w').write('hi')"})
             second = await client.call_tool("execute_python", {"code": "import matplotlib.pyplot as plt\n"
                                                                        "print(x + 1)\nplt.plot([1]); plt.show()"})
@@ -159,7 +182,7 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
             resources = await client.list_resources()
             content = await client.read_resource(resources.resources[0].uri)
             return {"tools": [t.name for t in listed.tools], "schema": listed.tools[0].input_schema,
-                    "first": first, "second": second, "error": error,
+                    "description": description, "first": first, "second": second, "error": error,
                     "resources": [r.name for r in resources.resources], "content": content}
 
     servers: list[int] = []
@@ -172,7 +195,9 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
     assert own_workdirs(servers[0]) == [], "the MCP server left its working folders behind"
     assert out["tools"] == ["execute_python"]
     assert out["schema"] == tools.json_schema()  # the same arguments model as the OpenAI and Anthropic tools
-    assert not out["first"].is_error
+    assert not out["first"].is_error and not out["second"].is_error
+    assert out["error"].is_error  # the code raised: the client is told, not only the text
+    assert "session_id" not in out["description"] and "1g of memory" in out["description"]
     assert [c.type for c in out["second"].content] == ["text", "image"]
     assert out["second"].content[0].text.startswith("42")
     assert "ZeroDivisionError" in out["error"].content[0].text
@@ -181,12 +206,35 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
 
 
 def test_langchain_tool(config: nbexec.SandboxConfig) -> None:
+    from langchain_core.messages import ToolMessage
+
     from nbexec.integrations.langchain import execute_python_tool
 
     tool = execute_python_tool(config)
     assert tool.name == "execute_python" and "/mnt/data" in tool.description
+    assert "session_id" not in tool.description and set(tool.args) == {"code"}  # stateless: no session words
     assert tool.invoke({"code": "print(sum(range(10)))"}) == "45"
-    assert "ZeroDivisionError" in tool.invoke({"code": "1/0"})
+
+    def call(code: str) -> ToolMessage:
+        message = tool.invoke({"type": "tool_call", "id": "call-1", "name": tool.name, "args": {"code": code}})
+        assert isinstance(message, ToolMessage)
+        return message
+
+    failed = call("1/0")
+    assert failed.status == "error" and "ZeroDivisionError" in str(failed.content)
+    plotted = call("import matplotlib.pyplot as plt\nprint('plotted')\nplt.plot([1, 2]); plt.show()")
+    assert plotted.status == "success" and isinstance(plotted.artifact, nbexec.ExecutionResult)
+    assert isinstance(plotted.content, list)
+    text, image = plotted.content
+    assert isinstance(text, dict) and isinstance(image, dict)
+    assert text["text"].startswith("plotted") and image["type"] == "image" and image["mime_type"] == "image/png"
+    assert base64.b64decode(image["base64"]).startswith(b"\x89PNG")
+    manager = nbexec.SessionManager(config)
+    try:
+        stateful = execute_python_tool(config, sessions=manager)
+        assert set(stateful.args) == {"code", "session_id"} and "session_id" in stateful.description
+    finally:
+        manager.close_all()
 
 
 @pytest.mark.parametrize("example", ["openai_tool_loop.py", "anthropic_tool_loop.py", "langchain_agent.py"])

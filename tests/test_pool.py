@@ -8,7 +8,7 @@ import nbexec
 from nbexec import execute_notebook
 from nbexec.sandbox import pool
 
-from .conftest import own_containers, own_workdirs
+from .conftest import IMAGE, own_containers, own_workdirs, wait_until
 
 
 def test_a_sandbox_is_never_reused(config: nbexec.SandboxConfig) -> None:
@@ -22,9 +22,20 @@ def test_a_sandbox_is_never_reused(config: nbexec.SandboxConfig) -> None:
 
 def test_warm_imports_only_touch_sys_modules(cleanup_ledger: None) -> None:
     config = nbexec.SandboxConfig(pool_size=1, warm_imports=("numpy", "json"), timeout=30)
+    pool.warm_up(config)  # a first call on an empty pool starts its own sandbox cold: wait for a warmed one
+    wait_until(lambda: pool.ready_count(config) == 1, 120, "the pool never warmed a sandbox")
     result = execute_notebook("import sys\nprint('numpy' in sys.modules, 'numpy' in dir(), 'json' in dir(), "
                               "[k for k in globals() if 'nbexec' in k])\nprint(len(In), Out)", config=config)
     assert result.stdout == "True False False []\n2 {}\n", result.stdout
+
+
+def test_the_first_call_does_not_wait_for_the_pool(cleanup_ledger: None) -> None:
+    """A first call on an empty pool starts one sandbox the cold way; the pool fills after its result."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=2, timeout=30)
+    result = execute_notebook("import sys\nprint('pandas' in sys.modules)", config=config)
+    assert result.stdout == "False\n"  # not a warmed pool sandbox (those import pandas in advance)
+    wait_until(lambda: pool.ready_count(config) == 2, 120, "the pool did not fill after the first call")
+    assert execute_notebook("import sys\nprint('pandas' in sys.modules)", config=config).stdout == "True\n"
 
 
 def test_two_hundred_executions_from_four_threads_leave_nothing(config: nbexec.SandboxConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -299,3 +300,27 @@ def test_tool_handlers_with_an_uploading_store_keep_no_run_folder(config: nbexec
         assert response.read() == b"kept in the store"
     local = handle_anthropic_tool_use({"id": "t2", "input": {"code": code}}, config=config, on_result=seen.append)
     assert not local["is_error"] and Path(seen[1].output_dir).is_dir(), "a local store's files must stay"
+
+
+def test_cli_checks_the_store_before_any_code_runs(azurite: Azurite, tmp_path: Path) -> None:
+    """A missing extra, a store nobody answers at and a wrong key each stop the run before a sandbox starts."""
+    from .azurite import free_port
+    from .test_cli import nbexec as run_cli
+
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "azure.py").write_text("")  # `import azure.storage.blob` fails as without the azure extra
+    code = "open('/mnt/data/ran.txt', 'w').write('ran')\n"
+    good = azurite.connection_string
+    cases = [
+        ({"PYTHONPATH": f"{shadow}:{os.environ.get('PYTHONPATH', '')}", "AZURE_STORAGE_CONNECTION_STRING": good},
+         2, "pip install 'nbexec-sandbox[azure]'"),
+        ({"AZURE_STORAGE_CONNECTION_STRING": good.replace(str(azurite.port), str(free_port()))}, 3,
+         "is not reachable"),
+        ({"AZURE_STORAGE_CONNECTION_STRING": good.replace(KEY, KEY[:-8] + "AAAAAAA=")}, 2, "refused the credentials"),
+    ]
+    for env, exit_code, message in cases:
+        done = run_cli("run", "--upload", "azure", "--output-dir", "out", "-", cwd=tmp_path, env=env, stdin=code)
+        assert done.returncode == exit_code, done.stderr
+        assert message in done.stderr and KEY not in done.stderr
+        assert not (tmp_path / "out").exists()  # nothing ran

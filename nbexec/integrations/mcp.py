@@ -48,7 +48,15 @@ try:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.mcpserver import Context, Image, MCPServer
     from mcp.shared.exceptions import MCPError
-    from mcp_types import INVALID_PARAMS, BlobResourceContents, ListResourcesResult, ReadResourceResult, Resource
+    from mcp_types import (
+        INVALID_PARAMS,
+        BlobResourceContents,
+        CallToolResult,
+        ListResourcesResult,
+        ReadResourceResult,
+        Resource,
+        TextContent,
+    )
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec mcp` needs the mcp extra: pip install 'nbexec-sandbox[mcp]'") from exc
@@ -158,22 +166,24 @@ class Clients:
 def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.DEFAULT_BUDGET,
           max_resource: int = MAX_RESOURCE) -> tuple[MCPServer, Clients]:
     """The MCP server object and its clients' sessions (close them with ``Clients.close_all`` when it stops)."""
-    server: MCPServer = MCPServer("nbexec", instructions=tools.description(config, stateful=True))
+    # State is kept per client connection: the tool has no session_id, so its description names none.
+    text = tools.description(config, stateful=True, by_session_id=False)
+    server: MCPServer = MCPServer("nbexec", instructions=text)
     clients = Clients(config, max_sessions, max_resource)
 
-    @server.tool(name=tools.DEFAULT_NAME, description=tools.description(config, stateful=True),
-                 structured_output=False)
-    async def execute_python(code: str, ctx: Context) -> list[Any]:
+    @server.tool(name=tools.DEFAULT_NAME, description=text, structured_output=False)
+    async def execute_python(code: str, ctx: Context) -> CallToolResult:
         client = clients.client(connection_of(ctx.request_context))
         try:
             session = clients.session_for(client)
             result = await asyncio.to_thread(session.run, code)
         except NbexecError as exc:
-            return [f"Tool error: {exc}"]
+            return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
         shown = clients.publish(client, result)
-        content: list[Any] = [tools.render_for_llm(shown, budget=budget)]
-        content += [Image(path=image.path) for image in result.images if image.mime != "image/svg+xml"]
-        return content
+        content: list[Any] = [TextContent(text=tools.render_for_llm(shown, budget=budget))]
+        content += [Image(path=image.path).to_image_content() for image in result.images
+                    if image.mime != "image/svg+xml"]
+        return CallToolResult(content=content, is_error=not result.ok)  # the code raised: the model is told
 
     async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Answer resources/list and resources/read from the requesting client's own files only."""

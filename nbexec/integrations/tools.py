@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from ..config import SandboxConfig
-from ..outputs import clean
+from ..outputs import clean, strip_ansi
 from ..result import ExecutionResult
 
 DEFAULT_NAME = "execute_python"  # never "python": models tuned on ChatGPT's tool send that one bare strings
@@ -16,12 +16,17 @@ DEFAULT_BUDGET = 8000
 LIBRARIES = "numpy, pandas, matplotlib, scipy, seaborn, scikit-learn, pillow, openpyxl, sympy"
 
 
-def description(config: SandboxConfig | None = None, *, stateful: bool = False) -> str:
-    """The truth about the environment, as configured, for the model."""
+def description(config: SandboxConfig | None = None, *, stateful: bool = False, by_session_id: bool = True) -> str:
+    """The truth about the environment, as configured, for the model. ``stateful`` with ``by_session_id``: the
+    tool takes a session_id; without it, state is kept per connection (MCP) and no session_id is mentioned."""
     config = config or SandboxConfig()
-    state = ("State persists between calls that pass the session_id the first call returned (variables, imports, "
-             "files)."
-             if stateful else "Each call starts a fresh Python process: nothing persists between calls.")
+    if not stateful:
+        state = "Each call starts a fresh Python process: nothing persists between calls."
+    elif by_session_id:
+        state = ("State persists between calls that pass the session_id the first call returned (variables, "
+                 "imports, files).")
+    else:
+        state = "State persists between calls in this conversation (variables, imports, files)."
     network = "The sandbox has internet access." if config.network is True else \
         "There is no internet access: do not try to download data or install packages."
     if config.network is not True and config.packages != "off":
@@ -36,9 +41,8 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False) 
         "Execute Python code in a sandboxed Jupyter kernel and return its output. "
         f"{state} Save files to /mnt/data (the working directory); they are returned to the user as links, "
         "and you can reference them as sandbox:/mnt/data/<name>. Charts shown with plt.show() or display() "
-        f"are shown to the user automatically. {network} Each call is limited to {config.timeout:g} s and "
-        f"{config.memory} of memory. Installed: {LIBRARIES}. Print what you need to see: only printed output "
-        "and the last expression's value come back."
+        f"are shown to the user automatically. {network} {limits(config)} Installed: {LIBRARIES}. "
+        "Print what you need to see: only printed output and the last expression's value come back."
     )
 
 
@@ -56,6 +60,16 @@ class ToolArguments:
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def limits(config: SandboxConfig) -> str:
+    """The limits a call runs under, from the config, as one or two sentences."""
+    cell = f" ({config.cell_timeout:g} s per cell)" if config.cell_timeout and config.cell_timeout < config.timeout \
+        else ""
+    data = f"{config.max_data} of files in /mnt/data" if config.max_data_bytes else "files in /mnt/data"
+    return (f"Each call is limited to {config.timeout:g} s{cell}, {config.memory} of memory and "
+            f"{config.cpus:g} CPU; printed text past {config.max_output} per call is dropped; at most "
+            f"{config.max_files} {data} come back.")
 
 
 def json_schema(*, sessions: bool = False) -> dict[str, Any]:
@@ -92,12 +106,20 @@ def anthropic_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_N
             "input_schema": json_schema(sessions=sessions)}
 
 
+_FRAME_STARTS = ("File ", "Cell In[", "<ipython-input", "Input In [")
+_USER_FRAME_STARTS = ("Cell In[", "<ipython-input", "Input In [")
+
+
 def _trim_traceback(lines: tuple[str, ...]) -> list[str]:
-    """Keep the user's frames (``Cell In[...]``) and the final error line; count the library frames dropped."""
+    """Keep the user's frames (``Cell In[...]``) and the final error line; count the library frames dropped.
+    IPython gives one entry per frame, between a header (a rule and ``Name  Traceback (most recent call
+    last)``) and the error line; chained exceptions repeat header and frames."""
     if not lines:
         return []
-    kept = [line for line in lines[1:-1] if line.lstrip().startswith(("Cell In[", "<ipython-input", "Input In ["))]
-    dropped = max(0, len(lines) - 2 - len(kept))
+    plain = [strip_ansi(line).lstrip() for line in lines[:-1]]
+    frames = [index for index, line in enumerate(plain) if line.startswith(_FRAME_STARTS)]
+    kept = [lines[index] for index in frames if plain[index].startswith(_USER_FRAME_STARTS)]
+    dropped = len(frames) - len(kept)
     note = [f"({dropped} frame{'s' if dropped != 1 else ''} inside libraries omitted)"] if dropped else []
     return kept + note + [lines[-1]]
 
@@ -109,7 +131,7 @@ def _hint(result: ExecutionResult) -> str:
         "exception": "Fix the code and call the tool again.",
         "timeout": "The code ran out of time: make it faster or work on less data, then call the tool again.",
         "oom": "The code ran out of memory: use less (smaller data, chunks), then call the tool again.",
-        "kernel_died": "The Python process crashed; its variables are lost. Avoid what crashed it and retry.",
+        "kernel_died": "The Python process ended and its variables are lost (see why above); retry without it.",
         "limit": "Too much data was written to /mnt/data: write less and call the tool again.",
     }.get(error.kind, "Fix the code and call the tool again.")
 

@@ -40,6 +40,7 @@ DATA_MOUNT = "/mnt/data"
 INPUT_MOUNT = "/mnt/input"
 WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (see nbexec.packages)
 PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
+MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
 HOME = "/home/sandbox"
 WORKDIR_PREFIX = "nbexec-"
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
@@ -65,6 +66,7 @@ class Sandbox:
         self.workdir = workdir
         self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
         self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
+        self.input_links: frozenset[str] = frozenset()  # names in data_dir nbexec linked to /mnt/input
         self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
         self.freezer: datafs.Freezer | None = None
         self.container: Any = None
@@ -122,6 +124,23 @@ class Sandbox:
         os.chmod(conn, 0o400)
         (self.workdir / "wheels").mkdir(mode=0o755)  # packages: empty until the host links wheels in
         self._make_data_fs()
+        if self.config.input_dir and self.config.link_input:
+            self._link_input(self.config.input_dir)
+
+    def _link_input(self, folder: str) -> None:
+        """Link each visible entry of the input folder from /mnt/data (the kernel's working folder) to its
+        place under /mnt/input, so `open('data.csv')` reads the file next to the notebook. The links point
+        inside the sandbox; the host never follows them (and drops them from the result's skipped files)."""
+        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))[:MAX_INPUT_LINKS]
+        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for name in names:
+                os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
+                if os.getuid() == 0:
+                    os.chown(name, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        self.input_links = frozenset(names)
 
     def _make_data_fs(self) -> None:
         """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
@@ -297,6 +316,8 @@ class Sandbox:
                 return ContainerState(running=False, exit_code=None, oom_killed=False)
             raise
         status = self.container.attrs.get("State", {})
+        if status.get("Status") == "removing":  # `docker rm -f` from outside: it kills first, then removes
+            return ContainerState(running=False, exit_code=None, oom_killed=False)
         return ContainerState(bool(status.get("Running")), status.get("ExitCode"), bool(status.get("OOMKilled")))
 
     def interrupt(self) -> None:

@@ -32,7 +32,8 @@ _NO_REGISTRY = re.compile(
 
 def context_dir() -> Path:
     """The Dockerfile's folder: shipped inside the wheel, or environments/jupyter in a checkout."""
-    for candidate in (Path(__file__).parent / "environment", Path(__file__).parent.parent / "environments" / "jupyter"):
+    package = Path(__file__).parent.parent  # nbexec/
+    for candidate in (package / "environment", package.parent / "environments" / "jupyter"):
         if (candidate / "Dockerfile").is_file():
             return candidate
     raise ConfigError("the runtime image's Dockerfile is missing from this installation of nbexec")

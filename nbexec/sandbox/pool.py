@@ -146,6 +146,11 @@ class Pool:
             finally:
                 self._waiting -= 1
 
+    def idle(self) -> bool:
+        """No sandbox is ready or being started."""
+        with self._cond:
+            return not self._ready and not self._starting and not self._closed
+
     def replenish(self) -> None:
         """Start replacements for handed-out sandboxes (called once an execution is done, so the start-up
         does not compete with it for CPU)."""
@@ -208,10 +213,14 @@ def _pool_for(config: SandboxConfig) -> Pool:
 
 
 def acquire(config: SandboxConfig) -> Sandbox:
-    """A sandbox for one execution: from the pool for this shape, or started now when pooling is off."""
-    if config.pool_size == 0:
+    """A sandbox for one execution: from the pool for this shape, or started now when pooling is off or the
+    pool has nothing ready or starting."""
+    pool = _pool_for(config) if config.pool_size else None
+    if pool is None or pool.idle():
+        # Nothing ready or on its way (the first call of a process): start this call's sandbox the cold way
+        # (no warm imports to wait for); `release` fills the pool in the background once the result is built.
         return start_sandbox(config, role="oneshot", warm_up=False)
-    return _pool_for(config).acquire()
+    return pool.acquire()
 
 
 def release(sandbox: Sandbox) -> None:
