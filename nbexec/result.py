@@ -111,6 +111,7 @@ class ExecutionResult:
     truncated_bytes: int = 0
     uploads: tuple[Upload, ...] = ()
     notes: tuple[str, ...] = ()  # nbexec's own remarks on what it capped, dropped or enforced (never the code's)
+    node: str | None = None  # the node that ran it (NBEXEC_NODES, `nbexec serve`); None for a local run
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
@@ -132,6 +133,7 @@ class ExecutionResult:
             "truncated_bytes": self.truncated_bytes,
             "uploads": [u.to_dict() for u in self.uploads],
             "notes": list(self.notes),
+            "node": self.node,
         }
 
     def to_json(self, **dumps_options: Any) -> str:

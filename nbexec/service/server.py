@@ -30,6 +30,7 @@ from ..result import ExecutionResult
 from ..sandbox import daemon, pool
 from ..session import Session
 from ..storage import ArtifactStore
+from . import node
 from .gateway import OWNER_KEY, Gateway, token_id
 from .tenants import RouteStore, Tenants, public
 
@@ -222,6 +223,7 @@ def create_app(settings: ServerSettings) -> Any:
     _execute_routes(app, folders, gate, metrics)
     _session_routes(app, folders, gate, metrics)
     _file_routes(app, folders, gate)
+    node.add_routes(app, folders, gate, owner)  # /v1/capacity: this server as a node of a cluster
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body)
     return app
 
