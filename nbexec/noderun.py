@@ -38,8 +38,6 @@ class Run:
     def __init__(self, nb: NotebookNode, cells: list[int], config: SandboxConfig,
                  on_output: OutputCallback | None) -> None:
         self.nb, self.cells, self.config, self.on_output = nb, cells, config, on_output
-        for index in cells:
-            nb.cells[index].outputs = []
         self.deadline = time.monotonic() + config.timeout
         self.error: CellError | None = None
         self.truncated = 0
@@ -126,25 +124,29 @@ def cell_by_cell(client: NodeClient, run: Run, files: dict[str, bytes], folder: 
             client.request("DELETE", f"/v1/sessions/{session}", "end a session")
 
 
-def download(client: NodeClient, run: Run, folder: OutputFolder) -> None:
-    """Stream the files of the run's last listing into ``folder``/data, within max_data and max_files."""
+def download(client: NodeClient, run: Run, folder: OutputFolder, known: dict[str, File] | None = None) -> None:
+    """Stream the files of the run's last listing into ``folder``/data, within max_data and max_files.
+
+    ``known`` (a session's memory, updated here) spares fetching files whose sha256 did not change."""
     budget = run.config.max_data_bytes or 0
+    known = {} if known is None else known
     with folder.child("data") as data:
         for item in run.files:
-            name, url = str(item.get("name", "")), str(item.get("url") or "")
+            name, url, sha = str(item.get("name", "")), str(item.get("url") or ""), str(item.get("sha256", ""))
             if url and not url.startswith("/"):
-                run.linked.append(File(name, "", int(item.get("size", 0)), str(item.get("mime", "")),
-                                       str(item.get("sha256", "")), url))
+                run.linked.append(File(name, "", int(item.get("size", 0)), str(item.get("mime", "")), sha, url))
                 continue
             if len(run.kept) >= run.config.max_files:
                 run.skipped.append(SkippedFile(name, f"over the cap of {run.config.max_files} files"))
                 continue
             try:
-                kept = _fetch(client, url, data, name, budget)
+                kept = known[name] if name in known and known[name].sha256 == sha else \
+                    _fetch(client, url, data, name, budget)
             except FileTransferError as exc:
                 run.skipped.append(SkippedFile(name, str(exc)))
                 continue
             budget = max(0, budget - kept.size) if budget else 0
+            known[name] = kept
             run.kept.append(kept)
 
 
@@ -182,7 +184,9 @@ def save(folder: OutputFolder, name: str, chunks: Iterator[bytes], cap: int) -> 
 
 
 def _write(folder: OutputFolder, leaf: str, name: str, chunks: Iterator[bytes], cap: int) -> File:
-    fd = os.open(leaf, _WRITE, folder.file_mode, dir_fd=folder.fd)
+    """Write into a new private file, then rename it over ``leaf`` (a session's file may change between runs)."""
+    temp = f".nbexec-download-{os.urandom(6).hex()}"
+    fd = os.open(temp, _WRITE, folder.file_mode, dir_fd=folder.fd)
     digest, size = hashlib.sha256(), 0
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -192,22 +196,28 @@ def _write(folder: OutputFolder, leaf: str, name: str, chunks: Iterator[bytes], 
                     raise FileTransferError(f"larger than the /mnt/data cap ({cap} bytes)")
                 digest.update(chunk)
                 handle.write(chunk)
+        os.replace(temp, leaf, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(leaf, dir_fd=folder.fd)
+            os.unlink(temp, dir_fd=folder.fd)
         raise
     mime = mimetypes.guess_type(leaf)[0] or "application/octet-stream"
     return File(name, str(folder.path / leaf), size, mime, digest.hexdigest())
 
 
-def finish(run: Run, execution_id: str, out: Path, folder: OutputFolder, started: float) -> ExecutionResult:
-    """The result of the run, its images saved from the outputs and its notebook written into ``folder``."""
-    flat = outputs.flatten(run.nb)
+def finish(run: Run, execution_id: str, out: Path, folder: OutputFolder, started: float, *, first_cell: int = 0,
+           notebook_name: str | None = None) -> ExecutionResult:
+    """The result of the run's cells from ``first_cell`` on, its images saved from the outputs and its notebook
+    written into ``folder`` (as a new notebook.ipynb, or replacing ``notebook_name``)."""
+    flat = outputs.flatten(run.nb, first_cell)
     view = outputs.views(flat)
     images = artifacts.save_images(list(outputs.images(flat)), folder)
     run.nb.metadata.setdefault("nbexec", {}).update(
         {"execution_id": execution_id, "ok": run.error is None, "node": run.node})
-    path = artifacts.write_new(folder, "notebook.ipynb", notebook.dumps(run.nb))
+    if notebook_name is None:
+        path = artifacts.write_new(folder, "notebook.ipynb", notebook.dumps(run.nb))
+    else:
+        path = artifacts.replace(folder, notebook_name, notebook.dumps(run.nb))
     duration = time.monotonic() - started
     return ExecutionResult(
         ok=run.error is None, execution_id=execution_id, stdout=view.stdout, stderr=view.stderr, text=view.text,

@@ -157,6 +157,10 @@ def _httpx() -> Any:
     return httpx
 
 
+class Interrupted(Exception):
+    """The caller closed a run's stream on purpose (``NodeClient.interrupt``)."""
+
+
 class NodeClient:
     """The blocking HTTP hop to one node, with the node's token and timeouts on every request."""
 
@@ -164,6 +168,8 @@ class NodeClient:
         httpx = _httpx()
         self.url = url
         self.name = url  # until the node says its name
+        self._streams: set[Any] = set()  # runs being streamed, closed by interrupt()
+        self._interrupted: set[int] = set()
         self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                                  timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT, pool=CONNECT_TIMEOUT))
 
@@ -210,22 +216,49 @@ class NodeClient:
         return response
 
     def run(self, path: str, body: dict[str, Any], on_event: Callable[[str, Any], None]) -> dict[str, Any]:
-        """POST ``body`` to ``path`` as a stream: each ``output`` event goes to ``on_event``; return the result."""
-        reader = EventReader()
+        """POST ``body`` to ``path`` as a stream: each ``output`` event goes to ``on_event``; return the result.
+
+        Raises Interrupted when ``interrupt()`` closed the stream (the node then interrupts the run)."""
         with self.call("run code"), self.http.stream("POST", path, params={"stream": "true"}, json=body) as response:
-            self.check(response)
-            for line in response.iter_lines():
-                event = reader.feed(line)
-                if event is None or event[0] == "comment":
-                    continue
-                kind, data = event
-                if kind == "result":
-                    return dict(data)
-                if kind == "error":
-                    raise http_error(int(data.get("status", 500)), str(data.get("detail", "")), self.name)
-                on_event(kind, data)
+            self._streams.add(response)
+            try:
+                return self._result(response, on_event)
+            except Exception:
+                if id(response) in self._interrupted:
+                    raise Interrupted() from None
+                raise
+            finally:
+                self._streams.discard(response)
+                self._interrupted.discard(id(response))
+
+    def _result(self, response: Any, on_event: Callable[[str, Any], None]) -> dict[str, Any]:
+        self.check(response)
+        reader = EventReader()
+        for line in response.iter_lines():
+            event = reader.feed(line)
+            if event is None or event[0] == "comment":
+                continue
+            kind, data = event
+            if kind == "result":
+                return dict(data)
+            if kind == "error":
+                raise http_error(int(data.get("status", 500)), str(data.get("detail", "")), self.name)
+            on_event(kind, data)
         raise NodeLostError(f"node {self.name} ({self.url}) ended the stream without a result; not retried, "
                             "since the code may have run")
+
+    def interrupt(self) -> None:
+        """Close every run being streamed: the node sees its client go and interrupts the run."""
+        import socket
+
+        for response in list(self._streams):
+            self._interrupted.add(id(response))
+            stream = response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            with contextlib.suppress(Exception):  # wakes the reading thread at once; closing alone would not
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+                response.close()
 
     def close(self) -> None:
         self.http.close()

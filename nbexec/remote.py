@@ -120,6 +120,8 @@ def execute(source: Any, *, config: SandboxConfig | None = None, output_dir: str
     cells = _code_cells(nb)
     if not cells:
         raise NotebookError("There is no code to run: the notebook has no code cell.")
+    for index in cells:
+        nb.cells[index].outputs = []
     execution_id = uuid.uuid4().hex[:16]
     out = _output_dir(output_dir, execution_id)
     try:

@@ -133,9 +133,13 @@ class _Proxy:
             self.fleet.inflight[url] -= 1
             return await self._answer(response)
         events = self._events(url, response, rewrite, session)
+        where = {"X-Nbexec-Node": self.fleet.name(url)}  # known before the first event: a streaming client sees it
         if stream:
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
-        return await self._collect(events)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-store", **where})
+        answer = await self._collect(events)
+        answer.headers.update(where)
+        return answer
 
     async def _events(self, url: str, response: Any, rewrite: Rewrite, session: bool) -> AsyncIterator[bytes]:
         reader = EventReader()
