@@ -17,7 +17,6 @@ import uuid
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from . import folders, noderun, notebook, uploads
 from .config import SandboxConfig, from_env
@@ -192,7 +191,7 @@ class RemoteSession:
 
     def download(self, name: str) -> bytes:
         """The bytes of /mnt/data/``name`` on the node (at most max_data)."""
-        size, chunks = self.open_file(name, max_bytes=self.config.max_data_bytes)
+        _, chunks = self.open_file(name, max_bytes=self.config.max_data_bytes)
         return b"".join(chunks)
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, Iterator[bytes]]:

@@ -66,8 +66,6 @@ def _until_event(lines: Iterator[str], kinds: tuple[str, ...]) -> tuple[str, Any
             kind = line[7:]
         elif line.startswith("data: ") and kind in kinds:
             return kind, json.loads(line[6:])
-        elif line.startswith("data: ") and kind == "output" and "started" in line and "output" in kinds:
-            return kind, json.loads(line[6:])
     raise AssertionError(f"the stream ended without {kinds}")
 
 

@@ -49,7 +49,7 @@ class RouterSettings:
         if not self.nodes:
             raise ConfigError("the router needs at least one node URL (--nodes)")
         if not self.tokens or any(len(t) < 16 for t in self.tokens):
-            raise ConfigError("the router needs API tokens of 16 characters or more (--token-file or NBEXEC_API_TOKENS)")
+            raise ConfigError("the router needs API tokens of 16+ characters (--token-file or NBEXEC_API_TOKENS)")
         if len(self.node_token) < 16:
             raise ConfigError("the router needs NBEXEC_NODE_TOKEN (16 characters or more), one of the nodes' tokens")
 
@@ -103,7 +103,7 @@ def create_router(settings: RouterSettings) -> Any:
     _ops_routes(app, fleet)
     _run_routes(app, fleet, proxy)
     _session_routes(app, fleet, proxy)
-    app.add_exception_handler(_Gone, lambda _, exc: JSONResponse(exc.body, 410))  # type: ignore[attr-defined]
+    app.add_exception_handler(_Gone, lambda _, exc: JSONResponse(exc.body, 410))
     app.add_middleware(Gateway, tokens=settings.tokens, auth=True, max_body=settings.max_body)
     return app
 
@@ -298,6 +298,20 @@ def _gone(node: str, what: str) -> _Gone:
     return _Gone(node, what)
 
 
+async def _make_session(fleet: Fleet, proxy: _Proxy, url: str) -> dict[str, Any] | Response | None:
+    """The node's new session (its JSON), an answer to pass on, or None when the node was not reached."""
+    try:
+        response = await fleet.http.post(f"{url}/v1/sessions")
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        fleet.failed(url, str(exc))
+        return None
+    except httpx.HTTPError:
+        return _lost(fleet, url, "was lost while making the session", True)
+    if response.status_code != 201:
+        return await proxy._answer(response)
+    return dict(response.json())
+
+
 def _session_routes(app: FastAPI, fleet: Fleet, proxy: _Proxy) -> None:
     def ids(who: str, url: str, raw: str) -> tuple[str, Rewrite]:
         public = fleet.public_id(who, url, raw)
@@ -314,20 +328,15 @@ def _session_routes(app: FastAPI, fleet: Fleet, proxy: _Proxy) -> None:
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request) -> Response:
+        """A session on the node with the fewest; it stays there (its id names the node)."""
         who = _who(request)
         order = sorted(fleet.order(), key=lambda u: fleet.health[u].capacity.sessions)  # type: ignore[union-attr]
         for url in order:
-            try:
-                response = await fleet.http.post(f"{url}/v1/sessions")
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                fleet.failed(url, str(exc))
-                continue
-            except httpx.HTTPError:
-                return _lost(fleet, url, "was lost while making the session", True)
-            if response.status_code != 201:
-                return await proxy._answer(response)
-            data = response.json()
-            return JSONResponse(ids(who, url, str(data["id"]))[1](data), 201)
+            made = await _make_session(fleet, proxy, url)
+            if isinstance(made, dict):
+                return JSONResponse(ids(who, url, str(made["id"]))[1](made), 201)
+            if made is not None:
+                return made
         raise HTTPException(503, "no node is up", headers={"Retry-After": "2"})
 
     @app.api_route("/v1/sessions/{session_id}", methods=["GET", "DELETE"])
@@ -347,6 +356,10 @@ def _session_routes(app: FastAPI, fleet: Fleet, proxy: _Proxy) -> None:
             fleet.failed(url, str(exc))
             return _lost(fleet, url, "cannot be reached", True)
 
+    _session_file_routes(app, fleet, proxy, ids)
+
+
+def _session_file_routes(app: FastAPI, fleet: Fleet, proxy: _Proxy, ids: Callable[..., tuple[str, Rewrite]]) -> None:
     @app.get("/v1/sessions/{session_id}/files")
     async def list_files(session_id: str, request: Request) -> Response:
         who = _who(request)
