@@ -284,3 +284,24 @@ def test_capacity_counts_sessions(cluster: dict[str, Any]) -> None:
         http.delete(f"/v1/sessions/{sid}")
         assert before["nodes"] == 3
     assert httpx.get(f"{front.url}/readyz", timeout=5).json()["ready"] is True
+
+
+def test_llm_tool_calls_run_on_the_nodes(cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool handlers are unchanged: with NBEXEC_NODES they run one-shots and sessions on the nodes."""
+    from nbexec.integrations import toolcall
+
+    monkeypatch.setenv("NBEXEC_NODES", ",".join(n.url for n in cluster["nodes"]))
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", NODE_TOKEN)
+    names = {n.name for n in cluster["nodes"]}
+    once = toolcall.run({"code": "print(2 ** 10)"})
+    assert isinstance(once, nbexec.ExecutionResult) and once.stdout == "1024\n" and once.node in names
+    sessions = nbexec.SessionManager(max_sessions=2, keep_files=False)
+    try:
+        first = toolcall.run({"code": "total = 41"}, sessions=sessions, conversation="chat")
+        assert isinstance(first, nbexec.ExecutionResult) and first.node in names
+        session_id = re.search(r"session_id: (\S+);", first.text)[1]  # type: ignore[index]
+        second = toolcall.run({"code": "print(total + 1)", "session_id": session_id}, sessions=sessions,
+                              conversation="chat")
+        assert isinstance(second, nbexec.ExecutionResult) and second.stdout == "42\n" and second.node == first.node
+    finally:
+        sessions.close_all()
