@@ -194,10 +194,13 @@ def test_a_killed_node_fails_explicitly_and_comes_back(cluster: dict[str, Any], 
         moved = http.post("/v1/execute", json={"code": "print('elsewhere')"}).json()
         assert moved["stdout"] == "elsewhere\n" and moved["node"] != victim.name
 
+    others = [n for n in cluster["nodes"] if n is not victim]
+    others_before = {c for n in others for c in n.containers()}
     victim.start()
     wait_ready([victim])
     wait_until(lambda: not [c for c in victim.containers() if _owner_pid(c) == "dead"], 60,
                "the restarted node did not sweep its dead life's containers")
+    assert others_before and others_before <= {c for n in others for c in n.containers()}  # theirs are left alone
     wait_until(lambda: all_up(front, 3), 30, "the router never saw the node come back", interval=0.2)
     with client(front) as http:
         assert http.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}).status_code == 410  # a new instance
