@@ -287,6 +287,7 @@ def test_capacity_counts_sessions(cluster: dict[str, Any]) -> None:
         http.delete(f"/v1/sessions/{sid}")
         assert before["nodes"] == 3
     assert httpx.get(f"{front.url}/readyz", timeout=5).json()["ready"] is True
+    assert "nbexec_router_nodes_up 3" in httpx.get(f"{front.url}/metrics", timeout=5).text
 
 
 def test_llm_tool_calls_run_on_the_nodes(cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -231,6 +231,14 @@ def _ops_routes(app: FastAPI, fleet: Fleet) -> None:
         ready = any(n["up"] for n in nodes)
         return JSONResponse({"ready": ready, "nodes": nodes}, 200 if ready else 503)
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        up = sum(1 for h in fleet.health.values() if h.up)
+        lines = ["# TYPE nbexec_router_nodes gauge", f"nbexec_router_nodes {len(fleet.health)}",
+                 "# TYPE nbexec_router_nodes_up gauge", f"nbexec_router_nodes_up {up}",
+                 "# TYPE nbexec_router_in_flight gauge", f"nbexec_router_in_flight {sum(fleet.inflight.values())}"]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/capacity")
     async def capacity(request: Request) -> dict[str, Any]:
         """The sum over the nodes that are up (so NBEXEC_NODES may name a router)."""
