@@ -23,7 +23,7 @@ from typing import Any
 
 from . import folders, noderun, notebook, uploads
 from .config import SandboxConfig, from_env, host_from_env
-from .errors import NodeUnavailableError, NotebookError
+from .errors import ConfigError, NodeUnavailableError, NotebookError
 from .nodes import Health, NodeClient, rank
 from .result import ExecutionResult
 from .runner import OutputCallback
@@ -117,6 +117,9 @@ def execute(source: Any, *, config: SandboxConfig | None = None, output_dir: str
     started = time.monotonic()
     nb = notebook.coerce(source)
     config = (config or from_env()).replace(**overrides)
+    if config.input_dir:
+        raise ConfigError("input_dir (--mount-input) is a folder of this host, which nodes cannot mount: pass the "
+                          "files with files={name: bytes} instead, or unset NBEXEC_NODES")
     cells = _code_cells(nb)
     if not cells:
         raise NotebookError("There is no code to run: the notebook has no code cell.")

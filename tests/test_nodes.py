@@ -126,3 +126,12 @@ def test_downloaded_files_are_private_capped_and_never_follow_links(tmp_path: Pa
         with pytest.raises(FileTransferError):
             noderun.save(out, "link/passwd", iter([b"owned"]), 0)
     assert sorted(os.listdir(tmp_path / "out")) == ["link", "sub"]
+
+
+def test_a_host_folder_cannot_be_mounted_on_a_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbexec
+
+    monkeypatch.setenv("NBEXEC_NODES", "http://127.0.0.1:9")
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", "t" * 16)
+    with pytest.raises(ConfigError, match="input_dir"):
+        nbexec.execute_notebook("print(1)", input_dir=str(tmp_path))
