@@ -188,6 +188,9 @@ def test_a_killed_node_fails_explicitly_and_comes_back(cluster: dict[str, Any], 
         context.__exit__(None, None, None)
 
     wait_until(lambda: all_up(front, 2), 15, "the router never marked the dead node down", interval=0.1)
+    monkeypatch.setenv("NBEXEC_NODES", ",".join(n.url for n in cluster["nodes"]))
+    elsewhere = nbexec.execute_notebook("print('elsewhere')")  # the library skips the dead node too
+    assert elsewhere.stdout == "elsewhere\n" and elsewhere.node != victim.name
     with client(front) as http:
         lost = http.post(f"/v1/sessions/{sid}/execute", json={"code": "x"})
         assert lost.status_code == 410 and lost.json()["error"] == "session_lost", lost.text
