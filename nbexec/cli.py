@@ -192,6 +192,8 @@ def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Pat
             click.echo("\n".join(notes))
         if result.error is not None:
             shown.painter.echo(shown.painter.style(render.error_text(result), fg="red"), err=True)
+        if result.node and not shown.quiet:
+            shown.painter.echo(shown.painter.style(f"node: {result.node}", dim=True), err=True)
         if not shown.quiet:
             shown.painter.echo(shown.painter.style(f"notebook: {result.notebook_path}", dim=True), err=True)
     sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
@@ -308,12 +310,25 @@ def _loopback(host: str) -> bool:
               help="Where produced files go (azure: read-only SAS links).")
 @click.option("--result-ttl", type=click.FloatRange(min=0, min_open=True), default=15 * 60.0, show_default=True,
               help="Seconds a one-shot result's files stay downloadable before they are deleted.")
+@click.option("--node-name", help="This node's name in results and on its containers (NBEXEC_NODE_NAME; default: "
+              "the hostname). Unique per node sharing an engine, kept across restarts.")
+@click.option("--nodes", help="Run as a router in front of these nodes (comma-separated base URLs); they are called "
+              "with NBEXEC_NODE_TOKEN.")
 @sandbox_options
 def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
-          max_running_per_token: int, max_body: str, store: str, result_ttl: float, **options: Any) -> None:
-    """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /healthz, /readyz, /metrics)."""
+          max_running_per_token: int, max_body: str, store: str, result_ttl: float, node_name: str | None,
+          nodes: str | None, **options: Any) -> None:
+    """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /v1/capacity, /healthz, /readyz,
+    /metrics): as a node on this Docker engine, or with --nodes as a router in front of nodes."""
     import ipaddress
 
+    if node_name:
+        os.environ["NBEXEC_NODE_NAME"] = node_name  # read wherever the node's name is needed (labels, results)
+    if nodes:
+        from .service.cluster_cli import serve_router
+
+        serve_router(host, port, nodes, _tokens(token_file), max_body)
+        return
     try:
         import uvicorn
 

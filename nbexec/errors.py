@@ -12,7 +12,11 @@
     │   ├── SessionDeadError         the session's kernel died or was killed; start a new session
     │   ├── SessionClosedError       the session was closed (or reaped after its idle TTL)
     │   ├── SessionLimitError        too many live sessions
-    │   └── SessionNotFoundError     no session with that id
+    │   ├── SessionNotFoundError     no session with that id
+    │   └── SessionLostError         the node that held the session died or restarted (HTTP 410)
+    ├── NodeError                a remote node (NBEXEC_NODES) failed
+    │   ├── NodeUnavailableError     no node could be reached; nothing ran
+    │   └── NodeLostError            the node was lost during the call; the code may have run (never retried)
     ├── FileTransferError        an upload or download into /mnt/data was refused
     ├── PackageError             packages could not be resolved or provided (reported in results, raised elsewhere)
     └── StorageError             an artifact store failed (reported per file in results, raised elsewhere)
@@ -74,6 +78,23 @@ class SessionNotFoundError(SessionError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+class SessionLostError(SessionError):
+    """The node that held the session died, restarted or cannot be reached: its kernel state is gone (files
+    already downloaded stay). Start a new session."""
+
+
+class NodeError(NbexecError):
+    """A remote node failed."""
+
+
+class NodeUnavailableError(NodeError):
+    """No node answered; the call never reached one, so nothing ran."""
+
+
+class NodeLostError(NodeError):
+    """The node was lost while it ran the call. The code may have run, so it is not retried."""
 
 
 class FileTransferError(NbexecError):

@@ -151,6 +151,11 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     offline before the code runs, as the code's own ``%pip install`` lines are (see `nbexec.packages`).
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
     """
+    from . import remote
+
+    if remote.enabled():  # NBEXEC_NODES: the same call on a remote node
+        return remote.execute(source, config=config, output_dir=output_dir, on_output=on_output, store=store,
+                              files=files, **overrides)
     started = time.monotonic()
     nb = notebook.coerce(source)
     config = (config or from_env()).replace(**overrides)

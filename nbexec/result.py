@@ -157,6 +157,7 @@ class ExecutionResult:
     notes: tuple[str, ...] = ()  # nbexec's own remarks on what it capped, dropped or enforced (never the code's)
     packages: tuple[Package, ...] = ()  # packages asked for and what became of them (nbexec.packages)
     connections: tuple[Connection, ...] = ()  # network="allowlist": every connection tried (nbexec.egress)
+    node: str | None = None  # the node that ran it (NBEXEC_NODES, `nbexec serve`); None for a local run
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see the README); the notebook itself is at ``notebook_path``."""
@@ -180,6 +181,7 @@ class ExecutionResult:
             "notes": list(self.notes),
             "packages": [p.to_dict() for p in self.packages],
             "connections": [c.to_dict() for c in self.connections],
+            "node": self.node,
         }
 
     def to_json(self, **dumps_options: Any) -> str:

@@ -53,6 +53,16 @@ class Session:
     Its output folder is opened once and written only through that descriptor. With ``keep_files=False``,
     ``close()`` also deletes it (services that have delivered the results)."""
 
+    def __new__(cls, *args: Any, **options: Any) -> Any:
+        """With NBEXEC_NODES set, ``Session(...)`` is a RemoteSession on a node (the same surface)."""
+        from . import remote
+
+        if cls is Session and remote.enabled():
+            from .remote_session import RemoteSession
+
+            return RemoteSession(*args, **options)
+        return super().__new__(cls)
+
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
                  store: ArtifactStore | None = None, keep_files: bool = True) -> None:

@@ -28,6 +28,7 @@ from ..errors import ConfigError, NbexecError, SessionError
 from ..sandbox import daemon, pool
 from ..session import Session
 from ..storage import ArtifactStore
+from . import node
 from .gateway import Gateway, token_id
 from .tenants import Tenants, public
 
@@ -106,6 +107,7 @@ def create_app(settings: ServerSettings) -> Any:
     _session_routes(app, folders, runs, metrics)
     files.add_routes(app, folders, runs)
     playground.add_routes(app)
+    node.add_routes(app, folders, runs, owner)  # /v1/capacity: this server as a node of a cluster
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body)
     return app
 

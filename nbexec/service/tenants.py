@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from ..config import SandboxConfig
+from ..config import SandboxConfig, host_from_env
 from ..errors import SessionNotFoundError, StorageError
 from ..result import ExecutionResult
 from ..sandbox import pool
@@ -82,6 +82,7 @@ def public(result: ExecutionResult, execution_id: str | None = None) -> dict[str
         item["name"] = Path(item.pop("path")).name
     if execution_id is not None:
         data["execution_id"] = execution_id
+    data["node"] = host_from_env().node_name  # this service is a node: say which
     return data
 
 

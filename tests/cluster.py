@@ -1,0 +1,107 @@
+"""A test cluster on loopback: real `nbexec serve` node processes (each its own name and TMPDIR, sharing this
+machine's Docker engine) and a real router in front of them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from nbexec.sandbox import daemon
+
+from .azurite import free_port
+from .conftest import LONG_LIVED_CHILDREN, wait_until
+
+NODE_TOKEN = "node-token-" + "n" * 24
+CLIENT_TOKEN = "client-token-" + "c" * 24
+OTHER_TOKEN = "other-token-" + "o" * 24
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Server:
+    """One `nbexec serve` process (a node, or the router with ``nodes``)."""
+
+    name: str
+    port: int
+    env: dict[str, str]
+    args: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(prefix="nbexec-serve-", suffix=".log")[1]))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Server:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nbexec.cli", "serve", "--port", str(self.port), *self.args],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        LONG_LIVED_CHILDREN.add(self.process.pid)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(sig)
+        self.process.wait(timeout=60)
+        LONG_LIVED_CHILDREN.discard(self.process.pid)
+
+    def ready(self, token: str = NODE_TOKEN) -> bool:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def containers(self) -> list[str]:
+        """Names of the containers this node's processes made (any of its lives)."""
+        found = daemon.connect().containers.list(all=True, sparse=True,
+                                                 filters={"label": f"{daemon.LABEL_NODE}={self.name}"})
+        return [(c.attrs.get("Names") or ["/"])[0] for c in found]
+
+
+def node(index: int, tmp: Path) -> Server:
+    name = f"test{os.getpid()}-n{index}"
+    folder = tmp / name
+    folder.mkdir(mode=0o755, exist_ok=True)
+    folder.chmod(0o755)  # the sandbox user reaches its bind mounts through it
+    env = {**os.environ, "TMPDIR": str(folder), "NBEXEC_API_TOKENS": NODE_TOKEN, "NBEXEC_POOL_SIZE": "1",
+           "NBEXEC_WARM_IMPORTS": "", "NBEXEC_TIMEOUT": "60", "NBEXEC_INTERRUPT_GRACE": "2",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("NBEXEC_NODES", None)
+    return Server(name, free_port(), env, ["--node-name", name, "--max-running-per-token", "8",
+                                           "--max-sessions-per-token", "16"])
+
+
+def router(nodes: list[Server], port: int | None = None) -> Server:
+    env = {**os.environ, "NBEXEC_API_TOKENS": f"{CLIENT_TOKEN},{OTHER_TOKEN}", "NBEXEC_NODE_TOKEN": NODE_TOKEN,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("NBEXEC_NODES", None)
+    return Server("router", port or free_port(), env, ["--nodes", ",".join(n.url for n in nodes)])
+
+
+def all_up(router_server: Server, count: int) -> bool:
+    """Whether the router sees ``count`` nodes up."""
+    try:
+        nodes = httpx.get(f"{router_server.url}/readyz", timeout=5).json()["nodes"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+    return sum(1 for n in nodes if n["up"]) == count
+
+
+def wait_ready(servers: list[Server], timeout: float = 180) -> None:
+    for server in servers:
+        wait_until(server.ready, timeout, f"{server.name} never became ready (log: {server.log})", interval=0.2)
+
+
+def client(server: Server, token: str | None = CLIENT_TOKEN, timeout: float = 60) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=timeout)
