@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import notebook, parameters
-from .config import SandboxConfig
+from .config import SandboxConfig, host_from_env
 from .errors import ConfigError, NbexecError, NotebookError
 from .execute import execute_notebook
 from .result import ExecutionResult
@@ -91,7 +91,7 @@ def with_folder(config: SandboxConfig, path: Path) -> SandboxConfig:
     """The config with ``path``'s folder as the read-only input folder (its entries linked from the kernel's
     working folder), unless one is set, the input is stdin, or the folder is the home folder or / (too much to
     show untrusted code: mount a narrower folder with --mount-input)."""
-    if config.input_dir is not None or str(path) == "-":
+    if config.input_dir is not None or str(path) == "-" or host_from_env().nodes:  # nodes mount no host folder
         return config
     folder = path.resolve().parent
     if folder in (Path.home().resolve(), Path(folder.anchor)):
