@@ -134,11 +134,11 @@ def one_sandbox(config: nbexec.SandboxConfig, engine: list[int]) -> dict[str, fl
 
 
 def bare_run(image: str, engine: list[int]) -> dict[str, float]:
-    e0, (h0, k0), w0 = engine_cpu(engine), host_cpu(), time.perf_counter()
+    e0, (_, k0), w0 = engine_cpu(engine), host_cpu(), time.perf_counter()
     subprocess.run(["docker", "run", "--rm", "--network", "none", image, "python3", "-c", PRINT],
                    check=True, capture_output=True)
     w1 = time.perf_counter()
-    e1, (h1, k1) = engine_cpu(engine), host_cpu()
+    e1, (_, k1) = engine_cpu(engine), host_cpu()
     return {"Docker engine": e1 - e0, "host children (docker CLI)": k1 - k0, "wall: start to ready": w1 - w0}
 
 
@@ -168,7 +168,7 @@ def main() -> None:
     for label, config in (("no warm imports", base.replace(warm_imports=())),
                           ("default warm imports", base)):
         rows = [one_sandbox(config, engine) for _ in range(args.samples)]
-        out += summarise(f"nbexec sandbox, {label}", rows) + [""]
+        out += [*summarise(f"nbexec sandbox, {label}", rows), ""]
     rows = [bare_run(base.image, engine) for _ in range(args.samples)]
     out += summarise("bare docker run, python3 -c print", rows)
     print(f"load average after: {os.getloadavg()}", file=sys.stderr)

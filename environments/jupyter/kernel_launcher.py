@@ -34,9 +34,11 @@ def _lazy_package(name):
 
 
 _client = _lazy_package("jupyter_client")
-from jupyter_client.connect import write_connection_file  # noqa: E402
+from jupyter_client.connect import find_connection_file, write_connection_file  # noqa: E402
 
-_client.write_connection_file = write_connection_file  # what ipykernel.connect takes from the package
+# What ipykernel.connect takes from the package while a kernel starts.
+_client.find_connection_file = find_connection_file
+_client.write_connection_file = write_connection_file
 sys.modules["debugpy"] = None  # ipykernel.debugger: "debugpy is not available"
 from ipykernel import debugger, iostream, kernelapp  # noqa: E402, F401
 
