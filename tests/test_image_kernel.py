@@ -43,8 +43,9 @@ def test_a_display_when_asked_for(cold: nbexec.SandboxConfig) -> None:
 
 def test_what_the_launcher_skips_stays_importable(config: nbexec.SandboxConfig) -> None:
     code = ("import sys\nprint('debugpy' in sys.modules, 'jupyter_client.manager' in sys.modules)\n"
-            "import debugpy, jupyter_client\nfrom jupyter_client import BlockingKernelClient, KernelManager\n"
+            "import debugpy, jupyter_client\nprint(jupyter_client.__version__.split('.')[0].isdigit())\n"
+            "from jupyter_client import BlockingKernelClient, KernelManager\n"
             "print(debugpy.__name__, BlockingKernelClient.__name__, jupyter_client.KernelManager is KernelManager)")
     result = execute_notebook(code, config=config)
     assert result.ok, result.error
-    assert result.stdout == "False False\ndebugpy BlockingKernelClient True\n", result.stdout
+    assert result.stdout == "False False\nTrue\ndebugpy BlockingKernelClient True\n", result.stdout

@@ -22,8 +22,6 @@ def _lazy_package(name):
     module = importlib.util.module_from_spec(spec)
 
     def __getattr__(attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
         del module.__getattr__
         spec.loader.exec_module(module)
         return getattr(module, attr)
@@ -59,7 +57,6 @@ def _write_with_backpressure(self, string):
 
 
 iostream.OutStream.write = _write_with_backpressure
-
 
 
 def main():
