@@ -7,6 +7,7 @@ does not work here (crun on a hybrid cgroup host) is tested for the reason docto
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,9 +22,9 @@ import pytest
 
 import nbexec
 from nbexec import Session, execute_notebook
-from nbexec.sandbox import runtimes
+from nbexec.sandbox import Sandbox, pool, runtimes
 
-from .conftest import IMAGE
+from .conftest import IMAGE, settle, wait_until
 from .security import test_hostile as hostile
 from .security.test_hostile import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
 
@@ -272,9 +273,37 @@ def finished_or_timed_out(result: nbexec.ExecutionResult) -> None:
     assert result.ok or (result.error is not None and result.error.kind == "timeout"), result.error
 
 
+def ended_or_refused(refusal: str) -> Callable[[nbexec.ExecutionResult], None]:
+    """A process flood either refused with EAGAIN (the runc outcome) or ended the whole sandbox (kernel_died)."""
+    def check(result: nbexec.ExecutionResult) -> None:
+        if result.ok:
+            assert refusal in result.stdout, result.stdout[-500:]
+        else:
+            assert result.error is not None and result.error.kind == "kernel_died", result.error
+    return check
+
+
+def threads_made_or_refused(result: nbexec.ExecutionResult) -> None:
+    assert result.ok, result.error
+    assert "made 400 threads" in result.stdout or "thread refused" in result.stdout, result.stdout[-500:]
+
+
 # Cases whose outcome differs under gVisor, each with why it is still contained (tests below prove the reasons).
 UNDER_RUNSC: dict[str, tuple[Callable[[nbexec.ExecutionResult], None], str]] = {
-    "namespaces": (allowed_only("ctypes.CDLL(None).unshare(0x00020000) == 0 or 1/0"),
+    "fork-bomb": (ended_or_refused("fork refused: EAGAIN"),
+                  "gVisor does not count the sandbox's processes against the pids limit itself: each new process "
+                  "costs its user-space kernel host tasks (a stub process on the ptrace platform), and the host's "
+                  "pids cgroup, which holds all of gVisor's own tasks, stops it at the limit; gVisor's kernel then "
+                  "cannot make a thread and ends (exit code 2): the whole sandbox ends, reported as kernel_died, "
+                  "and nothing of it is left on the host"),
+    "subprocess-bomb": (ended_or_refused("spawn refused: EAGAIN"), "as fork-bomb: the host's pids limit ends "
+                        "gVisor's kernel, and with it the sandbox"),
+    "thread-bomb": (threads_made_or_refused,
+                    "the sandbox's threads are tasks of gVisor's user-space kernel, not host threads (400 of them "
+                    "cost the host a handful of tasks), so the pids limit does not count them; the host's task "
+                    "table stays protected by the pids cgroup on gVisor's own tasks, and the threads' memory by "
+                    "the memory limit"),
+    "namespaces": (allowed_only("checked(libc.unshare(0x00020000))"),
                    "gVisor lets unshare(CLONE_NEWNS) through without CAP_SYS_ADMIN; the namespace exists only in "
                    "its user-space kernel, mount() still fails in it, and user namespaces and chroot stay denied"),
     "mknod": (allowed_only("os.mknod('/tmp/dev', 0o60666, os.makedev(8, 0))"),
@@ -289,11 +318,20 @@ UNDER_RUNSC: dict[str, tuple[Callable[[nbexec.ExecutionResult], None], str]] = {
 }
 
 
-# In the load tier: since the hostile cases gained exact checks (fork refused with EAGAIN, capability sets,
-# listener-judged network cases), five of them end differently under this gVisor (the pids limit does not count
-# its threads; the kernel process dies under a fork flood; no NoNewPrivs line in /proc) and are not yet
-# characterised one by one like the four in UNDER_RUNSC.
-@pytest.mark.load
+def host_processes_of(container_id: str) -> list[str]:
+    """Host processes whose command line names the container (gVisor's sandbox, gofer and shim do)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if container_id in line:
+                found.append(line[:200])
+    return found
+
+
 @pytest.mark.parametrize("case", HOSTILE_CASES, ids=[c.id for c in HOSTILE_CASES])
 def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str, runtimes.RuntimeCheck],
                                                   canary: Path, listener: object, cleanup_ledger: None) -> None:  # noqa: F811
@@ -311,3 +349,53 @@ def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str
     assert canary.read_text() == "host secret"
     assert "s3cret-canary" not in json.dumps(result.to_dict())
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"  # type: ignore[attr-defined]
+    pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
+    settle(lambda: not hostile.survivors(run.mark), 5)
+    assert hostile.survivors(run.mark) == []
+
+
+# -- why the differing cases are still contained ---------------------------------------------------------------
+
+def pids_cgroup(container_id: str) -> Path:
+    for folder in (Path(f"/sys/fs/cgroup/pids/docker/{container_id}"),
+                   Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope")):
+        if (folder / "pids.max").exists():
+            return folder
+    raise AssertionError(f"no pids cgroup found for container {container_id} (cgroupfs v1 or systemd v2 layout)")
+
+
+def run_in(sandbox: Sandbox, code: str) -> None:
+    client = sandbox.client
+    assert client is not None
+    msg_id = client.execute(code, silent=True, store_history=False)
+    with contextlib.suppress(nbexec.NbexecError):  # a kernel that dies mid-run closes its sockets
+        client.recv("shell", 60, parent=msg_id)
+
+
+FLOOD = ("import os, threading, time\nfor _ in range({count}):\n    {spawn}\n")
+
+
+@pytest.mark.parametrize("what", ["threads", "processes"])
+def test_runsc_the_pids_limit_holds_gvisors_host_tasks(what: str, checks: dict[str, runtimes.RuntimeCheck],
+                                                       config: nbexec.SandboxConfig) -> None:
+    """Under gVisor, the host's pids cgroup (config.pids) holds the sandbox's host tasks: 400 threads stay inside
+    gVisor's kernel and cost the host a handful, while a process flood meets the limit and ends the sandbox."""
+    working(checks, "runsc")
+    sandbox = pool.start_sandbox(on(config, "runsc").replace(pool_size=0), role="oneshot", warm_up=False)
+    try:
+        cid = sandbox.container.id
+        cgroup = pids_cgroup(cid)
+        assert int((cgroup / "pids.max").read_text()) == config.pids
+        before = int((cgroup / "pids.current").read_text())
+        if what == "threads":
+            run_in(sandbox, FLOOD.format(count=400, spawn="threading.Thread(target=time.sleep, args=(60,), "
+                                                               "daemon=True).start()"))
+            assert int((cgroup / "pids.current").read_text()) < before + 50, "gVisor made a host task per thread"
+            assert sandbox.state().running
+        else:
+            run_in(sandbox, FLOOD.format(count=400, spawn="os.fork() or (time.sleep(60), os._exit(0))"))
+            wait_until(lambda: not sandbox.state().running, 60, "gVisor survived a process flood at the limit")
+    finally:
+        sandbox.destroy()
+    settle(lambda: not host_processes_of(cid), 10)
+    assert host_processes_of(cid) == [], "a process of the ended sandbox is still on the host"

@@ -1,11 +1,46 @@
-"""Start ipykernel with one change: a stream buffer is flushed once it holds 1 MiB.
+"""Start ipykernel with two changes: a stream buffer is flushed once it holds 1 MiB, and start-up skips imports
+the sandbox never uses.
 
 ipykernel buffers stdout/stderr for 0.2 s before publishing; code that writes hundreds of MB at once would fill
 the sandbox's memory with that buffer. Flushing early makes the writer wait for the publisher instead.
-This runs inside the sandbox and is not trusted by the host: it only keeps the sandbox itself alive.
+
+Start-up CPU is paid by every sandbox (benchmarks/profile.py): ipykernel imports debugpy for its debugger (about
+0.1 s; nbexec never debugs, and a debugger needs a frontend), and `import jupyter_client` runs a package
+`__init__` that imports every client, manager and provisioner (the kernel needs only the session and connection
+modules). Both stay importable by the user's code: debugpy is hidden only while ipykernel decides that there is
+no debugger, and jupyter_client's `__init__` runs in full the first time anything else asks for one of its names.
+This runs inside the sandbox and is not trusted by the host: it only keeps the sandbox itself alive and cheap.
 """
 
-from ipykernel import iostream, kernelapp
+import importlib.util
+import sys
+
+
+def _lazy_package(name):
+    """Register package ``name`` without running its ``__init__``; the first attribute asked for runs it."""
+    spec = importlib.util.find_spec(name)
+    module = importlib.util.module_from_spec(spec)
+
+    def __getattr__(attr):
+        del module.__getattr__
+        spec.loader.exec_module(module)
+        return getattr(module, attr)
+
+    module.__getattr__ = __getattr__
+    sys.modules[name] = module
+    return module
+
+
+_client = _lazy_package("jupyter_client")
+from jupyter_client.connect import find_connection_file, write_connection_file  # noqa: E402
+
+# What ipykernel.connect takes from the package while a kernel starts.
+_client.find_connection_file = find_connection_file
+_client.write_connection_file = write_connection_file
+sys.modules["debugpy"] = None  # ipykernel.debugger: "debugpy is not available"
+from ipykernel import debugger, iostream, kernelapp  # noqa: E402, F401
+
+del sys.modules["debugpy"]
 
 _LIMIT = 1 << 20
 _write = iostream.OutStream.write
@@ -23,5 +58,17 @@ def _write_with_backpressure(self, string):
 
 iostream.OutStream.write = _write_with_backpressure
 
+
+def main():
+    """IPKernelApp.launch_instance, with the client class that kernels never use left unresolved."""
+    _client.BlockingKernelClient = object  # resolved by the app's `blocking_class` trait, used only by clients
+    try:
+        app = kernelapp.IPKernelApp.instance()
+    finally:
+        del _client.BlockingKernelClient
+    app.initialize()
+    app.start()
+
+
 if __name__ == "__main__":
-    kernelapp.launch_new_instance()
+    main()

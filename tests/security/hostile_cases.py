@@ -173,8 +173,10 @@ SPAWN = ("        try:\n            os.execv('/bin/sleep', ['sleep', '@MARK@'])\
 DNS_QUERY = ("def dns_query(name):\n    labels = b''.join(bytes([len(p)]) + p.encode() for p in name.split('.'))\n"
              "    header = bytes([0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0])\n"
              "    return header + labels + bytes([0, 0, 1, 0, 1])\n")
-STATUS = ("import os\nlines = open('/proc/self/status').read().splitlines()\n"
+# NoNewPrivs is asked of the kernel (prctl PR_GET_NO_NEW_PRIVS): gVisor's /proc/self/status has no such line.
+STATUS = ("import ctypes, os\nlines = open('/proc/self/status').read().splitlines()\n"
           "status = dict(l.split(':\\t', 1) for l in lines if ':\\t' in l)\n"
+          "status['NoNewPrivs'] = str(ctypes.CDLL(None, use_errno=True).prctl(39, 0, 0, 0, 0))\n"
           "print(' '.join(f'{k}={status[k].strip()}' for k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs')))\n")
 
 # The bombs must be stopped by the pids limit (EAGAIN), so their time limit is one they never reach, even on a
