@@ -286,6 +286,8 @@ def _target(sandbox: Sandbox, config: SandboxConfig) -> wheelhouse.Target:
                           config.startup_timeout, expressions={"target": _TARGET})
     try:
         shown = content["user_expressions"]["target"]["data"]["text/plain"]
+        if not isinstance(shown, str) or len(shown) > 256:  # size before parse: earlier code may shape the reply
+            raise ValueError("an oversized description")
         python, machine, libc = json.loads(ast.literal_eval(shown))
         glibc = libc.split()[1] if isinstance(libc, str) and libc.startswith("glibc ") else None
         target = wheelhouse.Target(python=str(python), machine=str(machine), glibc=glibc)

@@ -221,3 +221,16 @@ def test_nbexec_run_with_package_and_a_pip_line(index: Index, tmp_path: Path, cl
     assert "tiny 42" in shown["stdout"]
     statuses = {p["name"]: p["status"] for p in shown["packages"]}
     assert (statuses["nbexec-tiny"], statuses["evil-pkg"]) == ("provided", "refused")
+
+
+def test_earlier_code_cannot_crash_the_host_through_the_interpreter_description(
+        index: Index, tmp_path: Path, cleanup_ledger: None) -> None:
+    # A session's earlier cell makes every str display as a 100,000-deep expression, which the host parsed unsized.
+    hostile = ("get_ipython().display_formatter.formatters['text/plain'].for_type(\n"
+               "    str, lambda value, printer, cycle: printer.text('-' * 100_000 + '1'))")
+    with nbexec.Session(_config(index, tmp_path / "cache")) as session:
+        assert session.run(hostile).ok
+        result = session.run("%pip install nbexec-tiny\nprint('after')")
+    assert result.stdout.strip().endswith("after")
+    (record,) = result.packages
+    assert record.status == "failed" and "did not describe its interpreter" in (record.reason or "")
