@@ -234,3 +234,28 @@ def test_earlier_code_cannot_crash_the_host_through_the_interpreter_description(
     assert result.stdout.strip().endswith("after")
     (record,) = result.packages
     assert record.status == "failed" and "did not describe its interpreter" in (record.reason or "")
+
+
+def test_the_caps_hold_for_all_the_pip_lines_of_an_execution(index: Index, tmp_path: Path,
+                                                             cleanup_ledger: None) -> None:
+    # Each line alone fits the caps; before, every pip line had caps of its own, so a cell of many lines had the
+    # host download many times max_package_download.
+    config = _config(index, tmp_path / "cache", max_packages=2)
+    result = nbexec.execute_notebook("%pip install nbexec-tiny\n%pip install nbexec-big\n", config=config)
+    shown = {p.name: p.status for p in result.packages}
+    assert shown == {"nbexec-tiny": "provided", "nbexec-dep": "provided", "nbexec-big": "failed"}, shown
+    assert "max_packages" in result.stderr
+    assert index.fetched("nbexec-big") == [], "a request past the execution's cap was downloaded"
+    (big,) = [p for p in result.packages if p.name == "nbexec-big"]
+    assert "(max_packages" in (big.reason or "")
+
+
+def test_a_budget_counts_each_wheel_once_and_caps_bytes() -> None:
+    source = wheelhouse.Source(index="unused", max_bytes=1000, max_count=3)
+    budget = wheelhouse.Budget(source)
+    wheel = wheelhouse.Wheel("a", "1", "a-1-py3-none-any.whl", "0" * 64, 600)
+    budget.charge([wheel])
+    budget.charge([wheel])  # the same wheel again (a shared dependency): counted once
+    assert budget.remaining().max_bytes == 400
+    with pytest.raises(PackageError, match="max_package_download"):
+        budget.charge([wheelhouse.Wheel("b", "1", "b-1-py3-none-any.whl", "1" * 64, 500)])
