@@ -28,8 +28,15 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture
-def gate(tmp_path: Path, server: Server) -> Iterator[tuple[Proxy, Path]]:
-    path = tmp_path / "proxy.sock"
+def short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A socket path relative to tmp_path (a Unix socket's address is at most 107 bytes, and TMPDIR may be deep)."""
+    monkeypatch.chdir(tmp_path)
+    return Path("proxy.sock")
+
+
+@pytest.fixture
+def gate(short: Path, server: Server) -> Iterator[tuple[Proxy, Path]]:
+    path = short
     started = Proxy.start(path, egress.Allowlist.of([f"127.0.0.1:{server.port}"]),
                           Limits(max_bytes=100_000, max_connections=64))
     yield started, path
@@ -122,9 +129,9 @@ def sink() -> Iterator[tuple[socket.socket, list[int]]]:
     listener.close()
 
 
-def test_the_byte_cap_counts_what_the_sandbox_sends(tmp_path: Path, sink: tuple[socket.socket, list[int]]) -> None:
+def test_the_byte_cap_counts_what_the_sandbox_sends(short: Path, sink: tuple[socket.socket, list[int]]) -> None:
     port, received = sink[0].getsockname()[1], sink[1]
-    path = tmp_path / "proxy.sock"
+    path = short
     started = Proxy.start(path, egress.Allowlist.of([f"127.0.0.1:{port}"]), Limits(max_bytes=100_000,
                                                                                     max_connections=4))
     try:
