@@ -49,6 +49,14 @@ def test_odd_addresses_are_not_public(address: str, problem: str) -> None:
     assert problem in (egress.address_problem(ipaddress.ip_address(address)) or "")
 
 
+@pytest.mark.parametrize("host", ["127.1", "0x7f.1", "2130706433", "::ffff:127.0.0.1", "::ffff:7f00:1",
+                                  "0177.0.0.1", "127.000.000.001"])
+def test_other_spellings_of_a_listed_address_are_not_it(host: str) -> None:
+    # Only the listed address opens a loopback port: another spelling is a name (resolved and judged) or refused.
+    addresses, reason = egress.Allowlist.of(["127.0.0.1:8080"]).judge(host, 8080)
+    assert addresses == [] and reason is not None
+
+
 @pytest.mark.parametrize("head", [
     "GET http://127.0.0.1:{port}/smuggled HTTP/1.1\nHost:\tevil.example\r\n\r\n",  # LF in the version
     "GET http://127.0.0.1:{port}/smuggled HTTP/1.1\r\nX-A: 1\nHost: evil.example\r\n\r\n",  # LF in a header
