@@ -149,9 +149,9 @@ class SandboxConfig:
     package_index: str = field(default="https://pypi.org/simple", metadata=_doc(
         "Where the host fetches wheels: a package index URL (PEP 503), or a local folder of wheels."))
     max_packages: int = field(default=40, metadata=_doc(
-        "Distributions (wheels, dependencies included) one execution may have fetched for it."))
+        "Distributions (wheels, dependencies included) one execution may be provided, all its requests together."))
     max_package_download: str = field(default="256m", metadata=_doc(
-        "Bytes of wheels one resolution may download; a download past it is stopped."))
+        "Bytes of wheels one execution may be provided, all its requests together; a download past it is stopped."))
     package_cache: str | None = field(default=None, metadata=_doc(
         "Host folder (0700) that caches wheels by sha256 (default: <tmp>/nbexec-wheels-<uid>)."))
 

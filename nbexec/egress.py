@@ -120,9 +120,10 @@ def address_problem(address: Address) -> str | None:
             return f"{problem} (inside an IPv6 address)"
     checks = (("is_loopback", "a loopback address"), ("is_link_local", "a link-local address (cloud metadata)"),
               ("is_unspecified", "an unspecified address"), ("is_multicast", "a multicast address"),
-              ("is_private", "a private address"), ("is_reserved", "a reserved address"))
+              ("is_private", "a private address"), ("is_reserved", "a reserved address"),
+              ("is_site_local", "a site-local address"))  # fec0::/10: deprecated, still routed inside some sites
     for attribute, reason in checks:
-        if getattr(address, attribute):
+        if getattr(address, attribute, False):
             return reason
     return None if address.is_global else "not a public address"
 

@@ -205,19 +205,20 @@ def notes(records: Sequence[Package]) -> list[str]:
 def _provide(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, requested: list[str], lines: list[PipLine],
              records: list[Package], originals: dict[int, str]) -> None:
     policy = Policy.of(config)
+    budget = wheelhouse.Budget(source_of(config))  # the caps hold for all of the execution's requests together
     if requested:  # each on its own: the allowed ones are installed, the refused ones reported
         allowed = [text for text in requested if policy.check(text)[1] is None]
         _refusals(policy, [text for text in requested if text not in allowed], records)
-        _provide_one(sandbox, config, policy, allowed, records, install=True)
+        _provide_one(sandbox, config, policy, budget, allowed, records, install=True)
     for line in lines:
-        replacement = _provide_one(sandbox, config, policy, list(line.requirements), records, install=False,
-                                   plain=not line.skipped)
+        replacement = _provide_one(sandbox, config, policy, budget, list(line.requirements), records,
+                                   install=False, plain=not line.skipped)
         if replacement:
             _rewrite(nb, line, replacement, originals)
 
 
-def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts: list[str], records: list[Package],
-                 *, install: bool, plain: bool = False) -> str | None:
+def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, budget: wheelhouse.Budget, texts: list[str],
+                 records: list[Package], *, install: bool, plain: bool = False) -> str | None:
     """Check, resolve, link (and with ``install``, install) one request. For a pip line: the code that replaces
     it for this run (a message saying why nothing was provided, or, for a ``plain`` line, the installer that
     needs no pip), or None (the line runs pip as written)."""
@@ -228,8 +229,9 @@ def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, texts:
         return None
     try:
         target = _target(sandbox, config)
-        source = source_of(config)
+        source = budget.remaining()
         wheels = wheelhouse.resolve(texts, policy.constraints(), target, source)
+        budget.charge(wheels)
         wheelhouse.link(wheels, sandbox.workdir / "wheels", source)
         asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:
@@ -286,6 +288,8 @@ def _target(sandbox: Sandbox, config: SandboxConfig) -> wheelhouse.Target:
                           config.startup_timeout, expressions={"target": _TARGET})
     try:
         shown = content["user_expressions"]["target"]["data"]["text/plain"]
+        if not isinstance(shown, str) or len(shown) > 256:  # size before parse: earlier code may shape the reply
+            raise ValueError("an oversized description")
         python, machine, libc = json.loads(ast.literal_eval(shown))
         glibc = libc.split()[1] if isinstance(libc, str) and libc.startswith("glibc ") else None
         target = wheelhouse.Target(python=str(python), machine=str(machine), glibc=glibc)

@@ -17,6 +17,7 @@ import re
 import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD = 16 * 1024
 MAX_OPEN = 32  # connections served at once; more wait in the listen queue
-HEAD_TIMEOUT = 10.0
+MAX_NAME = 255  # characters of a requested host kept in the log (a valid name has at most 253)
+HEAD_TIMEOUT = 10.0  # for the whole head, however slowly it drips in
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
 LOG_EXTRA = 16  # refusals past the connection cap still logged, then only counted
@@ -128,7 +130,6 @@ class Proxy:
         upstream: socket.socket | None = None
         entry: _Entry | None = None
         try:
-            client.settimeout(HEAD_TIMEOUT)
             head, rest = _read_head(client)
             method, host, port, forward = _parse(head)
             entry = self._admit(method, host, port, client)
@@ -157,7 +158,7 @@ class Proxy:
 
     def _admit(self, method: str, host: str, port: int, client: socket.socket) -> _Entry | None:
         """Log the attempt and judge it: the entry when it may go on, else None (the client was answered)."""
-        entry = _Entry(method, host, port, sockets=[client])
+        entry = _Entry(method, host[:MAX_NAME], port, sockets=[client])  # cap before keep: it is logged
         with self._lock:
             if self._closed:
                 return None
@@ -252,9 +253,14 @@ class Proxy:
 def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
     """The request head (up to MAX_HEAD bytes) and whatever came after it."""
     data = b""
+    deadline = time.monotonic() + HEAD_TIMEOUT
     while b"\r\n\r\n" not in data:
         if len(data) > MAX_HEAD:
             return b"", b""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request head did not arrive in time")
+        client.settimeout(left)
         chunk = client.recv(4096)
         if not chunk:
             return b"", b""
@@ -268,8 +274,10 @@ def _parse(head: bytes) -> tuple[str, str, int, bytes | None]:
     when it is no proxy request nbexec serves."""
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
-    if not head or len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[2].startswith(b"HTTP/1."):
+    if not head or len(parts) != 3 or not _TOKEN.match(parts[0]) or parts[2] not in (b"HTTP/1.0", b"HTTP/1.1"):
         return "", "not an HTTP/1.x proxy request", 0, None
+    if any(b"\r" in line or b"\n" in line for line in lines):  # a bare CR or LF would start a line upstream
+        return "", "a bare CR or LF in the request head", 0, None
     method, target = parts[0].decode(), parts[1].decode("ascii", "replace")
     if method == "CONNECT":
         host, _, digits = target.rpartition(":")

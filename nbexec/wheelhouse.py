@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -87,6 +87,34 @@ class Source:
         return ["--no-index", "--find-links", os.path.abspath(self.index)]
 
 
+@dataclass
+class Budget:
+    """What one execution was provided so far, against its caps: ``source.max_count`` distributions and
+    ``source.max_bytes`` bytes of wheels (0: no byte cap), summed over all its requests (a wheel counts once)."""
+
+    source: Source
+    provided: dict[str, int] = field(default_factory=dict)  # sha256 -> size
+
+    def remaining(self) -> Source:
+        """The source for the next request, its download capped by what is left; PackageError when nothing is."""
+        used = sum(self.provided.values())
+        if len(self.provided) >= self.source.max_count or (self.source.max_bytes and used >= self.source.max_bytes):
+            raise PackageError(f"this execution already has {len(self.provided)} distributions ({used:,} bytes), "
+                               "its cap (max_packages, max_package_download)")
+        return replace(self.source, max_bytes=self.source.max_bytes and self.source.max_bytes - used)
+
+    def charge(self, wheels: list[Wheel]) -> None:
+        new = {w.sha256: w.size for w in wheels if w.sha256 not in self.provided}
+        count, size = len(self.provided) + len(new), sum(self.provided.values()) + sum(new.values())
+        if count > self.source.max_count:
+            raise PackageError(f"it would bring this execution to {count} distributions, more than the "
+                               f"{self.source.max_count} allowed (max_packages)")
+        if self.source.max_bytes and size > self.source.max_bytes:
+            raise PackageError(f"it would bring this execution to {size:,} bytes of wheels, more than the "
+                               f"{self.source.max_bytes:,} allowed (max_package_download)")
+        self.provided.update(new)
+
+
 def cache_root(source: Source) -> Path:
     """The wheelhouse folder (0700, ours), with its blobs/, resolved/ and tmp/ sub-folders."""
     if source.cache is None:
@@ -111,8 +139,8 @@ def cache_root(source: Source) -> Path:
 def resolve(requirements: list[str], constraints: list[str], target: Target, source: Source) -> list[Wheel]:
     """The wheels that satisfy ``requirements`` for ``target``: from the cache, else downloaded now."""
     root = cache_root(source)
-    key = hashlib.sha256(json.dumps([sorted(requirements), sorted(constraints), asdict(target), source.index,
-                                     source.max_bytes, source.max_count]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([sorted(requirements), sorted(constraints), asdict(target),
+                                     source.index]).encode()).hexdigest()  # the caps are checked by a Budget
     cached = _cached(root, key)
     if cached is not None:
         return cached

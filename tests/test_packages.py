@@ -221,3 +221,42 @@ def test_nbexec_run_with_package_and_a_pip_line(index: Index, tmp_path: Path, cl
     assert "tiny 42" in shown["stdout"]
     statuses = {p["name"]: p["status"] for p in shown["packages"]}
     assert (statuses["nbexec-tiny"], statuses["evil-pkg"]) == ("provided", "refused")
+
+
+def test_earlier_code_cannot_crash_the_host_through_the_interpreter_description(
+        index: Index, tmp_path: Path, cleanup_ledger: None) -> None:
+    # A session's earlier cell makes every str display as a 100,000-deep expression, which the host parsed unsized.
+    hostile = ("get_ipython().display_formatter.formatters['text/plain'].for_type(\n"
+               "    str, lambda value, printer, cycle: printer.text('-' * 100_000 + '1'))")
+    with nbexec.Session(_config(index, tmp_path / "cache")) as session:
+        assert session.run(hostile).ok
+        result = session.run("%pip install nbexec-tiny\nprint('after')")
+    assert result.stdout.strip().endswith("after")
+    (record,) = result.packages
+    assert record.status == "failed" and "did not describe its interpreter" in (record.reason or "")
+
+
+def test_the_caps_hold_for_all_the_pip_lines_of_an_execution(index: Index, tmp_path: Path,
+                                                             cleanup_ledger: None) -> None:
+    # Each line alone fits the caps; before, every pip line had caps of its own, so a cell of many lines had the
+    # host download many times max_package_download.
+    config = _config(index, tmp_path / "cache", max_packages=2)
+    fetched = len(index.fetched("nbexec-big"))
+    result = nbexec.execute_notebook("%pip install nbexec-tiny\n%pip install nbexec-big\n", config=config)
+    shown = {p.name: p.status for p in result.packages}
+    assert shown == {"nbexec-tiny": "provided", "nbexec-dep": "provided", "nbexec-big": "failed"}, shown
+    assert "max_packages" in result.stderr
+    assert len(index.fetched("nbexec-big")) == fetched, "a request past the execution's cap was downloaded"
+    (big,) = [p for p in result.packages if p.name == "nbexec-big"]
+    assert "(max_packages" in (big.reason or "")
+
+
+def test_a_budget_counts_each_wheel_once_and_caps_bytes() -> None:
+    source = wheelhouse.Source(index="unused", max_bytes=1000, max_count=3)
+    budget = wheelhouse.Budget(source)
+    wheel = wheelhouse.Wheel("a", "1", "a-1-py3-none-any.whl", "0" * 64, 600)
+    budget.charge([wheel])
+    budget.charge([wheel])  # the same wheel again (a shared dependency): counted once
+    assert budget.remaining().max_bytes == 400
+    with pytest.raises(PackageError, match="max_package_download"):
+        budget.charge([wheelhouse.Wheel("b", "1", "b-1-py3-none-any.whl", "1" * 64, 500)])
