@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from . import __version__, render
-from .config import SandboxConfig, describe, from_env, store_from_env
+from .config import SandboxConfig, describe, from_env, running_as_root, store_from_env
 from .errors import ConfigError, NbexecError, NotebookError
 from .outputs import clean
 from .sandbox import daemon, datafs, image
@@ -330,7 +330,7 @@ def _check_sandbox_uid(config: SandboxConfig) -> None:
     """Warn when sandboxes run as a login account: code there shares its files' ownership and per-uid limits."""
     import pwd
 
-    if not config.user and os.getuid() == 0:
+    if not config.user and running_as_root():
         click.echo("ok   sandbox uid: a fresh uid per sandbox with no account (nbexec runs as root)")
         return
     uid = config.uid_gid()[0]

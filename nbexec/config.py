@@ -24,6 +24,7 @@ _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # tools that keep uids in a signed 32-bit integer still work.
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_SPAN = 140_000_000
+SANDBOX_SOURCES = ("local",)  # the places sandboxes come from (nbexec.sandbox.source.for_config)
 _ids_lock = threading.Lock()
 _ids_given: set[int] = set()
 
@@ -38,6 +39,12 @@ def parse_size(value: str | int) -> int:
     if not match:
         raise ConfigError(f"not a size: {value!r} (use bytes or a suffix: 512m, 1g, 100k)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def running_as_root() -> bool:
+    """Whether nbexec runs as root: the one place that asks. As root it gives each sandbox a fresh uid, chowns the
+    files it puts in /mnt/data to it, and mounts /mnt/data as a filesystem of its own."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def parse_duration(value: str) -> float:
@@ -130,6 +137,9 @@ class SandboxConfig:
     interrupt_grace: float = field(
         default=5.0, metadata=_doc("Seconds an interrupted cell gets to stop before the sandbox is killed.")
     )
+    source: str = field(
+        default="local", metadata=_doc("Where sandboxes come from: local (this host's Docker engine, warm pool).")
+    )
 
     def __post_init__(self) -> None:
         for name in ("memory", "max_output", "max_display", "max_data", "tmp_size"):
@@ -146,15 +156,20 @@ class SandboxConfig:
         for name, least in (("pids", 16), ("pool_size", 0), ("max_files", 1), ("max_outputs", 1)):
             if getattr(self, name) < least:  # pids: a kernel runs several threads
                 raise ConfigError(f"{name} must be {least} or more, got {getattr(self, name)}")
+        self._check_names()
+        object.__setattr__(self, "env", dict(self.env))
+        if self.input_dir is not None:
+            object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
+        object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
+
+    def _check_names(self) -> None:
+        if self.source not in SANDBOX_SOURCES:
+            raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
             raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
         bad = [k for k in self.env if not _ENV_NAME.match(k)]
         if bad:
             raise ConfigError(f"invalid environment variable names: {bad}")
-        object.__setattr__(self, "env", dict(self.env))
-        if self.input_dir is not None:
-            object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
-        object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.env.items())) + tuple(
@@ -176,6 +191,7 @@ class SandboxConfig:
                 tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir,
                 self.max_data_bytes, self.max_files, self.max_output, self.max_display)  # the frame cap
 
+    # Sizes in bytes: parsed here, never at the call sites.
     @property
     def memory_bytes(self) -> int:
         return parse_size(self.memory)
@@ -184,6 +200,18 @@ class SandboxConfig:
     def max_data_bytes(self) -> int:
         return parse_size(self.max_data)
 
+    @property
+    def max_output_bytes(self) -> int:
+        return parse_size(self.max_output)
+
+    @property
+    def max_display_bytes(self) -> int:
+        return parse_size(self.max_display)
+
+    @property
+    def tmp_size_bytes(self) -> int:
+        return parse_size(self.tmp_size)
+
     def uid_gid(self) -> tuple[int, int]:
         """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when
         nbexec runs as root, a fresh pair per call (per sandbox) that is no account on this host, so sandboxes
@@ -191,7 +219,7 @@ class SandboxConfig:
         if self.user:
             uid, _, gid = self.user.partition(":")
             return int(uid), int(gid or uid)
-        if hasattr(os, "getuid") and os.getuid() != 0:
+        if not running_as_root():
             return os.getuid(), os.getgid()
         return fresh_ids()
 
