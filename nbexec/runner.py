@@ -315,6 +315,7 @@ def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *
     expected (kept in its outputs) and the run goes on. Timeouts, deaths and protocol errors always stop it."""
     budget = Budget.from_config(config)
     deadline = time.monotonic() + config.timeout
+    displays = {} if displays is None else displays  # a display id spans cells (nbclient's _update_display_id)
     error: CellError | None = None
     for index in range(first_index, len(nb.cells)):
         cell = nb.cells[index]
