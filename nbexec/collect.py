@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from nbformat import NotebookNode
 
-from . import artifacts, links, notebook, outputs, uploads
+from . import artifacts, links, notebook, outputs, transfer, uploads
 from .folders import OutputFolder
 from .result import CellError, ExecutionResult, File, Image, SkippedFile
 from .sandbox.source import SandboxHandle
@@ -51,14 +51,14 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     """Save the run's images, copy /mnt/data to ``folder``/data (``known``: a session's memory of earlier copies),
     and write the notebook as ``notebook_name`` (replaced atomically), all through the folder's descriptor."""
     flat = outputs.flatten(nb, run.first_cell)
-    images = artifacts.save_images(list(outputs.images(flat)), folder)
+    images = transfer.save_images(list(outputs.images(flat)), folder)
     cap, config = sandbox.config.max_data_bytes, sandbox.config
     with folder.child("data") as target:
         found = sandbox.snapshot(target, artifacts.Limits(max_file=cap, max_total=cap, max_files=config.max_files),
                                  known)
     notes, stopped = sandbox.data_notes()
     error = _as_limit(run.error, stopped, notes)
-    path = artifacts.replace(folder, notebook_name, notebook.dumps(nb))
+    path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
     return Gathered(tuple(flat), images, found.files, found.skipped, notes + found.notes, error, str(path))
 
 

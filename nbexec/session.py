@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from . import artifacts, collect, folders, notebook, runner
+from . import artifacts, collect, folders, notebook, runner, transfer
 from .config import SandboxConfig, from_env
 from .errors import (
     FileTransferError,
@@ -268,10 +268,10 @@ class Session:
         with self._lock:
             content = notebook.dumps(self.notebook)
             if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
-                return artifacts.replace(self._folder, path.name, content)
+                return transfer.replace(self._folder, path.name, content)
         # A place the caller chose: its links are the caller's own, so only the final name is never followed.
         with folders.OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
-            artifacts.replace(parent, path.name, content)
+            transfer.replace(parent, path.name, content)
         return path
 
     # -- files --------------------------------------------------------------------------------------
@@ -311,7 +311,7 @@ class Session:
             _, chunks = self._sandbox.open_file(name)
             return b"".join(chunks)
 
-    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, artifacts.FileChunks]:
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
         """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
         with self._lock:
             self.start()

@@ -11,7 +11,7 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import artifacts, links
+from . import links, transfer
 from .errors import FileTransferError, StorageError
 from .result import ExecutionResult, File, Image, Upload
 from .storage import ArtifactStore, blob_name
@@ -85,7 +85,7 @@ class _Job:
             return item
         name = blob_name(self.prefix, self.execution_id, item.name)
         try:
-            size, chunks = artifacts.open_stream(self.data_dir, item.name, max_bytes=self.limits.max_file)
+            size, chunks = transfer.open_stream(self.data_dir, item.name, max_bytes=self.limits.max_file)
             with io.BufferedReader(_Checked(chunks, item.sha256)) as stream:
                 url = self.store.upload(name, stream, item.mime, length=size)
         except (StorageError, FileTransferError) as exc:
@@ -125,7 +125,7 @@ class _Checked(io.RawIOBase):
     """A file's chunks as a stream for the store, never held whole; the last read fails when their sha256 is
     not the one the result lists (so a changed file is never stored under the listed hash)."""
 
-    def __init__(self, chunks: artifacts.FileChunks, sha256: str) -> None:
+    def __init__(self, chunks: transfer.FileChunks, sha256: str) -> None:
         self._chunks, self._expected, self._hash, self._rest = chunks, sha256, hashlib.sha256(), b""
 
     def readable(self) -> bool:

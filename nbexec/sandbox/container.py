@@ -25,7 +25,7 @@ import docker
 import docker.errors
 import docker.types
 
-from .. import artifacts
+from .. import artifacts, transfer
 from ..config import SandboxConfig, running_as_root
 from ..errors import DockerError, SandboxError
 from ..folders import OutputFolder, work_root
@@ -272,16 +272,16 @@ class Sandbox:
 
     def put_file(self, name: str, content: bytes | BinaryIO) -> None:
         """Write ``content`` (bytes or a binary file, streamed) to /mnt/data/``name``, owned by the sandbox user."""
-        artifacts.put(self.data_dir, name, content, owner=self.file_owner())
+        transfer.put(self.data_dir, name, content, owner=self.file_owner())
 
     def snapshot(self, target: OutputFolder, limits: artifacts.Limits,
                  known: artifacts.Known | None = None) -> artifacts.Collection:
         """Copy the regular files of /mnt/data into ``target`` (see artifacts.snapshot)."""
         return artifacts.snapshot(self.data_dir, target, limits, known=known)
 
-    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, artifacts.FileChunks]:
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
         """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
-        return artifacts.open_stream(self.data_dir, name, max_bytes=max_bytes)
+        return transfer.open_stream(self.data_dir, name, max_bytes=max_bytes)
 
     def list_files(self) -> list[File]:
         """The regular files now in /mnt/data (hashed where they lie), and nothing else."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
-from .. import artifacts
+from .. import artifacts, transfer
 from ..config import SandboxConfig
 from ..errors import ConfigError
 from ..folders import OutputFolder
@@ -72,9 +72,9 @@ class SandboxHandle(Protocol):
                  known: artifacts.Known | None = None) -> artifacts.Collection:
         """Copy the regular files of /mnt/data into ``target`` within ``limits``; ``known`` spares unchanged ones."""
 
-    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, artifacts.FileChunks]:
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
         """/mnt/data/``name`` for streaming: (its size, its chunks); links and over-size files are refused.
-        (A remote handle wraps the response body, a binary file object, in artifacts.FileChunks.)"""
+        (A remote handle wraps the response body, a binary file object, in transfer.FileChunks.)"""
 
     def list_files(self) -> list[File]:
         """The regular files now in /mnt/data."""
