@@ -81,6 +81,16 @@ def fresh_ids() -> tuple[int, int]:
             return candidate, candidate
 
 
+class _Bytes:
+    """A size field (``memory_bytes`` for ``memory``) in bytes, parsed when read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = name.removesuffix("_bytes")
+
+    def __get__(self, instance: object, owner: type | None = None) -> int:
+        return parse_size(getattr(instance, self.field))
+
+
 def _doc(text: str) -> dict[str, str]:
     return {"doc": text}
 
@@ -192,25 +202,11 @@ class SandboxConfig:
                 self.max_data_bytes, self.max_files, self.max_output, self.max_display)  # the frame cap
 
     # Sizes in bytes: parsed here, never at the call sites.
-    @property
-    def memory_bytes(self) -> int:
-        return parse_size(self.memory)
-
-    @property
-    def max_data_bytes(self) -> int:
-        return parse_size(self.max_data)
-
-    @property
-    def max_output_bytes(self) -> int:
-        return parse_size(self.max_output)
-
-    @property
-    def max_display_bytes(self) -> int:
-        return parse_size(self.max_display)
-
-    @property
-    def tmp_size_bytes(self) -> int:
-        return parse_size(self.tmp_size)
+    memory_bytes = _Bytes()
+    max_data_bytes = _Bytes()
+    max_output_bytes = _Bytes()
+    max_display_bytes = _Bytes()
+    tmp_size_bytes = _Bytes()
 
     def uid_gid(self) -> tuple[int, int]:
         """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when
