@@ -86,7 +86,6 @@ class CellOutcome:
     execution_count: int | None = None
     duration_s: float = 0.0
     message: str = ""
-    exit_code: int | None = None
 
 
 class _CellState:
@@ -297,10 +296,10 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
     container = sandbox.state()
     if not container.running:
         if container.oom_killed:
-            return CellOutcome(status="oom", exit_code=container.exit_code, message=(
+            return CellOutcome(status="oom", message=(
                 f"The sandbox ran out of memory (limit {sandbox.config.memory}) and its kernel was killed. "
                 "Use less memory (process data in chunks) or raise the limit (--memory / NBEXEC_MEMORY)."))
-        return CellOutcome(status="died", exit_code=container.exit_code, message=(
+        return CellOutcome(status="died", message=(
             f"The kernel died (exit code {container.exit_code}): the code ended the process "
             "(os._exit, a crash in native code, or a fatal signal). Its variables are lost."))
     return None

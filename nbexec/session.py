@@ -221,6 +221,10 @@ class Session:
                 if sandbox.language_info:
                     nb.metadata["language_info"] = sandbox.language_info
             else:
+                taken = {c.get("id") for c in self.notebook.cells}
+                for cell in nb.cells:  # the same notebook run twice: cell ids stay unique
+                    if cell.get("id") in taken:
+                        cell["id"] = uuid.uuid4().hex[:8]
                 self.notebook.cells.extend(nb.cells)
             run = self._run_cells(sandbox, index, started, timeout, on_output)
             return self._result(sandbox, run)
