@@ -176,8 +176,13 @@ class Pool:
             sandbox.destroy()
 
 
+def _key(config: SandboxConfig) -> tuple[Any, ...]:
+    """Configs with equal keys share a pool."""
+    return (*config.container_key, config.pool_size, config.startup_timeout)
+
+
 def _pool_for(config: SandboxConfig) -> Pool:
-    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    key = _key(config)
     with _lock:
         pool = _pools.get(key)
         if pool is None:
@@ -211,7 +216,7 @@ def shutdown() -> None:
 
 def ready_count(config: SandboxConfig) -> int:
     """How many sandboxes wait ready in the pool for this config (0 when pooling is off or not started)."""
-    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    key = _key(config)
     with _lock:
         found = _pools.get(key)
     return found.ready if found is not None else 0
@@ -221,7 +226,7 @@ def has_filled(config: SandboxConfig) -> bool:
     """Whether the pool for this config has been full at least once (always true when pooling is off)."""
     if not config.pool_size:
         return True
-    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    key = _key(config)
     with _lock:
         found = _pools.get(key)
     return found is not None and found.filled
