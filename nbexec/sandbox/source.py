@@ -14,8 +14,13 @@ live on another machine implements it over the network: kernel operations (``run
 ``data_notes``). Every byte a handle returns came from the sandbox and is treated as hostile by the engine; a
 remote handle must keep the same limits (``config``'s output budget, max_data, max_files) on its side of the wire.
 
+``run`` hands each output message to the engine as a `messages.Message` (its size known, its content still raw
+bytes), so the engine charges the output budget before anything is parsed; a remote handle builds them from what
+its node relays. ``release(sandbox, wait=...)`` destroys before returning, or in the background for a one-shot.
+
 ``LocalSource`` is the one implementation today: this host's Docker engine and its warm pools (`pool`), with
-`container.Sandbox` as the handle. ``for_config`` picks the source a SandboxConfig names (``config.source``).
+`container.Sandbox` as the handle. ``for_config`` picks the source a SandboxConfig names (``config.source``); a new
+place to run sandboxes is one class here, its name in `config.SANDBOX_SOURCES`, and a branch in ``for_config``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ..errors import ConfigError
 from ..folders import OutputFolder
 from ..result import File
 from . import pool
+from .container import ContainerState
 from .kernel import Execution, Message
 
 
@@ -50,8 +56,8 @@ class SandboxHandle(Protocol):
     def kernel_lost(self) -> bool:
         """Whether the kernel closed its connection (it went away)."""
 
-    def state(self) -> Any:
-        """How the sandbox is: ``running``, ``exit_code``, ``oom_killed`` (container.ContainerState)."""
+    def state(self) -> ContainerState:
+        """Whether the sandbox still runs, and how it ended (its exit code, whether memory ran out)."""
 
     def seems_alive(self) -> bool:
         """A cheap liveness check; True when it cannot be known."""
