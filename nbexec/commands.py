@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .config import SandboxConfig, from_env
+from .config import SandboxConfig, from_env, running_as_root
 from .errors import ConfigError, NbexecError
 from .outputs import clean
 from .sandbox import daemon, datafs, image
@@ -121,7 +121,7 @@ def _check_sandbox_uid(config: SandboxConfig) -> None:
     """Warn when sandboxes run as a login account: code there shares its files' ownership and per-uid limits."""
     import pwd
 
-    if not config.user and os.getuid() == 0:
+    if not config.user and running_as_root():
         click.echo("ok   sandbox uid: a fresh uid per sandbox with no account (nbexec runs as root)")
         return
     uid = config.uid_gid()[0]

@@ -25,6 +25,7 @@ _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # tools that keep uids in a signed 32-bit integer still work.
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_SPAN = 140_000_000
+SANDBOX_SOURCES = ("local",)  # the places sandboxes come from (nbexec.sandbox.source.for_config)
 _ids_lock = threading.Lock()
 _ids_given: set[int] = set()
 
@@ -39,6 +40,12 @@ def parse_size(value: str | int) -> int:
     if not match:
         raise ConfigError(f"not a size: {value!r} (use bytes or a suffix: 512m, 1g, 100k)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def running_as_root() -> bool:
+    """Whether nbexec runs as root: the one place that asks. As root it gives each sandbox a fresh uid, chowns the
+    files it puts in /mnt/data to it, and mounts /mnt/data as a filesystem of its own."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def parse_duration(value: str) -> float:
@@ -73,6 +80,16 @@ def fresh_ids() -> tuple[int, int]:
                 _ids_given.clear()
             _ids_given.add(candidate)
             return candidate, candidate
+
+
+class _Bytes:
+    """A size field (``memory_bytes`` for ``memory``) in bytes, parsed when read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = name.removesuffix("_bytes")
+
+    def __get__(self, instance: object, owner: type | None = None) -> int:
+        return parse_size(getattr(instance, self.field))
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -139,6 +156,9 @@ class SandboxConfig:
     interrupt_grace: float = field(
         default=5.0, metadata=_doc("Seconds an interrupted cell gets to stop before the sandbox is killed.")
     )
+    source: str = field(
+        default="local", metadata=_doc("Where sandboxes come from: local (this host's Docker engine, warm pool).")
+    )
 
     # -- packages (see nbexec.packages): resolved and downloaded on the host, installed offline in the sandbox --
     packages: str = field(default="allowlist", metadata=_doc(
@@ -182,15 +202,20 @@ class SandboxConfig:
         for name, least in (("pids", 16), ("pool_size", 0), ("max_files", 1), ("max_outputs", 1)):
             if getattr(self, name) < least:  # pids: a kernel runs several threads
                 raise ConfigError(f"{name} must be {least} or more, got {getattr(self, name)}")
+        self._check_names()
+        object.__setattr__(self, "env", dict(self.env))
+        if self.input_dir is not None:
+            object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
+        object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
+
+    def _check_names(self) -> None:
+        if self.source not in SANDBOX_SOURCES:
+            raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
             raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
         bad = [k for k in self.env if not _ENV_NAME.match(k)]
         if bad:
             raise ConfigError(f"invalid environment variable names: {bad}")
-        object.__setattr__(self, "env", dict(self.env))
-        if self.input_dir is not None:
-            object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
-        object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
 
     def _check_packages(self) -> None:
         if self.packages not in ("allowlist", "any", "off"):
@@ -236,13 +261,12 @@ class SandboxConfig:
                 self.max_data_bytes, self.max_files, self.max_output, self.max_display,  # the frame cap
                 self.allowed_hosts, self.max_egress, self.max_connections)  # the egress proxy's rules
 
-    @property
-    def memory_bytes(self) -> int:
-        return parse_size(self.memory)
-
-    @property
-    def max_data_bytes(self) -> int:
-        return parse_size(self.max_data)
+    # Sizes in bytes: parsed here, never at the call sites.
+    memory_bytes = _Bytes()
+    max_data_bytes = _Bytes()
+    max_output_bytes = _Bytes()
+    max_display_bytes = _Bytes()
+    tmp_size_bytes = _Bytes()
 
     def uid_gid(self) -> tuple[int, int]:
         """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when
@@ -251,7 +275,7 @@ class SandboxConfig:
         if self.user:
             uid, _, gid = self.user.partition(":")
             return int(uid), int(gid or uid)
-        if hasattr(os, "getuid") and os.getuid() != 0:
+        if not running_as_root():
             return os.getuid(), os.getgid()
         return fresh_ids()
 

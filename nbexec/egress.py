@@ -24,7 +24,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,21 +239,14 @@ def mount(workdir: Path) -> Any:
 
 def start_forwarder(sandbox: Sandbox) -> None:
     """Start the in-sandbox forwarder with a silent execution (no history, nothing in the notebook)."""
-    from .sandbox.kernel import MAX_CONTROL
-
     client = sandbox.client
     assert client is not None
-    msg_id = client.execute(_SPAWN, silent=True, store_history=False)
-    reply = client.recv("shell", sandbox.config.startup_timeout, parent=msg_id)
-    content = reply.content(MAX_CONTROL) if reply is not None else {}
+    content = client.run_silent(_SPAWN, sandbox.config.startup_timeout) or {}
     if content.get("status") != "ok":
         raise SandboxError(f"the sandbox could not start its egress forwarder: {str(content.get('evalue'))[:200]}")
-    deadline = time.monotonic() + 1.0
-    while client.recv("iopub", 0.01) is not None and time.monotonic() < deadline:
-        pass  # the silent run's busy/idle: the first cell starts clean
 
 
-def take(sandbox: Sandbox) -> tuple[tuple[Connection, ...], list[str]]:
+def take(sandbox: Any) -> tuple[tuple[Connection, ...], list[str]]:
     """The connections since the last call (for the result) and notes on what was capped; none without a proxy."""
     proxy = getattr(sandbox, "egress", None)
     if proxy is None:

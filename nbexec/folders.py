@@ -101,6 +101,14 @@ def make_output_dir(path: Path, *, may_exist: bool) -> Path:
     return path
 
 
+def output_dir(requested: str | os.PathLike[str] | None, name: str) -> Path:
+    """A run's output folder (0700): ``<tmp>/nbexec-output-<uid>/<name>`` when none is ``requested``; a requested
+    one that exists must be an empty real folder of ours, else ConfigError."""
+    if requested is None:
+        return make_output_dir(output_root() / name, may_exist=False)
+    return make_output_dir(Path(requested).absolute(), may_exist=True)
+
+
 class OutputFolder:
     """An output folder held open by a descriptor; names below it are resolved from the descriptor, never a path.
 

@@ -36,8 +36,9 @@ class Run:
     """What one execution gathered so far from its node."""
 
     def __init__(self, nb: NotebookNode, cells: list[int], config: SandboxConfig,
-                 on_output: OutputCallback | None) -> None:
+                 on_output: OutputCallback | None, packages: tuple[str, ...] = ()) -> None:
         self.nb, self.cells, self.config, self.on_output = nb, cells, config, on_output
+        self.packages = packages  # asked for by the call: sent with the first cell, installed by the node
         self.deadline = time.monotonic() + config.timeout
         self.error: CellError | None = None
         self.truncated = 0
@@ -90,7 +91,8 @@ def one_shot(client: NodeClient, run: Run, files: dict[str, bytes], folder: Outp
     """The notebook's one code cell as /v1/execute; its files streamed home."""
     import base64
 
-    body: dict[str, Any] = {"code": run.nb.cells[run.cells[0]].source, "timeout": run.remaining()}
+    body: dict[str, Any] = {"code": run.nb.cells[run.cells[0]].source, "timeout": run.remaining(),
+                            "packages": list(run.packages)}
     if files:
         body["files"] = {n: base64.b64encode(c).decode("ascii") for n, c in files.items()}
     result = client.run("/v1/execute", body, run.on_event)
@@ -109,7 +111,8 @@ def cell_by_cell(client: NodeClient, run: Run, files: dict[str, bytes], folder: 
                 run.error = CellError("TimeoutError", f"The run passed its {run.config.timeout:g} s time limit "
                                       "before this cell started.", (), "timeout", index)
                 break
-            body = {"code": run.nb.cells[index].source, "timeout": run.remaining()}
+            body = {"code": run.nb.cells[index].source, "timeout": run.remaining(),
+                    "packages": list(run.packages) if index == run.cells[0] else []}
             try:
                 run.take(client.run(f"/v1/sessions/{session}/execute", body, run.on_event))
             except NodeUnavailableError as exc:  # earlier cells ran there: running again elsewhere would repeat them

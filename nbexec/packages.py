@@ -39,7 +39,6 @@ from .config import SandboxConfig, parse_size
 from .errors import PackageError
 from .result import Package
 from .sandbox.container import PACKAGES_MOUNT, WHEELS_MOUNT, Sandbox
-from .sandbox.kernel import MAX_CONTROL
 
 PREFIX = PACKAGES_MOUNT
 _PIP_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:%|!\s*)?(?:pip3?|python3?\s+-m\s+pip)\s+install(?P<args>(?:\s.*)?)$")
@@ -174,9 +173,10 @@ def source_of(config: SandboxConfig) -> wheelhouse.Source:
 
 
 @contextlib.contextmanager
-def prepared(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, *, requested: Sequence[str] = (),
+def prepared(sandbox: Any, nb: NotebookNode, config: SandboxConfig, *, requested: Sequence[str] = (),
              first_index: int = 0) -> Iterator[list[Package]]:
     """Provide what the call asks for and the pip lines of cells ``first_index``... ask for; yield the records.
+    ``sandbox`` is a local one (`nbexec.sandbox.container.Sandbox`: its kernel and working folder are used).
 
     Refused pip lines are rewritten for the run and restored after it; the records are added to the notebook's
     metadata (``nbexec.packages``). Without packages asked for, this does nothing (no call into the sandbox)."""
@@ -304,14 +304,10 @@ def _run_hidden(sandbox: Sandbox, code: str, timeout: float, *, expressions: dic
     """Run ``code`` in the kernel outside the notebook (silent, no history); its reply, or PackageError."""
     client = sandbox.client
     assert client is not None
-    msg_id = client.request("shell", "execute_request", {
-        "code": code, "silent": True, "store_history": False, "user_expressions": expressions or {},
-        "allow_stdin": False, "stop_on_error": False})
-    reply = client.recv("shell", timeout, parent=msg_id)
-    if reply is None:
+    content = client.run_silent(code, timeout, expressions=expressions)
+    if content is None:
         sandbox.interrupt()
         raise PackageError(f"the sandbox did not finish installing within {timeout:g} s")
-    content = reply.content(MAX_CONTROL)
     if content.get("status") != "ok":
         raise PackageError(f"pip in the sandbox failed: {str(content.get('evalue', ''))[-1500:]}")
     return content

@@ -1,4 +1,5 @@
-"""Papermill-style parameters: parse values, inject them as a cell after the one tagged `parameters`. Pure."""
+"""Papermill-style parameters: parse values, inject them as a cell after the one tagged `parameters`. Pure but for
+`load_file`, which reads the YAML or JSON file it is given."""
 
 from __future__ import annotations
 

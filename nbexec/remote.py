@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -109,7 +109,8 @@ def _code_cells(nb: Any) -> list[int]:
 
 def execute(source: Any, *, config: SandboxConfig | None = None, output_dir: str | os.PathLike[str] | None = None,
             on_output: OutputCallback | None = None, store: ArtifactStore | None = None,
-            files: Mapping[str, bytes] | None = None, **overrides: Any) -> ExecutionResult:
+            files: Mapping[str, bytes] | None = None, packages: Sequence[str] = (),
+            **overrides: Any) -> ExecutionResult:
     """execute_notebook() on a node: the same arguments and result (``node`` names where it ran).
 
     The node's own policy (memory, network, image, ...) applies; ``config.timeout`` is sent (the node caps it),
@@ -129,7 +130,8 @@ def execute(source: Any, *, config: SandboxConfig | None = None, output_dir: str
     out = _output_dir(output_dir, execution_id)
     try:
         with folders.OutputFolder.open(out) as folder:
-            result = _on_some_node(noderun.Run(nb, cells, config, on_output), dict(files or {}), folder,
+            result = _on_some_node(noderun.Run(nb, cells, config, on_output, tuple(packages)), dict(files or {}),
+                                   folder,
                                    execution_id, out, started)
     except BaseException:
         if output_dir is None:
@@ -137,7 +139,7 @@ def execute(source: Any, *, config: SandboxConfig | None = None, output_dir: str
                 out.rmdir()  # only when nothing was written
         raise
     target: ArtifactStore = store if store is not None else LocalStore()
-    return noderun.published(uploads.publish(result[0], target, prefix=target.prefix), result[1])
+    return noderun.published(uploads.publish(result[0], target), result[1])
 
 
 def _on_some_node(run: noderun.Run, files: dict[str, bytes], folder: folders.OutputFolder, execution_id: str,
@@ -147,7 +149,7 @@ def _on_some_node(run: noderun.Run, files: dict[str, bytes], folder: folders.Out
     nodes = cluster()
     last: NodeUnavailableError | None = None
     for client in nodes.candidates():
-        attempt = noderun.Run(run.nb, run.cells, run.config, run.on_output)
+        attempt = noderun.Run(run.nb, run.cells, run.config, run.on_output, run.packages)
         try:
             with nodes.using(client):
                 if len(run.cells) == 1 and inline:

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import folders, noderun, notebook, uploads
@@ -144,16 +144,17 @@ class RemoteSession:
         except Exception:  # no answer about its instance: not the node that made the session, as far as we know
             return True
 
-    def run(self, code: str, *, timeout: float | None = None,
-            on_output: OutputCallback | None = None) -> ExecutionResult:
-        """Run ``code`` as a new cell on the node and return that cell's result (files fetched when changed)."""
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputCallback | None = None,
+            packages: Sequence[str] = ()) -> ExecutionResult:
+        """Run ``code`` as a new cell on the node and return that cell's result (files fetched when changed;
+        ``packages`` are installed by the node first, under its package policy)."""
         started = time.monotonic()
         with self._lock, self._on_node("run code") as client:
             index = len(self.notebook.cells)
             self.notebook.cells.append(notebook.build(code).cells[0])
             config = self.config.replace(timeout=timeout)
             run = noderun.Run(self.notebook, list(range(self._base, index + 1)), config, on_output)
-            body = {"code": code, "timeout": run.remaining()}
+            body = {"code": code, "timeout": run.remaining(), "packages": list(packages)}
             try:
                 run.take(client.run(f"/v1/sessions/{self._remote}/execute", body, run.on_event))
             except Interrupted:
@@ -166,7 +167,7 @@ class RemoteSession:
             noderun.download(client, run, self._folder, self._known)
             result = noderun.finish(run, f"{self.id}-{index}", self.output_dir, self._folder, started,
                                     first_cell=index, notebook_name="session.ipynb")
-        published = uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
+        published = uploads.publish(result, self.store, already=self._uploaded)
         return noderun.published(published, run)
 
     def interrupt(self) -> None:

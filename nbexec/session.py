@@ -21,21 +21,18 @@ from typing import Any
 
 from nbformat import NotebookNode
 
-from . import artifacts, folders, notebook, uploads
+from . import artifacts, collect, folders, notebook, runner, transfer
 from . import packages as installs
 from .config import SandboxConfig, from_env
 from .errors import (
     FileTransferError,
     SessionClosedError,
     SessionDeadError,
-    SessionLimitError,
-    SessionNotFoundError,
 )
-from .execute import finish, prepare_output_dir, run_cells
 from .result import ExecutionResult, File, Package
 from .runner import OutputCallback
-from .sandbox import pool
-from .sandbox.container import Sandbox, remove_tree
+from .sandbox.source import SandboxHandle, SandboxSource, for_config
+from .sandbox.workdir import remove_tree
 from .storage import ArtifactStore, LocalStore
 
 log = logging.getLogger(__name__)
@@ -48,10 +45,13 @@ _wake = threading.Event()
 
 
 class Session:
-    """A kernel that keeps its state between ``run()`` calls. Starts on first use or on ``start()``.
+    """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
 
-    Its output folder is opened once and written only through that descriptor. With ``keep_files=False``,
-    ``close()`` also deletes it (services that have delivered the results)."""
+    Starts on first use or on ``start()``. Its output folder is opened once and written only through that
+    descriptor; with ``keep_files=False``, ``close()`` also deletes it (services that have delivered the results).
+    ``one_shot=True`` makes the throwaway session behind execute_notebook(): its sandbox comes warm from the
+    pool, its one run freezes the sandbox before the files are collected (one moment) and hands it back as soon
+    as they are copied, and the session is closed with the result."""
 
     def __new__(cls, *args: Any, **options: Any) -> Any:
         """With NBEXEC_NODES set, ``Session(...)`` is a RemoteSession on a node (the same surface)."""
@@ -65,24 +65,27 @@ class Session:
 
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
-                 store: ArtifactStore | None = None, keep_files: bool = True) -> None:
-        self.id = session_id or uuid.uuid4().hex
+                 store: ArtifactStore | None = None, keep_files: bool = True, one_shot: bool = False) -> None:
+        self.id = session_id or (uuid.uuid4().hex[:16] if one_shot else uuid.uuid4().hex)
         self._config = config
         self._requested_dir = output_dir
         self.ttl = ttl
         self.keep_files = keep_files
+        self.one_shot = one_shot
         self.output_dir: Path | None = None
         self._folder: folders.OutputFolder | None = None
         self.notebook: NotebookNode = notebook.empty()
         self.created_at = time.time()
         self.last_activity = time.monotonic()
-        self._sandbox: Sandbox | None = None
+        self._sandbox: SandboxHandle | None = None
+        self._start_s: float | None = None  # how long start() took, reported by the first run
         self._dead_reason: str | None = None
         self._closed = False
         self._lock = threading.RLock()
         self.store: ArtifactStore = store if store is not None else LocalStore()
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
         self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
+        self._displays: runner.Displays = {}  # display ids of every run, so an update reaches earlier cells
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -114,19 +117,25 @@ class Session:
         with self._lock:
             self._check_usable()
             if self._sandbox is None:
+                started = time.monotonic()
                 if self.output_dir is None:
-                    self.output_dir = prepare_output_dir(self._requested_dir, f"session-{uuid.uuid4().hex}")
+                    name = self.id if self.one_shot else f"session-{uuid.uuid4().hex}"
+                    self.output_dir = folders.output_dir(self._requested_dir, name)
                     self._folder = folders.OutputFolder.open(self.output_dir)
-                self._sandbox = self._new_sandbox()
-                _register(self)
+                try:
+                    self._sandbox = self._source().acquire(self.config,
+                                                           purpose="oneshot" if self.one_shot else "session")
+                except BaseException:
+                    if self.one_shot and self._requested_dir is None:
+                        self._close_folder(remove=True)
+                    raise
+                self._start_s = time.monotonic() - started
+                if not self.one_shot:
+                    _register(self)
             return self
 
-    def _new_sandbox(self) -> Sandbox:
-        """A sandbox with an empty /mnt/data of its own; after each run its files are copied to
-        ``output_dir/data``."""
-        if self.config.pool_size:
-            return pool.acquire(self.config)
-        return pool.start_sandbox(self.config, role="session", warm_up=True)
+    def _source(self) -> SandboxSource:
+        return for_config(self.config)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -149,17 +158,21 @@ class Session:
                 return
             self._closed = True
             sandbox, self._sandbox = self._sandbox, None
-            folder, self._folder = self._folder, None
         _live.discard(self)
         if sandbox is not None:
-            sandbox.destroy()
-        if folder is not None:
-            if not self.keep_files:
-                if folder.still_at_path():
-                    remove_tree(folder.path)
-                else:
-                    log.warning("not deleting %s: it was moved or replaced since the session made it", folder.path)
-            folder.close()
+            self._source().release(sandbox, wait=True)
+        self._close_folder(remove=not self.keep_files)
+
+    def _close_folder(self, *, remove: bool) -> None:
+        folder, self._folder = self._folder, None
+        if folder is None:
+            return
+        if remove:
+            if folder.still_at_path():
+                remove_tree(folder.path)
+            else:
+                log.warning("not deleting %s: it was moved or replaced since the session made it", folder.path)
+        folder.close()
 
     def restart(self) -> None:
         """Replace the kernel with a fresh one (variables are lost, /mnt/data is kept); revives a dead session."""
@@ -171,18 +184,18 @@ class Session:
                 try:
                     kept = self._copy_out(sandbox)  # its filesystem outlives a dead kernel until destroy
                 finally:
-                    sandbox.destroy()
+                    self._source().release(sandbox, wait=True)
             self._dead_reason = None
             self.start()
             if sandbox is not None:
                 self._copy_in(kept)
 
-    def _copy_out(self, sandbox: Sandbox) -> list[File]:
+    def _copy_out(self, sandbox: SandboxHandle) -> list[File]:
         assert self._folder is not None
         cap = self.config.max_data_bytes
         limits = artifacts.Limits(max_file=cap, max_total=cap, max_files=self.config.max_files)
         with self._folder.child("data") as target:
-            return artifacts.snapshot(sandbox.data_dir, target, limits, known=self._copied).files
+            return sandbox.snapshot(target, limits, self._copied).files
 
     def _copy_in(self, files: list[File]) -> None:
         """Put the host copies of a previous sandbox's files into the new /mnt/data."""
@@ -190,7 +203,7 @@ class Session:
         assert sandbox is not None
         for item in files:
             with open(item.path, "rb") as handle:  # a private host folder nbexec made (0700)
-                artifacts.put(sandbox.data_dir, item.name, handle, owner=sandbox.file_owner())
+                sandbox.put_file(item.name, handle)
         self._copied.clear()  # the new filesystem's files are new: copy them again after the next run
 
     def interrupt(self) -> None:
@@ -218,32 +231,70 @@ class Session:
             packages: Sequence[str] = ()) -> ExecutionResult:
         """Run ``code`` as a new cell of the session's notebook and return that cell's result (``packages`` are
         installed first, as `install` does; the cell's own pip lines are served the same way)."""
+        return self.run_notebook(notebook.build(code), timeout=timeout, on_output=on_output, packages=packages)
+
+    def run_notebook(self, nb: NotebookNode, *, timeout: float | None = None,
+                     on_output: OutputCallback | None = None, packages: Sequence[str] = ()) -> ExecutionResult:
+        """Run the code cells of ``nb`` as new cells of the session's notebook, until the first failure, and
+        return their result. The session's first run takes ``nb`` whole (its metadata too). ``packages`` and
+        the cells' pip lines are provided first (see `nbexec.packages`)."""
         started = time.monotonic()
-        cell = notebook.build(code).cells[0]
         with self._lock:
             self.start()
             sandbox = self._sandbox
-            assert sandbox is not None and self.output_dir is not None
+            assert sandbox is not None and self._folder is not None
             self.last_activity = time.monotonic()
-            config = self.config.replace(timeout=timeout)
             index = len(self.notebook.cells)
-            self.notebook.cells.append(cell)
-            if not self.notebook.metadata.get("language_info", {}).get("version"):
-                self.notebook.metadata["language_info"] = sandbox.language_info
-            with installs.prepared(sandbox, self.notebook, config, requested=packages, first_index=index) as installed:
-                error, dropped = run_cells(sandbox, self.notebook, config, on_output=on_output, first_index=index)
-            ran = time.monotonic()
-            if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit", "protocol") \
-                    and not sandbox.state().running:
-                self._dead_reason = error.evalue
-            self.last_activity = time.monotonic()
-            result = finish(self.notebook, error, execution_id=f"{self.id}-{index}", output_dir=self.output_dir,
-                            sandbox=sandbox, notebook_path=self.output_dir / "session.ipynb", started=started,
-                            timings={"run_s": ran - started}, dropped=dropped, first_cell=index,
-                            known=self._copied, folder=self._folder)
-            result = dataclasses.replace(result, packages=tuple(installed),
-                                         notes=result.notes + tuple(installs.notes(installed)))
-            return uploads.publish(result, self.store, prefix=self.store.prefix, already=self._uploaded)
+            if index == 0:
+                self.notebook = nb
+                if sandbox.language_info:
+                    nb.metadata["language_info"] = sandbox.language_info
+            else:
+                taken = {c.get("id") for c in self.notebook.cells}
+                for cell in nb.cells:  # the same notebook run twice: cell ids stay unique
+                    if cell.get("id") in taken:
+                        cell["id"] = uuid.uuid4().hex[:8]
+                self.notebook.cells.extend(nb.cells)
+            with installs.prepared(sandbox, self.notebook, self.config, requested=packages,
+                                   first_index=index) as installed:
+                run = self._run_cells(sandbox, index, started, timeout, on_output)
+            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed)))
+
+    def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float | None,
+                   on_output: OutputCallback | None) -> collect.Run:
+        began = time.monotonic()
+        error, dropped = runner.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
+                                          first_index=index, on_output=on_output, displays=self._displays)
+        ran = time.monotonic()
+        self.last_activity = ran
+        execution_id = self.id if self.one_shot else f"{self.id}-{index}"
+        self.notebook.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
+        timings = {"run_s": ran - began}
+        if self._start_s is not None:  # the first run reports the start of the sandbox it waited for
+            timings = {"sandbox_s": self._start_s, "run_s": ran - began}
+            started, self._start_s = started - self._start_s, None
+        if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit", "protocol") \
+                and not sandbox.state().running:
+            self._dead_reason = error.evalue
+        return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
+                           started=started, timings=timings)
+
+    def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
+        assert self._folder is not None
+        if self.one_shot:
+            sandbox.freeze()  # the files are collected as a snapshot: nothing runs while they are copied
+        gathered = collect.gather(self.notebook, run, sandbox, self._folder,
+                                  notebook_name="notebook.ipynb" if self.one_shot else "session.ipynb",
+                                  known=self._copied)
+        if self.one_shot:  # handed back before the uploads, so the teardown and refill do not wait for them
+            with self._lock:
+                self._closed, self._sandbox = True, None
+            self._source().release(sandbox, wait=False)
+        try:
+            return collect.result(self.notebook, run, gathered, self._folder, self.store, already=self._uploaded)
+        finally:
+            if self.one_shot:
+                self._close_folder(remove=False)
 
     def save(self, path: str | Path) -> Path:
         """Write the session's notebook so far to ``path`` (atomically; inside the output folder through its
@@ -252,10 +303,10 @@ class Session:
         with self._lock:
             content = notebook.dumps(self.notebook)
             if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
-                return artifacts.replace(self._folder, path.name, content)
+                return transfer.replace(self._folder, path.name, content)
         # A place the caller chose: its links are the caller's own, so only the final name is never followed.
         with folders.OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
-            artifacts.replace(parent, path.name, content)
+            transfer.replace(parent, path.name, content)
         return path
 
     # -- files --------------------------------------------------------------------------------------
@@ -272,7 +323,7 @@ class Session:
             sandbox = self._sandbox
             assert sandbox is not None
             if isinstance(source, bytes):
-                artifacts.put(sandbox.data_dir, name, source, owner=sandbox.file_owner())
+                sandbox.put_file(name, source)
             else:
                 try:
                     handle = open(source, "rb")  # noqa: SIM115 - closed below, after the streamed copy
@@ -282,7 +333,7 @@ class Session:
                     limit = self.config.max_data_bytes
                     if limit and os.fstat(handle.fileno()).st_size > limit:
                         raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
-                    artifacts.put(sandbox.data_dir, name, handle, owner=sandbox.file_owner())
+                    sandbox.put_file(name, handle)
             self.last_activity = time.monotonic()
         return f"/mnt/data/{name}"
 
@@ -292,25 +343,27 @@ class Session:
             self.start()
             assert self._sandbox is not None
             self.last_activity = time.monotonic()
-            return artifacts.get(self._sandbox.data_dir, name)
+            _, chunks = self._sandbox.open_file(name)
+            return b"".join(chunks)
 
-    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, artifacts.FileChunks]:
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
         """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
         with self._lock:
             self.start()
             assert self._sandbox is not None
             self.last_activity = time.monotonic()
-            return artifacts.open_stream(self._sandbox.data_dir, name, max_bytes=max_bytes)
+            return self._sandbox.open_file(name, max_bytes=max_bytes)
 
-    def files(self) -> list[Any]:
+    def files(self) -> list[File]:
         """The regular files now in /mnt/data (File entries), and nothing else."""
         with self._lock:
             self.start()
             assert self._sandbox is not None
-            return artifacts.collect(self._sandbox.data_dir)[0]
+            return self._sandbox.list_files()
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status}>"
+
 
 
 # -- reaping ----------------------------------------------------------------------------------------
@@ -354,63 +407,7 @@ def close_all() -> None:
             session.close()
 
 
-class SessionManager:
-    """Sessions by id for a server with many chats: create, get, close, a cap on live sessions. Thread-safe."""
+# SessionManager lives in nbexec.manager; importable from here too, where it always was.
+from .manager import SessionManager  # noqa: E402
 
-    def __init__(self, config: SandboxConfig | None = None, *, max_sessions: int = 32,
-                 ttl: float | None = DEFAULT_TTL, keep_files: bool = True) -> None:
-        self.config = config
-        self.max_sessions = max_sessions
-        self.ttl = ttl
-        self.keep_files = keep_files  # False: a session's output folder is deleted when it closes
-        self._sessions: dict[str, Session] = {}
-        self._lock = threading.Lock()
-
-    def _prune_locked(self) -> None:
-        for key in [k for k, s in self._sessions.items() if s.status == "closed"]:
-            del self._sessions[key]
-
-    def create(self, *, session_id: str | None = None, **session_options: Any) -> Session:
-        """A new session (started lazily), or SessionLimitError when ``max_sessions`` are live."""
-        with self._lock:
-            self._prune_locked()
-            if len(self._sessions) >= self.max_sessions:
-                raise SessionLimitError(
-                    f"{len(self._sessions)} sessions are live, the cap is {self.max_sessions}; close one "
-                    "(or wait for idle ones to be reaped) before creating another.")
-            if session_id is not None and session_id in self._sessions:
-                raise SessionLimitError(f"a session with id {session_id!r} already exists")
-            session_options.setdefault("keep_files", self.keep_files)
-            session = Session(self.config, ttl=self.ttl, session_id=session_id, **session_options)
-            self._sessions[session.id] = session
-            return session
-
-    def get(self, session_id: str) -> Session:
-        with self._lock:
-            self._prune_locked()
-            try:
-                return self._sessions[session_id]
-            except KeyError:
-                raise SessionNotFoundError(f"no session with id {session_id!r} (closed, reaped or never made)") \
-                    from None
-
-    def close(self, session_id: str) -> None:
-        with self._lock:
-            session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise SessionNotFoundError(f"no session with id {session_id!r}")
-        session.close()
-
-    def ids(self) -> list[str]:
-        with self._lock:
-            self._prune_locked()
-            return list(self._sessions)
-
-    def __len__(self) -> int:
-        return len(self.ids())
-
-    def close_all(self) -> None:
-        with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            session.close()
+__all__ = ["DEFAULT_TTL", "Session", "SessionManager", "close_all", "reap"]

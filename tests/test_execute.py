@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
 import nbexec
@@ -188,3 +189,28 @@ def test_a_container_removed_from_outside_is_named(cold: nbexec.SandboxConfig) -
     assert result.error is not None and result.error.kind == "kernel_died"
     assert "removed from outside nbexec" in result.error.evalue and "exit code" not in result.error.evalue
     assert result.stdout == "running\n"
+
+
+def test_standard_cell_tags_counts_timing_and_display_updates(config: nbexec.SandboxConfig) -> None:
+    """What nbclient users expect: raises-exception goes on, skip-execution skips, counts and per-cell timing are in
+    the executed notebook, and a display made by one cell is updated from a later one."""
+    cells = [nbformat.v4.new_code_cell("raise ValueError('expected')", metadata={"tags": ["raises-exception"]}),
+             nbformat.v4.new_code_cell("print('skipped')", metadata={"tags": ["skip-execution"]}),
+             nbformat.v4.new_code_cell("from IPython.display import display\nh = display('old', display_id=True)"),
+             nbformat.v4.new_code_cell("h.update('new')\nprint('done')")]
+    result = nbexec.execute_notebook(nbformat.v4.new_notebook(cells=cells), config=config)
+    assert result.ok, result.error
+    executed = result.notebook.cells
+    assert executed[0].outputs[0].output_type == "error" and executed[0].outputs[0].ename == "ValueError"
+    assert executed[1].outputs == [] and "skipped" not in result.stdout and result.stdout == "done\n"
+    assert executed[2].outputs[0].data["text/plain"] == "'new'"
+    assert [c.execution_count for c in executed] == [1, None, 2, 3]
+    assert {"iopub.status.busy", "iopub.execute_input", "shell.execute_reply", "iopub.status.idle"} \
+        <= set(executed[3].metadata.execution)
+
+
+def test_a_session_updates_a_display_of_an_earlier_run(config: nbexec.SandboxConfig) -> None:
+    with nbexec.Session(config) as session:
+        session.run("from IPython.display import display\nh = display('old', display_id=True)")
+        assert session.run("h.update('new')").ok
+        assert session.notebook.cells[0].outputs[0].data["text/plain"] == "'new'"

@@ -23,9 +23,11 @@ from nbformat import NotebookNode
 
 from nbexec import outputs, runner
 from nbexec.errors import NbexecError, ProtocolError
-from nbexec.runner import Budget, CellOutcome
+from nbexec.runner import Budget
+from nbexec.sandbox import kernel as kernel_protocol
 from nbexec.sandbox import zmtp
-from nbexec.sandbox.kernel import MAX_DEPTH, MAX_FRAMES, KernelClient, Message, parse
+from nbexec.sandbox.kernel import MAX_FRAMES, Execution, KernelClient
+from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
 
 KEY = "0123456789abcdef" * 4
 FRAME_LIMIT = 1024 * 1024
@@ -291,12 +293,12 @@ def msg(kind: str, content: Any) -> Message:
     return Message("iopub", kind, uuid.uuid4().hex, "p1", len(raw) + 2, raw)
 
 
-def run(messages: list[Message], budget: Budget) -> tuple[NotebookNode, CellOutcome]:
+def run(messages: list[Message], budget: Budget) -> tuple[NotebookNode, Execution]:
     cell = NotebookNode(cell_type="code", source="", outputs=[], metadata={})
     state = runner._CellState(cell, 0, budget, None)
-    outcome = CellOutcome(status="ok")
+    outcome = Execution()
     for message in messages:
-        runner._handle(message, state, outcome)
+        kernel_protocol.dispatch(message, outcome, state.add)
     budget.finish(1000, 10)
     return cell, outcome
 
@@ -334,7 +336,7 @@ def texts(cell: NotebookNode) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
-Judge = Callable[[NotebookNode, Budget, CellOutcome], bool]
+Judge = Callable[[NotebookNode, Budget, Execution], bool]
 BUDGET_CASES: list[tuple[str, list[Message], Judge]] = [
     ("streams-merge", [stream("a"), stream("b")],
      lambda c, b, o: len(c.outputs) == 1 and c.outputs[0].text == "ab" and b.dropped == 0),

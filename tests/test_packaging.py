@@ -185,3 +185,30 @@ def test_install_hints_name_the_distribution() -> None:
              for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
              if _OLD_NAME.search(line)]
     assert not found, "install hints with the old name:\n" + "\n".join(found)
+
+
+def _source_imports() -> set[str]:
+    """Top-level modules the package's source imports (nbexec/environment/ runs in the sandbox: left out)."""
+    found = set()
+    for path in (ROOT / "nbexec").rglob("*.py"):
+        if "environment" in path.relative_to(ROOT / "nbexec").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_every_declared_dependency_is_imported() -> None:
+    """Each distribution in [project].dependencies provides a module the package imports (none is dead weight)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    assert block, "pyproject.toml has no [project] dependencies list"
+    declared = {_normal(re.split(r"[ ;<>=!~\[]", d, maxsplit=1)[0]) for d in re.findall(r'^\s*"([^"]+)"', block[1],
+                                                                                         re.M)}
+    assert declared, "no dependency parsed"
+    providers = metadata.packages_distributions()
+    used = {_normal(dist) for module in _source_imports() for dist in providers.get(module, [])}
+    assert declared - used == set(), f"declared but never imported by nbexec: {sorted(declared - used)}"

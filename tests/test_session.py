@@ -163,3 +163,16 @@ def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tm
     if saved is not None:  # what `nbexec cleanup` would do once the engine is back
         saved.containers.get(container_name).remove(force=True)
     proxy.close()
+
+
+def test_run_notebook_appends_its_cells(config: nbexec.SandboxConfig, tmp_path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("n = globals().get('n', 0) + 1"),
+                                         nbformat.v4.new_code_cell("print(n)")])
+    with Session(config) as session:
+        assert session.run_notebook(nbformat.from_dict(nb)).stdout == "1\n"
+        again = session.run_notebook(nbformat.from_dict(nb))
+        assert again.stdout == "2\n" and [o["cell_index"] for o in again.outputs] == [3]
+        assert len({c.id for c in session.notebook.cells}) == 4
+        nbformat.validate(nbformat.read(session.save(tmp_path / "twice.ipynb"), as_version=4))

@@ -13,25 +13,27 @@ import json
 import logging
 import os
 import secrets
-import shutil
-import stat
-import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import docker
 import docker.errors
 import docker.types
 
-from .. import egress
-from ..config import SandboxConfig, parse_size
+from .. import artifacts, egress, transfer
+from ..config import SandboxConfig, running_as_root
 from ..errors import DockerError, SandboxError
-from ..folders import work_root
+from ..folders import OutputFolder, work_root
+from ..result import File
 from . import daemon, datafs, kernel
+from .workdir import WORKDIR_PREFIX, remove_stale_workdirs, remove_tree
+
+__all__ = ["WORKDIR_PREFIX", "ContainerState", "Sandbox", "remove_stale_workdirs", "remove_tree", "work_root"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,6 @@ WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (
 PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
 MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
 HOME = "/home/sandbox"
-WORKDIR_PREFIX = "nbexec-"
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
@@ -72,16 +73,15 @@ class Sandbox:
         self.container: Any = None
         self.client: kernel.KernelClient | None = None
         self.started_at = time.monotonic()
-        self.warmed = False
         self._connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
         self.egress: Any = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
 
     def file_owner(self) -> tuple[int, int] | None:
-        """Who files the host puts into /mnt/data must belong to: the sandbox user when nbexec runs as root
-        (it can chown), else None (the files are already the host user's, who is the sandbox user)."""
-        return (self.uid, self.gid) if os.getuid() == 0 else None
+        """Who the files the host makes for the sandbox must belong to (the one place that decides it): the
+        sandbox user when nbexec runs as root (it can chown), else None (the host user is the sandbox user)."""
+        return (self.uid, self.gid) if running_as_root() else None
 
     @property
     def runtime_dir(self) -> Path:
@@ -110,15 +110,15 @@ class Sandbox:
         return sandbox
 
     def _prepare_folders(self) -> None:
-        uid, gid = self.uid, self.gid
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
                 "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
         self._connection = info
         conn = self.runtime_dir / "kernel.json"
         conn.write_text(json.dumps(info))
-        if os.getuid() == 0:
-            os.chown(conn, uid, gid)
+        owner = self.file_owner()
+        if owner is not None:
+            os.chown(conn, *owner)
             # The kernel binds its sockets here: writable until it is up, then read-only (see _lock_runtime).
             os.chmod(self.runtime_dir, 0o777)
         os.chmod(conn, 0o400)
@@ -136,8 +136,9 @@ class Sandbox:
         try:
             for name in names:
                 os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
-                if os.getuid() == 0:
-                    os.chown(name, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
+                owner = self.file_owner()
+                if owner is not None:
+                    os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
         finally:
             os.close(fd)
         self.input_links = frozenset(names)
@@ -153,8 +154,9 @@ class Sandbox:
             return
         if limit:
             log.warning("%s", datafs.fallback_reason())
-        if os.getuid() == 0:
-            os.chown(self.data_dir, self.uid, self.gid)
+        owner = self.file_owner()
+        if owner is not None:
+            os.chown(self.data_dir, *owner)
         os.chmod(self.data_dir, 0o755)
 
     def _watch_data(self) -> None:
@@ -192,9 +194,9 @@ class Sandbox:
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "read_only": True,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={parse_size(config.tmp_size)},mode=1777",
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={config.tmp_size_bytes},mode=1777",
                       HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700",
-                      PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={parse_size(config.tmp_size)},uid={uid},gid={gid},"
+                      PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={config.tmp_size_bytes},uid={uid},gid={gid},"
                                       "mode=700"},
             "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
                        docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True),
@@ -240,35 +242,19 @@ class Sandbox:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.02)
         # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
-        frame_limit = parse_size(self.config.max_output) + parse_size(self.config.max_display) + kernel.MAX_HEADER
-        client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection, max_message=frame_limit)
-        self.client = client
-        asked: set[str] = set()
-        while True:
-            # Replies can lag behind requests while the kernel starts: accept a reply to any of ours.
-            self._check_startup(deadline)
-            asked.add(client.kernel_info())
-            reply = self.recv("shell", 0.5)
-            while reply is not None and reply.parent_id not in asked:
-                reply = self.recv("shell", 0.05)
-            if reply is not None:
-                info = reply.content(kernel.MAX_CONTROL).get("language_info", {})
-                self.language_info = info if isinstance(info, dict) else {}
-                break
+        frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
+        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection,
+                                                  max_message=frame_limit)
+        self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
         self._lock_runtime()
-        # iopub is a PUB/SUB pair: wait until our subscription is seen, or early output would be lost.
-        while self.recv("iopub", 0.2) is None:
-            self._check_startup(deadline)
-            client.kernel_info()
-        while self.recv("iopub", 0.005) is not None or self.recv("shell", 0) is not None:
-            pass
+        self.client.wait_subscribed(lambda: self._check_startup(deadline))
         log.debug("sandbox %s ready in %.3f s", self.id, time.monotonic() - self.started_at)
 
     def _lock_runtime(self) -> None:
         # The kernel read the connection file before it bound its sockets; the key need not stay on disk.
         (self.runtime_dir / "kernel.json").unlink(missing_ok=True)
-        if os.getuid() == 0:
+        if running_as_root():
             os.chmod(self.runtime_dir, 0o555)
 
     def _check_startup(self, deadline: float) -> None:
@@ -288,15 +274,59 @@ class Sandbox:
             return f" Its last lines:\n{text}" if text else ""
         return ""
 
-    def recv(self, channel: str, timeout: float, *, parent: str | None = None) -> kernel.Message | None:
-        """The next verified message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds.
+    # -- the kernel ---------------------------------------------------------------------------------
 
-        Its content is not parsed yet (see kernel.KernelClient.recv); with ``parent``, messages answering other
-        requests are dropped unparsed. Raises ProtocolError when the kernel breaks the protocol.
-        """
-        client = self.client
-        assert client is not None
-        return client.recv(channel, timeout, parent=parent)
+    def run(self, code: str, *, deadline: float, on_output: Callable[[kernel.Message], None]) -> kernel.Execution:
+        """Run ``code`` on the kernel (see kernel.KernelClient.run): interrupted at ``deadline``, the sandbox
+        killed interrupt_grace seconds later; status "gone" when the container stopped under it."""
+        assert self.client is not None
+        return self.client.run(code, deadline=deadline, grace=self.config.interrupt_grace, on_output=on_output,
+                               alive=lambda: self.state().running, kill=self.kill)
+
+    def warm(self) -> None:
+        """Import the configured modules in the kernel without binding any name in the user's namespace."""
+        assert self.client is not None
+        modules = list(self.config.warm_imports)
+        code = (f"for __nbexec_m in {modules!r}:\n"
+                f"    __import__('importlib').import_module(__nbexec_m)\n"
+                f"del __nbexec_m\n") if modules else "pass"
+        reply = self.client.run_silent(code, self.config.startup_timeout)
+        if reply is None:
+            raise SandboxError(f"the sandbox's kernel did not finish its warm imports within "
+                               f"{self.config.startup_timeout:g} s")
+        if reply.get("status") != "ok":
+            log.warning("warm imports failed in the sandbox: %.200r", reply.get("evalue"))
+
+    @property
+    def kernel_lost(self) -> bool:
+        """Whether the kernel closed a connection (it went away, or crashed its messaging)."""
+        return self.client is None or bool(self.client.lost)
+
+    # -- /mnt/data ----------------------------------------------------------------------------------
+
+    def put_file(self, name: str, content: bytes | BinaryIO) -> None:
+        """Write ``content`` (bytes or a binary file, streamed) to /mnt/data/``name``, owned by the sandbox user."""
+        transfer.put(self.data_dir, name, content, owner=self.file_owner())
+
+    def snapshot(self, target: OutputFolder, limits: artifacts.Limits,
+                 known: artifacts.Known | None = None) -> artifacts.Collection:
+        """Copy the regular files of /mnt/data into ``target`` (see artifacts.snapshot)."""
+        return artifacts.snapshot(self.data_dir, target, limits, known=known)
+
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
+        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
+        return transfer.open_stream(self.data_dir, name, max_bytes=max_bytes)
+
+    def list_files(self) -> list[File]:
+        """The regular files now in /mnt/data (hashed where they lie), and nothing else."""
+        return artifacts.collect(self.data_dir)[0]
+
+    def data_notes(self) -> tuple[list[str], bool]:
+        """nbexec's notes on /mnt/data running out of space or inodes, and whether that stopped the sandbox
+        (the sampled fallback, when nbexec cannot mount a filesystem of fixed size)."""
+        return datafs.report(self.data_dir, mounted=self.data_fs, watch=self.data_watch, cap=self.config.max_data)
+
+    # -- the container ------------------------------------------------------------------------------
 
     def seems_alive(self) -> bool:
         """A cheap check (no Docker call) that the container's init still runs: False once it is gone.
@@ -340,7 +370,7 @@ class Sandbox:
             self.freezer.thaw()
         if self.client is not None:
             with contextlib.suppress(Exception):
-                self.client.stop_channels()
+                self.client.close()
             self.client = None
         if self.container is not None:
             try:
@@ -367,47 +397,3 @@ def _process_identity(pid: Any) -> tuple[int, str] | None:
     except (OSError, IndexError):
         return None
     return pid, fields[19]  # starttime, in clock ticks since boot
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a folder the sandbox could write into, without following links and despite read-only modes; a
-    data filesystem still mounted inside is unmounted first (never deleted through, never left mounted)."""
-    if not os.path.lexists(path):
-        return
-    for point in datafs.mounts_under(Path(path)):
-        datafs.unmount(point)
-
-    def make_writable(func: Any, target: str, _exc: Any) -> None:
-        parent = os.path.dirname(target)
-        with contextlib.suppress(OSError):
-            os.chmod(parent, stat.S_IRWXU)
-        with contextlib.suppress(OSError):
-            if not os.path.islink(target) and os.path.isdir(target):
-                os.chmod(target, stat.S_IRWXU)
-        func(target)
-
-    with contextlib.suppress(FileNotFoundError):
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=make_writable)
-        else:
-            shutil.rmtree(path, onerror=make_writable)
-
-
-def remove_stale_workdirs() -> list[Path]:
-    """Remove working folders of nbexec processes on this machine that no longer run."""
-    removed = []
-    for entry in work_root().iterdir():
-        pid = entry.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
-        if not entry.name.startswith(WORKDIR_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        remove_tree(entry)  # a dead process's data filesystems are unmounted first
-        removed.append(entry)
-    return removed
-

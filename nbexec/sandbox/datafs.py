@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import running_as_root
+
 log = logging.getLogger(__name__)
 
 INODE_HEADROOM = 64  # folders and the filesystem's own inodes, on top of max_files * 5 / 4
@@ -34,7 +36,7 @@ _COMMAND_TIMEOUT = 30.0
 
 def can_mount() -> bool:
     """Whether this process can make per-sandbox filesystems (root, mkfs.ext4, mount and loop devices)."""
-    return (hasattr(os, "geteuid") and os.geteuid() == 0 and os.path.exists("/dev/loop-control")
+    return (running_as_root() and os.path.exists("/dev/loop-control")
             and all(shutil.which(tool) for tool in ("mkfs.ext4", "mount", "umount")))
 
 
@@ -144,6 +146,19 @@ def size_on_disk(path: Path) -> int:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
     return total
+
+
+def report(path: Path, *, mounted: bool, watch: Watch | None, cap: str) -> tuple[list[str], bool]:
+    """A note when /mnt/data ran out of space or inodes (its filesystem ``mounted`` at ``path``), and whether the
+    sampled fallback (``watch``) stopped the sandbox for it."""
+    if watch is not None and watch.hit:
+        return [f"/mnt/data grew past its {cap} cap, so the sandbox was stopped (sampled check: nbexec cannot "
+                "mount a filesystem of fixed size here)"], True
+    use = usage(path) if mounted else None
+    if use is None or not use.full:
+        return [], False
+    what = "file count cap (max_files)" if use.free_inodes <= 0 else f"{cap} cap"
+    return [f"/mnt/data reached its {what}; writes past it failed with 'No space left on device'"], False
 
 
 class Watch:

@@ -12,98 +12,51 @@ frames that did not go through the key holder. Everything a message says is chec
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import hashlib
 import hmac
 import json
-import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ProtocolError
 from . import zmtp
+from .messages import Message, parse
 
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
-MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
 MAX_FRAMES = 64  # frames of one message: topic, delimiter, 5 parts, and buffers (comm messages carry a few)
 MAX_REPLY = MAX_CONTROL + 3 * MAX_HEADER  # bytes kept of a shell or control message (replies are read capped)
 SEND_TIMEOUT = 30.0  # seconds a request may wait for the kernel to read it (it reads on its own I/O thread)
 _REPLAY_WINDOW = 65536  # signatures remembered to reject a message sent twice
 _DELIMITER = b"<IDS|MSG>"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _CHANNELS = (("shell", "DEALER"), ("iopub", "SUB"), ("control", "DEALER"))
+_POLL = 0.25  # seconds between checks of the deadline while a cell is silent
+_LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
+_IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
+OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data",
+                          "clear_output"})
 
 
-@dataclass(frozen=True)
-class Message:
-    """A verified message whose content is still raw bytes: ``size`` is what keeping it costs."""
+@dataclass
+class Execution:
+    """How one execute_request ended. ``status``: ok, error (the code raised), timeout (past the deadline;
+    ``stop`` is "interrupted" or "killed") or gone (the sandbox stopped under it). ``timing`` holds nbclient's
+    ``cell.metadata.execution`` keys (iopub.status.busy, iopub.execute_input, shell.execute_reply,
+    iopub.status.idle), stamped by the host's clock when each message arrived."""
 
-    channel: str
-    msg_type: str
-    msg_id: str
-    parent_id: str
-    size: int  # bytes of the metadata, content and buffer frames
-    raw_content: bytes | bytearray = field(repr=False)  # the received frame: not copied
-    complete: bool = True  # False: past the frame limit, its content was read and dropped, never kept or checked
+    status: str = "ok"
+    execution_count: int | None = None
+    stop: str = ""
+    timing: dict[str, str] = field(default_factory=dict)
 
-    def content(self, limit: int | None = None) -> dict[str, Any]:
-        """The parsed content; ProtocolError when it is larger than ``limit`` or not a JSON object."""
-        if not self.complete or (limit is not None and len(self.raw_content) > limit):
-            raise ProtocolError(f"a {self.msg_type} message of {self.size:,} bytes is over its "
-                                f"{limit or 0:,}-byte limit")
-        content = parse(self.raw_content, self.msg_type)
-        if not isinstance(content, dict):
-            raise ProtocolError(f"the content of a {self.msg_type} message is not a JSON object")
-        return content
-
-
-def parse(raw: bytes | bytearray | memoryview, what: str) -> Any:
-    """Strict UTF-8 JSON, nesting capped; lone surrogates (from \\ud800-style escapes) become U+FFFD."""
-    try:
-        text = str(raw, "utf-8")
-        value = json.loads(text)
-    except RecursionError as exc:
-        raise ProtocolError(f"a {what} message is nested too deeply") from exc
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ProtocolError(f"a {what} message is not valid UTF-8 JSON: {str(exc)[:200]}") from exc
-    surrogates = "\\ud" in text or "\\uD" in text
-    if not surrogates and text.count("{") + text.count("[") <= MAX_DEPTH:  # cannot be too deep: skip the walk
-        return value
-    return _clean(value, surrogates, what)
-
-
-def _clean(value: Any, surrogates: bool, what: str) -> Any:
-    """Walk the parsed value without recursion: refuse deep nesting, replace lone surrogates."""
-    fix = _fix_text if surrogates else (lambda s: s)
-    root: list[Any] = [value]
-    stack: list[tuple[Any, int]] = [(root, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ProtocolError(f"a {what} message is nested more than {MAX_DEPTH} levels deep")
-        if isinstance(node, dict):
-            if surrogates:
-                items = [(fix(k), v) for k, v in node.items()]
-                node.clear()
-                node.update(items)
-            pairs: Any = node.items()
-        else:
-            pairs = enumerate(node)
-        for key, child in list(pairs):
-            if isinstance(child, str):
-                node[key] = fix(child)
-            elif isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
-    return root[0]
-
-
-def _fix_text(text: str) -> str:
-    # In a Python str every surrogate is a lone one (escaped pairs were joined by the decoder).
-    return _SURROGATE.sub("\ufffd", text)
+    def stamp(self, key: str) -> None:
+        self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 class KernelClient:
@@ -141,7 +94,6 @@ class KernelClient:
             connection.close()
         self._connections = {}
 
-    stop_channels = close  # the name Sandbox.destroy calls (it was a BlockingKernelClient)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -164,9 +116,9 @@ class KernelClient:
         return msg_id
 
     def execute(self, code: str, *, silent: bool = False, store_history: bool = True,
-                stop_on_error: bool = True) -> str:
+                stop_on_error: bool = True, expressions: dict[str, str] | None = None) -> str:
         return self.request("shell", "execute_request", {
-            "code": code, "silent": silent, "store_history": store_history, "user_expressions": {},
+            "code": code, "silent": silent, "store_history": store_history, "user_expressions": expressions or {},
             "allow_stdin": False, "stop_on_error": stop_on_error})
 
     def kernel_info(self) -> str:
@@ -174,6 +126,110 @@ class KernelClient:
 
     def interrupt(self) -> None:
         self.request("control", "interrupt_request", {})
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    def wait_ready(self, check: Callable[[], None]) -> dict[str, Any]:
+        """Ask for kernel_info until the kernel answers; return its language_info. ``check`` is called between
+        tries and raises to give up (the sandbox stopped, the start-up deadline passed)."""
+        asked: set[str] = set()
+        while True:
+            # Replies can lag behind requests while the kernel starts: accept a reply to any of ours.
+            check()
+            asked.add(self.kernel_info())
+            reply = self.recv("shell", 0.5)
+            while reply is not None and reply.parent_id not in asked:
+                reply = self.recv("shell", 0.05)
+            if reply is not None:
+                info = reply.content(MAX_CONTROL).get("language_info", {})
+                return info if isinstance(info, dict) else {}
+
+    def wait_subscribed(self, check: Callable[[], None]) -> None:
+        """iopub is a PUB/SUB pair: wait until the kernel sees our subscription (early output would be lost),
+        then drop what the handshake left on both channels."""
+        while self.recv("iopub", 0.2) is None:
+            check()
+            self.kernel_info()
+        while self.recv("iopub", 0.005) is not None or self.recv("shell", 0) is not None:
+            pass
+
+    def run_silent(self, code: str, timeout: float, *,
+                   expressions: dict[str, str] | None = None) -> dict[str, Any] | None:
+        """Run ``code`` silently, outside the history (``expressions``: user_expressions evaluated after it); the
+        reply's content, or None after ``timeout`` seconds. The busy and idle it published are dropped, so the
+        next cell starts clean."""
+        msg_id = self.execute(code, silent=True, store_history=False, stop_on_error=False, expressions=expressions)
+        reply = self.recv("shell", timeout, parent=msg_id)
+        content = reply.content(MAX_CONTROL) if reply is not None else None
+        while self.recv("iopub", 0.01) is not None:
+            pass
+        return content
+
+    def run(self, code: str, *, deadline: float, grace: float, on_output: Callable[[Message], None],
+            alive: Callable[[], bool], kill: Callable[[], None]) -> Execution:
+        """Execute ``code`` and hand each of its output messages (unparsed) to ``on_output`` until the kernel is
+        idle. Past ``deadline`` (time.monotonic()) the cell is interrupted, and ``kill`` is called when the kernel
+        is not idle ``grace`` seconds later. ``alive`` is asked once a second; False ends the run as "gone".
+        Kinds nbexec does not know (comm_*, ...) are ignored unparsed. Raises ProtocolError when the kernel
+        breaks the protocol."""
+        run = Execution()
+        msg_id = self.execute(code, store_history=True, stop_on_error=True)
+        next_check = time.monotonic() + _LIVENESS_EVERY
+        replied: float | None = None
+        while True:
+            msg = self.recv("iopub", max(0.0, min(_POLL, deadline - time.monotonic())), parent=msg_id)
+            if msg is not None:
+                if dispatch(msg, run, on_output):
+                    break
+            elif replied is None:  # silence: a full PUB queue in the kernel drops messages, idle too
+                replied = time.monotonic() if self._reply(msg_id, run, 0) else None
+            elif time.monotonic() - replied >= _IDLE_AFTER_REPLY:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                return self._stop(msg_id, run, grace, on_output, kill)
+            if now >= next_check:
+                next_check = now + _LIVENESS_EVERY
+                if not alive():
+                    run.status = "gone"
+                    return run
+        if replied is None:
+            with contextlib.suppress(ProtocolError):  # the outputs are complete; a bad reply changes nothing
+                self._reply(msg_id, run, 1.0)
+        return run
+
+    def _reply(self, msg_id: str, run: Execution, timeout: float) -> bool:
+        """Read the cell's shell reply (so the next cell's is not mistaken for it); False when none came."""
+        reply = self.recv("shell", timeout, parent=msg_id)
+        if reply is None:
+            return False
+        run.stamp("shell.execute_reply")
+        if run.execution_count is None:  # no execute_input seen: the reply carries the count too
+            with contextlib.suppress(ProtocolError):
+                count = reply.content(MAX_CONTROL).get("execution_count")
+                run.execution_count = count if isinstance(count, int) else None
+        return True
+
+    def _stop(self, msg_id: str, run: Execution, grace: float, on_output: Callable[[Message], None],
+              kill: Callable[[], None]) -> Execution:
+        """Interrupt a cell past its deadline; kill the sandbox if the kernel is not idle ``grace`` s later."""
+        self.interrupt()
+        run.status, give_up = "timeout", time.monotonic() + grace
+        while time.monotonic() < give_up:
+            msg = self.recv("iopub", min(_POLL, max(0.0, give_up - time.monotonic())), parent=msg_id)
+            if msg is None:
+                continue
+            if msg.msg_type == "status" and msg.content(MAX_CONTROL).get("execution_state") == "idle":
+                run.stamp("iopub.status.idle")
+                with contextlib.suppress(ProtocolError):
+                    self._reply(msg_id, run, 1.0)
+                run.stop = "interrupted"
+                return run
+            if msg.msg_type in OUTPUT_KINDS - {"error"}:  # the KeyboardInterrupt traceback is replaced
+                on_output(msg)
+        kill()
+        run.stop = "killed"
+        return run
 
     # -- the one receive path ---------------------------------------------------------------------
 
@@ -244,6 +300,26 @@ class KernelClient:
         self._order.append(signature)
         if len(self._order) > _REPLAY_WINDOW:
             self._seen.discard(self._order.popleft())
+
+
+def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None]) -> bool:
+    """Apply one iopub message of the running cell to ``run`` (outputs go to ``on_output``); True once the kernel
+    is idle. Kinds nbexec does not know are ignored unparsed."""
+    kind = msg.msg_type
+    if kind == "status":
+        state = msg.content(MAX_CONTROL).get("execution_state")
+        if state in ("busy", "idle"):
+            run.stamp(f"iopub.status.{state}")
+        return state == "idle"
+    if kind == "execute_input":
+        run.stamp("iopub.execute_input")
+        count = msg.content(MAX_CONTROL).get("execution_count")
+        run.execution_count = count if isinstance(count, int) else None
+    elif kind in OUTPUT_KINDS:
+        if kind == "error":
+            run.status = "error"
+        on_output(msg)
+    return False
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

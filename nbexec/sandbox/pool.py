@@ -16,8 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..config import SandboxConfig
-from ..errors import NbexecError, SandboxError
-from . import daemon, kernel, runtimes
+from ..errors import NbexecError
+from . import daemon, runtimes
 from .container import Sandbox, remove_stale_workdirs
 
 log = logging.getLogger(__name__)
@@ -29,36 +29,14 @@ _pending: set[Future[None]] = set()
 _swept = False
 
 
-def warm(sandbox: Sandbox) -> None:
-    """Import the configured modules in the kernel without binding any name in the user's namespace."""
-    client = sandbox.client
-    assert client is not None
-    modules = list(sandbox.config.warm_imports)
-    code = (f"for __nbexec_m in {modules!r}:\n"
-            f"    __import__('importlib').import_module(__nbexec_m)\n"
-            f"del __nbexec_m\n") if modules else "pass"
-    msg_id = client.execute(code, silent=True, store_history=False)
-    reply = client.recv("shell", sandbox.config.startup_timeout, parent=msg_id)
-    if reply is None:
-        raise SandboxError(f"the sandbox's kernel did not finish its warm imports within "
-                           f"{sandbox.config.startup_timeout:g} s")
-    content = reply.content(kernel.MAX_CONTROL)
-    if content.get("status") != "ok":
-        log.warning("warm imports failed in the sandbox: %.200r", content.get("evalue"))
-    # The silent run still published busy/idle on iopub; drop them so the first cell starts clean.
-    while client.recv("iopub", 0.01) is not None:
-        pass
-    sandbox.warmed = True
-
-
 def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool) -> Sandbox:
     """Start a sandbox, warming it when asked; never leaves a container behind on failure."""
-    _sweep_orphans()
+    sweep_orphans()
     runtimes.require(config)  # an unregistered runtime fails here with how to register it, before any container
     sandbox = Sandbox.start(config, role=role)
     if warm_up:
         try:
-            warm(sandbox)
+            sandbox.warm()
         except BaseException:
             sandbox.destroy()
             raise
@@ -96,7 +74,7 @@ def wait_for_teardown() -> None:
             future.result()
 
 
-def _sweep_orphans() -> None:
+def sweep_orphans() -> None:
     """Once per process: remove containers and folders left by nbexec processes that died."""
     global _swept
     if _swept:
@@ -203,8 +181,13 @@ class Pool:
             sandbox.destroy()
 
 
+def _key(config: SandboxConfig) -> tuple[Any, ...]:
+    """Configs with equal keys share a pool."""
+    return (*config.container_key, config.pool_size, config.startup_timeout)
+
+
 def _pool_for(config: SandboxConfig) -> Pool:
-    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    key = _key(config)
     with _lock:
         pool = _pools.get(key)
         if pool is None:
@@ -242,7 +225,7 @@ def shutdown() -> None:
 
 def ready_count(config: SandboxConfig) -> int:
     """How many sandboxes wait ready in the pool for this config (0 when pooling is off or not started)."""
-    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    key = _key(config)
     with _lock:
         found = _pools.get(key)
     return found.ready if found is not None else 0
@@ -252,7 +235,7 @@ def has_filled(config: SandboxConfig) -> bool:
     """Whether the pool for this config has been full at least once (always true when pooling is off)."""
     if not config.pool_size:
         return True
-    key = (*config.container_key, config.pool_size, config.startup_timeout)
+    key = _key(config)
     with _lock:
         found = _pools.get(key)
     return found is not None and found.filled

@@ -234,10 +234,10 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_cleanup_older_than_removes_old_folders_and_their_containers(
         cleanup_ledger: None, shared_tmp: Path) -> None:
-    from nbexec import execute
+    from nbexec import folders
     from nbexec.sandbox import container as sandbox
 
-    outputs = {age: execute.prepare_output_dir(None, f"age-{age}") for age in ("old", "new")}
+    outputs = {age: folders.output_dir(None, f"age-{age}") for age in ("old", "new")}
     for folder in outputs.values():
         (folder / "notebook.ipynb").write_text("{}")
     workdirs = {age: sandbox.work_root() / f"nbexec-{os.getpid()}-{age}" for age in ("old", "new")}

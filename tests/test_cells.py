@@ -1,0 +1,195 @@
+"""The cell loop against a scripted kernel (nbclient's TestRunCell is the model): each table row is a notebook
+whose cells the fake kernel answers with scripted iopub messages, and the executed notebook that results.
+Docker adds nothing here; tests/test_execute.py runs the same behaviours end to end."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from nbformat import NotebookNode, v4
+
+from nbexec import SandboxConfig, runner
+from nbexec.result import CellError
+from nbexec.sandbox.container import ContainerState
+from nbexec.sandbox.kernel import Execution, Message
+
+from .test_kernel import FakeKernel
+
+Script = list[tuple[str, Any]]  # (msg_type, content) sent on iopub between execute_input and idle
+ERROR = ("error", {"ename": "ValueError", "evalue": "boom", "traceback": ["ValueError: boom"]})
+
+
+class ScriptedKernel(FakeKernel):
+    """Answers each execute_request with busy, execute_input, the script for its code, idle, and the reply."""
+
+    def __init__(self, folder: Path, scripts: dict[str, Script], *, execute_input: bool = True) -> None:
+        super().__init__(folder)
+        self.scripts, self.execute_input, self.asked = scripts, execute_input, []
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.shell, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(50):
+                continue
+            identity, *frames = self.shell.recv_multipart()
+            header, content = json.loads(frames[2]), json.loads(frames[5])
+            if header["msg_type"] != "execute_request":
+                continue
+            self.asked.append(content["code"])
+            self._answer(identity, header["msg_id"], content["code"])
+
+    def _answer(self, identity: bytes, parent: str, code: str) -> None:
+        self.count += 1
+        script = self.scripts.get(code, [])
+        sent: Script = [("status", {"execution_state": "busy"})]
+        if self.execute_input:
+            sent.append(("execute_input", {"code": code, "execution_count": self.count}))
+        sent += [*script, ("status", {"execution_state": "idle"})]
+        for kind, content in sent:
+            raw = content if isinstance(content, bytes) else json.dumps(content).encode()
+            self.iopub.send_multipart(self.frames(kind, raw, parent=parent))
+        failed = any(kind == "error" for kind, _ in script)
+        reply = {"status": "error" if failed else "ok", "execution_count": self.count}
+        self.shell.send_multipart([identity, *self.frames("execute_reply", json.dumps(reply).encode(),
+                                                          parent=parent)[1:]])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        super().close()
+
+
+class FakeSandbox:
+    """The sandbox around the scripted kernel: always running; ``kill`` is recorded."""
+
+    id = "fake"
+    language_info: dict[str, Any] = {}
+
+    def __init__(self, kernel: ScriptedKernel) -> None:
+        self.kernel, self.config, self.killed = kernel, SandboxConfig(timeout=10, interrupt_grace=1), False
+
+    def run(self, code: str, *, deadline: float, on_output: Callable[[Message], None]) -> Execution:
+        return self.kernel.client.run(code, deadline=deadline, grace=1, on_output=on_output, alive=lambda: True,
+                                      kill=self.kill)
+
+    @property
+    def kernel_lost(self) -> bool:
+        return bool(self.kernel.client.lost)
+
+    def state(self) -> ContainerState:
+        return ContainerState(running=True, exit_code=None, oom_killed=False)
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def cell(code: str, *tags: str) -> NotebookNode:
+    made = v4.new_code_cell(code)
+    if tags:
+        made.metadata["tags"] = list(tags)
+    return made
+
+
+def display(display_id: Any, text: str) -> tuple[str, Any]:
+    return ("display_data", {"data": {"text/plain": text}, "metadata": {}, "transient": display_id})
+
+
+def update(display_id: Any, text: str) -> tuple[str, Any]:
+    return ("update_display_data", {"data": {"text/plain": text}, "metadata": {}, "transient": display_id})
+
+
+def stream(text: str) -> tuple[str, Any]:
+    return ("stream", {"name": "stdout", "text": text})
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Iterator[Callable[..., ScriptedKernel]]:
+    made: list[ScriptedKernel] = []
+
+    def make(scripts: dict[str, Script], **options: Any) -> ScriptedKernel:
+        kernel = ScriptedKernel(tmp_path, scripts, **options)
+        made.append(kernel)
+        return kernel
+
+    yield make
+    for kernel in made:
+        kernel.close()
+
+
+def run(kernel: ScriptedKernel, nb: NotebookNode, first: int = 0,
+        displays: runner.Displays | None = None) -> CellError | None:
+    error, _ = runner.run_cells(FakeSandbox(kernel), nb, FakeSandbox(kernel).config, first_index=first,
+                                displays=displays)
+    return error
+
+
+def texts(nb: NotebookNode, index: int) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in nb.cells[index].outputs)
+
+
+Check = Callable[[NotebookNode, CellError | None, ScriptedKernel], bool]
+CASES: list[tuple[str, dict[str, Script], list[NotebookNode], Check]] = [
+    ("an-error-stops-the-run", {"a": [ERROR], "b": [stream("after")]}, [cell("a"), cell("b")],
+     lambda nb, e, k: e is not None and e.ename == "ValueError" and e.cell_index == 0 and k.asked == ["a"]),
+    ("raises-exception-goes-on", {"a": [ERROR], "b": [stream("after")]}, [cell("a", "raises-exception"), cell("b")],
+     lambda nb, e, k: e is None and k.asked == ["a", "b"] and nb.cells[0].outputs[0].output_type == "error"
+     and texts(nb, 1) == "after"),
+    ("raises-exception-without-one", {"a": [stream("fine")]}, [cell("a", "raises-exception")],
+     lambda nb, e, k: e is None and texts(nb, 0) == "fine"),
+    ("skip-execution", {"b": [stream("ran")]}, [cell("a", "skip-execution"), cell("b")],
+     lambda nb, e, k: k.asked == ["b"] and nb.cells[0].outputs == [] and nb.cells[0].execution_count is None),
+    ("execution-counts", {}, [cell("a"), cell("b")],
+     lambda nb, e, k: [c.execution_count for c in nb.cells] == [1, 2]),
+    ("timing-metadata", {"a": [stream("x")]}, [cell("a")],
+     lambda nb, e, k: list(nb.cells[0].metadata.execution) == [
+         "iopub.status.busy", "iopub.execute_input", "iopub.status.idle", "shell.execute_reply"]
+     and sorted(nb.cells[0].metadata.execution.values())[0] == nb.cells[0].metadata.execution["iopub.status.busy"]),
+    ("update-reaches-an-earlier-cell", {"a": [display({"display_id": "d"}, "old")], "b": [update({"display_id": "d"},
+                                                                                                 "new")]},
+     [cell("a"), cell("b")], lambda nb, e, k: texts(nb, 0) == "new" and nb.cells[1].outputs == []),
+    ("transient-null", {"a": [display(None, "shown"), update(None, "lost")]}, [cell("a")],
+     lambda nb, e, k: e is None and texts(nb, 0) == "shown"),
+    ("transient-not-an-object", {"a": [display("d", "shown"), update(["d"], "lost")]}, [cell("a")],
+     lambda nb, e, k: e is None and texts(nb, 0) == "shown"),
+    ("unknown-types-ignored", {"a": [("nbexec_unknown", b"not even json"), ("comm_msg", b"["),
+                                     ("execute_input_v2", {}), stream("ok")]}, [cell("a")],
+     lambda nb, e, k: e is None and texts(nb, 0) == "ok" and len(nb.cells[0].outputs) == 1),
+]
+
+
+@pytest.mark.parametrize(("scripts", "cells", "check"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_cells(scripted: Callable[..., ScriptedKernel], scripts: dict[str, Script], cells: list[NotebookNode],
+               check: Check) -> None:
+    kernel = scripted(scripts)
+    nb = v4.new_notebook(cells=cells)
+    error = run(kernel, nb)
+    assert check(nb, error, kernel), (error, kernel.asked, [c.outputs for c in nb.cells])
+
+
+def test_the_reply_gives_the_count_when_execute_input_is_missing(scripted: Callable[..., ScriptedKernel]) -> None:
+    kernel = scripted({}, execute_input=False)
+    nb = v4.new_notebook(cells=[cell("a"), cell("b")])
+    assert run(kernel, nb) is None
+    assert [c.execution_count for c in nb.cells] == [1, 2]
+    assert "iopub.execute_input" not in nb.cells[0].metadata.execution
+
+
+def test_an_update_reaches_a_display_of_an_earlier_run(scripted: Callable[..., ScriptedKernel]) -> None:
+    """A session runs cell by cell: the display ids it keeps span its runs, as the notebook does."""
+    kernel = scripted({"a": [display({"display_id": "d"}, "old")], "b": [update({"display_id": "d"}, "new")]})
+    nb, displays = v4.new_notebook(cells=[cell("a")]), {}
+    assert run(kernel, nb, displays=displays) is None
+    nb.cells.append(cell("b"))
+    assert run(kernel, nb, first=1, displays=displays) is None
+    assert texts(nb, 0) == "new"
