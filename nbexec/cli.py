@@ -17,9 +17,10 @@ import click
 
 from . import __version__, commands, render, terminal
 from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
-from .config import SandboxConfig, describe, from_env, store_from_env
+from .config import SandboxConfig, describe, from_env
 from .errors import ConfigError, NbexecError, NotebookError
 from .outputs import clean
+from .storage import from_env as store_from_env
 
 # Config fields offered as options, each with its help text taken from SandboxConfig.
 _OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "max_output", "max_data",

@@ -354,34 +354,6 @@ def host_from_env(environ: Mapping[str, str] | None = None) -> HostConfig:
     return HostConfig(**values)
 
 
-def store_from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> Any:
-    """The artifact store named ``kind`` ("local" or "azure"), configured from AZURE_* variables.
-
-    Reads AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (without a
-    key, DefaultAzureCredential); AZURE_BLOB_CONTAINER_NAME (default nbexec); NBEXEC_BLOB_PREFIX (default nbexec);
-    NBEXEC_SAS_EXPIRY (seconds, default 3600).
-    """
-    from .storage import AzureBlobSettings, AzureBlobStore, LocalStore
-
-    environ = os.environ if environ is None else environ
-    if kind == "local":
-        return LocalStore()
-    if kind != "azure":
-        raise ConfigError(f"unknown store {kind!r}: use local or azure")
-    try:
-        expiry = float(environ.get("NBEXEC_SAS_EXPIRY", "3600"))
-    except ValueError as exc:
-        raise ConfigError("NBEXEC_SAS_EXPIRY must be a number of seconds") from exc
-    return AzureBlobStore(AzureBlobSettings(
-        connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
-        account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
-        account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
-        container=environ.get("AZURE_BLOB_CONTAINER_NAME") or "nbexec",
-        prefix=environ.get("NBEXEC_BLOB_PREFIX") or "nbexec",
-        sas_expiry_s=expiry,
-    ))
-
-
 def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> SandboxConfig:
     """Build a SandboxConfig from NBEXEC_* variables (the only place nbexec reads them), then apply overrides.
 

@@ -8,18 +8,16 @@ downloaded stay. ``interrupt()`` closes the run's stream, which interrupts the c
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from . import folders, noderun, notebook, uploads
-from .config import SandboxConfig, from_env
+from . import folders, noderun, notebook, reaper, uploads
+from .config import SandboxConfig
 from .errors import (
     FileTransferError,
     NodeError,
@@ -33,11 +31,9 @@ from .runner import OutputCallback
 from .storage import ArtifactStore, LocalStore
 
 DEFAULT_TTL = 20 * 60.0
-_live: weakref.WeakSet[RemoteSession] = weakref.WeakSet()
-_atexit_registered = threading.Event()
 
 
-class RemoteSession:
+class RemoteSession(reaper.SessionBase):
     """Session's surface, run on one node of NBEXEC_NODES (see the module docstring)."""
 
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
@@ -66,24 +62,9 @@ class RemoteSession:
         self._base = 0
 
     @property
-    def config(self) -> SandboxConfig:
-        if self._config is None:
-            self._config = from_env()
-        return self._config
-
-    @property
     def status(self) -> str:
         """new, ready, busy, dead (its node was lost) or closed."""
-        if self._closed:
-            return "closed"
-        if self._lost:
-            return "dead"
-        if self._remote is None:
-            return "new"
-        if self._lock.acquire(blocking=False):
-            self._lock.release()
-            return "ready"
-        return "busy"
+        return self._status(dead=bool(self._lost), started=self._remote is not None)
 
     def start(self) -> RemoteSession:
         """Create the session on the most free node now (otherwise the first call does)."""
@@ -108,7 +89,7 @@ class RemoteSession:
                 self._client, self.node = client, client.name
                 self._base = len(self.notebook.cells)  # the node numbers this session's cells from 0
                 self._instance = nodes.health[client.url].capacity.instance  # type: ignore[union-attr]
-                _register(self)
+                reaper.register(self)
                 return self
             assert last is not None
             raise last
@@ -245,7 +226,7 @@ class RemoteSession:
             self._closed = True
             self._end_remote()
             folder, self._folder = self._folder, None
-        _live.discard(self)
+        reaper.forget(self)
         if folder is not None:
             if not self.keep_files and folder.still_at_path():
                 from .sandbox.container import remove_tree
@@ -267,17 +248,3 @@ def _output_dir(requested: str | Path | None) -> Path:
     if requested is None:
         return folders.make_output_dir(folders.output_root() / f"session-{uuid.uuid4().hex}", may_exist=False)
     return folders.make_output_dir(Path(requested).absolute(), may_exist=True)
-
-
-def _register(session: RemoteSession) -> None:
-    if not _atexit_registered.is_set():
-        _atexit_registered.set()
-        atexit.register(close_all)
-    _live.add(session)
-
-
-def close_all() -> None:
-    """End every remote session of this process (at interpreter exit)."""
-    for session in list(_live):
-        with contextlib.suppress(Exception):
-            session.close()

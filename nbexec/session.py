@@ -6,29 +6,27 @@ by one background reaper; every live session is closed at interpreter exit.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
 import logging
 import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from nbformat import NotebookNode
 
-from . import artifacts, collect, folders, notebook, runner, transfer
+from . import artifacts, collect, folders, notebook, reaper, runner, transfer
 from . import packages as installs
-from .config import SandboxConfig, from_env
+from .config import SandboxConfig
 from .errors import (
     FileTransferError,
     SessionClosedError,
     SessionDeadError,
 )
+from .reaper import close_all, reap
 from .result import ExecutionResult, File, Package
 from .runner import OutputCallback
 from .sandbox.source import SandboxHandle, SandboxSource, for_config
@@ -38,13 +36,9 @@ from .storage import ArtifactStore, LocalStore
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 20 * 60.0
-_live: weakref.WeakSet[Session] = weakref.WeakSet()
-_reaper_lock = threading.Lock()
-_reaper: threading.Thread | None = None
-_wake = threading.Event()
 
 
-class Session:
+class Session(reaper.SessionBase):
     """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
 
     Starts on first use or on ``start()``. Its output folder is opened once and written only through that
@@ -90,27 +84,9 @@ class Session:
     # -- life cycle ---------------------------------------------------------------------------------
 
     @property
-    def config(self) -> SandboxConfig:
-        if self._config is None:
-            self._config = from_env()
-        return self._config
-
-    @property
     def status(self) -> str:
         """new, ready, busy, dead or closed."""
-        if self._closed:
-            return "closed"
-        if self._dead_reason:
-            return "dead"
-        if self._sandbox is None:
-            return "new"
-        return "busy" if self._lock_held() else "ready"
-
-    def _lock_held(self) -> bool:
-        if self._lock.acquire(blocking=False):
-            self._lock.release()
-            return False
-        return True
+        return self._status(dead=bool(self._dead_reason), started=self._sandbox is not None)
 
     def start(self) -> Session:
         """Start the sandbox now (otherwise the first run starts it)."""
@@ -131,7 +107,7 @@ class Session:
                     raise
                 self._start_s = time.monotonic() - started
                 if not self.one_shot:
-                    _register(self)
+                    reaper.register(self)
             return self
 
     def _source(self) -> SandboxSource:
@@ -158,7 +134,7 @@ class Session:
                 return
             self._closed = True
             sandbox, self._sandbox = self._sandbox, None
-        _live.discard(self)
+        reaper.forget(self)
         if sandbox is not None:
             self._source().release(sandbox, wait=True)
         self._close_folder(remove=not self.keep_files)
@@ -364,47 +340,6 @@ class Session:
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status}>"
 
-
-
-# -- reaping ----------------------------------------------------------------------------------------
-
-def _register(session: Session) -> None:
-    global _reaper
-    _live.add(session)
-    _wake.set()  # the reaper recomputes its interval from the shortest TTL
-    with _reaper_lock:
-        if _reaper is None:
-            atexit.register(close_all)
-            _reaper = threading.Thread(target=_reap_forever, name="nbexec-session-reaper", daemon=True)
-            _reaper.start()
-
-
-def reap(now: float | None = None) -> list[str]:
-    """Close sessions idle for longer than their TTL; return their ids."""
-    now = time.monotonic() if now is None else now
-    reaped = []
-    for session in list(_live):
-        if session.ttl and now - session.last_activity > session.ttl and not session._lock_held():
-            log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
-            session.close()
-            reaped.append(session.id)
-    return reaped
-
-
-def _reap_forever() -> None:
-    while True:
-        ttls = [s.ttl for s in list(_live) if s.ttl]
-        _wake.wait(max(0.2, min([t / 4 for t in ttls] + [30.0])))
-        _wake.clear()
-        with contextlib.suppress(Exception):
-            reap()
-
-
-def close_all() -> None:
-    """Close every live session (runs at interpreter exit)."""
-    for session in list(_live):
-        with contextlib.suppress(Exception):
-            session.close()
 
 
 # SessionManager lives in nbexec.manager; importable from here too, where it always was.

@@ -10,8 +10,10 @@ import contextlib
 import datetime as dt
 import logging
 import mimetypes
+import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -253,3 +255,29 @@ def blob_name(prefix: str, execution_id: str, relative: str) -> str:
     be ambiguous."""
     segments = [s for s in relative.split("/") if s not in ("", ".", "..")]
     return "/".join([prefix.strip("/"), execution_id, *(quote(s, safe=" !$&'()*+,;=@-._~") for s in segments)])
+
+
+def from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> Any:
+    """The artifact store named ``kind`` ("local" or "azure"), configured from AZURE_* variables.
+
+    Reads AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (without a
+    key, DefaultAzureCredential); AZURE_BLOB_CONTAINER_NAME (default nbexec); NBEXEC_BLOB_PREFIX (default nbexec);
+    NBEXEC_SAS_EXPIRY (seconds, default 3600).
+    """
+    environ = os.environ if environ is None else environ
+    if kind == "local":
+        return LocalStore()
+    if kind != "azure":
+        raise ConfigError(f"unknown store {kind!r}: use local or azure")
+    try:
+        expiry = float(environ.get("NBEXEC_SAS_EXPIRY", "3600"))
+    except ValueError as exc:
+        raise ConfigError("NBEXEC_SAS_EXPIRY must be a number of seconds") from exc
+    return AzureBlobStore(AzureBlobSettings(
+        connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
+        account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
+        account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
+        container=environ.get("AZURE_BLOB_CONTAINER_NAME") or "nbexec",
+        prefix=environ.get("NBEXEC_BLOB_PREFIX") or "nbexec",
+        sas_expiry_s=expiry,
+    ))
