@@ -339,7 +339,7 @@ def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str
     working(checks, "runsc")
     run = hostile.prepare(case, listener)  # type: ignore[arg-type]
     config = hostile.contained_config(case, canary).replace(runtime="runsc")  # type: ignore[arg-type]
-    started = time.monotonic()
+    since, started = time.time(), time.monotonic()
     result = execute_notebook(run.code, config=config)
     elapsed = time.monotonic() - started
     check = UNDER_RUNSC[case.id][0] if case.id in UNDER_RUNSC else case.check  # type: ignore[attr-defined]
@@ -350,8 +350,10 @@ def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str
     assert "s3cret-canary" not in json.dumps(result.to_dict())
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"  # type: ignore[attr-defined]
     pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
-    settle(lambda: not hostile.survivors(run.mark), 5)
-    assert hostile.survivors(run.mark) == []
+    sandboxes = hostile.sandboxes_since(since)
+    assert sandboxes, "the run's sandbox was not seen"
+    settle(lambda: not hostile.survivors(sandboxes, run.mark), 5)
+    assert hostile.survivors(sandboxes, run.mark) == []
 
 
 # -- why the differing cases are still contained ---------------------------------------------------------------
