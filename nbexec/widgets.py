@@ -114,7 +114,7 @@ class WidgetState:
             raise ProtocolError(f"a {msg.msg_type} message whose state is not a JSON object")
         for key in _NAMES:
             if key in state:
-                _name(state[key], key)
+                _name(state[key], key, empty=True)  # some libraries leave a version empty
         buffers, raw = _buffers(data.get("buffer_paths"), msg.buffers)
         extra = sum(len(b["data"]) for b in buffers) - raw  # base64 costs a third more than the bytes charged
         if extra > room:
@@ -136,9 +136,10 @@ class WidgetState:
         self.kept = kept
 
 
-def _name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
-        raise ProtocolError(f"a widget message whose {what} is not a string of 1 to {MAX_NAME} characters")
+def _name(value: Any, what: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or len(value) > MAX_NAME or not (value or empty):
+        raise ProtocolError(f"a widget message whose {what} is not a string of {int(not empty)} to {MAX_NAME} "
+                            "characters")
     return value
 
 
