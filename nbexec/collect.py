@@ -32,6 +32,7 @@ class Run:
     started: float  # time.monotonic() when the call began
     timings: dict[str, float]
     packages: tuple[Package, ...] = ()  # what the run asked for and what became of it (nbexec.packages)
+    notes: tuple[str, ...] = ()  # what the run itself has to say (widget state not saved, ...)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder,
         outputs=gathered.outputs, images=stored.images, files=stored.files, skipped_files=tuple(gathered.skipped),
         notebook=nb, notebook_path=gathered.notebook_path, output_dir=str(folder.path), duration_s=duration,
         timings={**run.timings, "total_s": duration}, truncated_bytes=run.dropped, uploads=stored.uploads,
-        notes=tuple(gathered.notes + packages.notes(run.packages)), packages=run.packages,
+        notes=tuple(gathered.notes + list(run.notes) + packages.notes(run.packages)), packages=run.packages,
         connections=gathered.connections)
 
 

@@ -12,7 +12,8 @@ max_output budget) and a 4 MiB peak here. nbclient's hooks receive messages jupy
 full and parsed, so no budget can be charged before parsing; it learns of a dead kernel from a local
 KernelManager or heartbeats, not from Docker's OOM flag. So nbexec keeps its own loop and holds to nbclient's
 behaviours instead: raises-exception and skip-execution tags, execution counts, cell.metadata.execution timing,
-display updates across cells, and `transient: null` and unknown message kinds ignored (tests/test_cells.py).
+display updates across cells, widget state in the notebook's metadata (`widgets`), and `transient: null` and
+unknown message kinds ignored (tests/test_cells.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from nbformat import NotebookNode, from_dict
 
-from . import outputs
+from . import outputs, widgets
 from .config import SandboxConfig
 from .errors import ProtocolError
 from .result import CellError
@@ -93,14 +94,18 @@ class _CellState:
     merging, clear_output and display updates (nbclient's process_message, for the kinds nbexec keeps)."""
 
     def __init__(self, cell: NotebookNode, index: int, budget: Budget, on_output: OutputCallback | None,
-                 displays: Displays | None = None) -> None:
+                 displays: Displays | None = None, widget_state: widgets.WidgetState | None = None) -> None:
         self.cell, self.index, self.budget, self.on_output = cell, index, budget, on_output
         self.clear_pending = False
         self.displays: Displays = {} if displays is None else displays
+        self.widgets = widget_state
 
     def add(self, msg: Message) -> None:
         """Keep what fits of one output message; raises ProtocolError for a malformed one."""
         kind, budget = msg.msg_type, self.budget
+        if kind in widgets.KINDS:  # charged against the display allowance, by its raw size, before parsing
+            budget.display -= self.widgets.add(msg, budget.display) if self.widgets is not None else 0
+            return None
         if not msg.complete:
             return self.drop_frame(msg.size)
         if kind == "stream":
@@ -246,12 +251,14 @@ def _error_output(content: dict[str, Any]) -> NotebookNode:
 
 
 def run_cell(sandbox: SandboxHandle, cell: NotebookNode, index: int, *, deadline: float, budget: Budget,
-             on_output: OutputCallback | None = None, displays: Displays | None = None) -> CellOutcome:
+             on_output: OutputCallback | None = None, displays: Displays | None = None,
+             widget_state: widgets.WidgetState | None = None) -> CellOutcome:
     """Execute one code cell, filling ``cell.outputs``; stop it at ``deadline`` (a time.monotonic() value).
-    ``displays`` (display id -> outputs) spans the cells of a session, so an update reaches earlier cells."""
+    ``displays`` (display id -> outputs) and ``widget_state`` span the cells of a session, so an update reaches
+    earlier cells and widget models."""
     started = time.monotonic()
     cell.outputs = []
-    state = _CellState(cell, index, budget, on_output, displays)
+    state = _CellState(cell, index, budget, on_output, displays, widget_state)
     try:
         run = sandbox.run(cell.source, deadline=deadline, on_output=state.add)
         outcome = _outcome(sandbox, run)
@@ -321,15 +328,17 @@ def _tags(cell: NotebookNode) -> list[str]:
 
 
 def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, first_index: int = 0,
-              on_output: OutputCallback | None = None,
-              displays: Displays | None = None) -> tuple[CellError | None, int]:
+              on_output: OutputCallback | None = None, displays: Displays | None = None,
+              widget_state: widgets.WidgetState | None = None) -> tuple[CellError | None, int]:
     """Run the code cells from ``first_index`` until the first failure; return (the failure, bytes dropped).
 
     The standard tags hold: ``skip-execution`` skips a cell; in a ``raises-exception`` cell an exception is
-    expected (kept in its outputs) and the run goes on. Timeouts, deaths and protocol errors always stop it."""
+    expected (kept in its outputs) and the run goes on. Timeouts, deaths and protocol errors always stop it.
+    The widget models (``widget_state``, kept by a session across its runs) end in ``nb.metadata.widgets``."""
     budget = Budget.from_config(config)
     deadline = time.monotonic() + config.timeout
     displays = {} if displays is None else displays  # a display id spans cells (nbclient's _update_display_id)
+    widget_state = (widgets.WidgetState() if widget_state is None else widget_state).limit(config)
     error: CellError | None = None
     for index in range(first_index, len(nb.cells)):
         cell = nb.cells[index]
@@ -338,7 +347,7 @@ def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *
         cell_limit = min(config.cell_timeout or config.timeout, config.timeout)
         cell_deadline = min(deadline, time.monotonic() + cell_limit)
         outcome = run_cell(sandbox, cell, index, deadline=cell_deadline, budget=budget, on_output=on_output,
-                           displays=displays)
+                           displays=displays, widget_state=widget_state)
         if outcome.status == "error" and "raises-exception" in _tags(cell):
             continue
         if outcome.status == "error":
@@ -351,6 +360,7 @@ def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *
                                            "traceback": [f"{error.ename}: {error.evalue}"]}))
             break
     budget.finish(config.max_output_bytes, config.max_outputs)
+    widget_state.save(nb)
     return error, budget.dropped
 
 

@@ -18,14 +18,10 @@ from typing import Any
 
 from nbformat import NotebookNode
 
-from . import artifacts, collect, folders, notebook, reaper, runner, transfer
+from . import artifacts, collect, folders, notebook, reaper, runner, transfer, widgets
 from . import packages as installs
 from .config import SandboxConfig
-from .errors import (
-    FileTransferError,
-    SessionClosedError,
-    SessionDeadError,
-)
+from .errors import FileTransferError, SessionClosedError, SessionDeadError
 from .reaper import close_all, reap
 from .result import ExecutionResult, File, Package
 from .runner import OutputCallback
@@ -80,6 +76,7 @@ class Session(reaper.SessionBase):
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
         self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
         self._displays: runner.Displays = {}  # display ids of every run, so an update reaches earlier cells
+        self._widgets = widgets.WidgetState()  # widget models of every run, so an update reaches earlier ones
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -240,7 +237,8 @@ class Session(reaper.SessionBase):
                    on_output: OutputCallback | None) -> collect.Run:
         began = time.monotonic()
         error, dropped = runner.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
-                                          first_index=index, on_output=on_output, displays=self._displays)
+                                          first_index=index, on_output=on_output, displays=self._displays,
+                                          widget_state=self._widgets)
         ran = time.monotonic()
         self.last_activity = ran
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
@@ -253,7 +251,7 @@ class Session(reaper.SessionBase):
                 and not sandbox.state().running:
             self._dead_reason = error.evalue
         return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
-                           started=started, timings=timings)
+                           started=started, timings=timings, notes=tuple(self._widgets.take_notes()))
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None

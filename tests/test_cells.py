@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,16 @@ from nbexec.sandbox.kernel import Execution, Message
 from .test_kernel import FakeKernel
 
 Script = list[tuple[str, Any]]  # (msg_type, content) sent on iopub between execute_input and idle
+
+
+@dataclass
+class Framed:
+    """Content followed by binary buffer frames (comm messages carry them)."""
+
+    content: Any
+    buffers: list[bytes]
+
+
 ERROR = ("error", {"ename": "ValueError", "evalue": "boom", "traceback": ["ValueError: boom"]})
 
 
@@ -57,8 +68,11 @@ class ScriptedKernel(FakeKernel):
             sent.append(("execute_input", {"code": code, "execution_count": self.count}))
         sent += [*script, ("status", {"execution_state": "idle"})]
         for kind, content in sent:
+            buffers: list[bytes] = []
+            if isinstance(content, Framed):
+                content, buffers = content.content, content.buffers
             raw = content if isinstance(content, bytes) else json.dumps(content).encode()
-            self.iopub.send_multipart(self.frames(kind, raw, parent=parent))
+            self.iopub.send_multipart(self.frames(kind, raw, parent=parent) + buffers)
         failed = any(kind == "error" for kind, _ in script)
         reply = {"status": "error" if failed else "ok", "execution_count": self.count}
         self.shell.send_multipart([identity, *self.frames("execute_reply", json.dumps(reply).encode(),

@@ -41,6 +41,7 @@ _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data",
                           "clear_output"})
+COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # handed on too: widget state is built from them (nbexec.widgets)
 
 
 @dataclass
@@ -170,7 +171,7 @@ class KernelClient:
         """Execute ``code`` and hand each of its output messages (unparsed) to ``on_output`` until the kernel is
         idle. Past ``deadline`` (time.monotonic()) the cell is interrupted, and ``kill`` is called when the kernel
         is not idle ``grace`` seconds later. ``alive`` is asked once a second; False ends the run as "gone".
-        Kinds nbexec does not know (comm_*, ...) are ignored unparsed. Raises ProtocolError when the kernel
+        Kinds nbexec does not know (comm_close, ...) are ignored unparsed. Raises ProtocolError when the kernel
         breaks the protocol."""
         run = Execution()
         msg_id = self.execute(code, store_history=True, stop_on_error=True)
@@ -225,7 +226,7 @@ class KernelClient:
                     self._reply(msg_id, run, 1.0)
                 run.stop = "interrupted"
                 return run
-            if msg.msg_type in OUTPUT_KINDS - {"error"}:  # the KeyboardInterrupt traceback is replaced
+            if msg.msg_type in (OUTPUT_KINDS | COMM_KINDS) - {"error"}:  # the KeyboardInterrupt traceback is replaced
                 on_output(msg)
         kill()
         run.stop = "killed"
@@ -291,7 +292,8 @@ class KernelClient:
         msg_type, msg_id, parent_id = head.get("msg_type"), head.get("msg_id"), parent.get("msg_id", "")
         if not isinstance(msg_type, str) or not isinstance(msg_id, str) or not isinstance(parent_id, str):
             raise ProtocolError(f"a message on {channel} has a header without string msg_type and msg_id")
-        return Message(channel, msg_type, msg_id, parent_id, size, content or b"", complete)
+        return Message(channel, msg_type, msg_id, parent_id, size, content or b"", complete,
+                       tuple(frames[start + 5:]))
 
     def _remember(self, signature: bytes) -> None:
         if signature in self._seen:
@@ -303,8 +305,8 @@ class KernelClient:
 
 
 def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None]) -> bool:
-    """Apply one iopub message of the running cell to ``run`` (outputs go to ``on_output``); True once the kernel
-    is idle. Kinds nbexec does not know are ignored unparsed."""
+    """Apply one iopub message of the running cell to ``run`` (outputs and comm messages go to ``on_output``,
+    unparsed); True once the kernel is idle. Kinds nbexec does not know are ignored unparsed."""
     kind = msg.msg_type
     if kind == "status":
         state = msg.content(MAX_CONTROL).get("execution_state")
@@ -315,7 +317,7 @@ def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None])
         run.stamp("iopub.execute_input")
         count = msg.content(MAX_CONTROL).get("execution_count")
         run.execution_count = count if isinstance(count, int) else None
-    elif kind in OUTPUT_KINDS:
+    elif kind in OUTPUT_KINDS or kind in COMM_KINDS:
         if kind == "error":
             run.status = "error"
         on_output(msg)

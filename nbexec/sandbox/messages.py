@@ -25,6 +25,7 @@ class Message:
     size: int  # bytes of the metadata, content and buffer frames
     raw_content: bytes | bytearray = field(repr=False)  # the received frame: not copied
     complete: bool = True  # False: past the frame limit, its content was read and dropped, never kept or checked
+    buffers: tuple[bytes | bytearray | None, ...] = field(default=(), repr=False)  # binary frames (None: dropped)
 
     def content(self, limit: int | None = None) -> dict[str, Any]:
         """The parsed content; ProtocolError when it is larger than ``limit`` or not a JSON object."""
