@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import socket
 import threading
 import time
@@ -40,12 +41,16 @@ class FakeKernel:
         self.context: zmq.Context[Any] = zmq.Context()
         self.session = Session(key=KEY.encode(), signature_scheme="hmac-sha256")
         base = folder / "kernel"
+        # Bound through a descriptor of the folder, as the client connects: a long TMPDIR stays within the
+        # unix socket address limit.
+        self._folder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        short = f"/proc/self/fd/{self._folder}/kernel"
         self.iopub = self.context.socket(zmq.PUB)
-        self.iopub.bind(f"ipc://{base}-2")
+        self.iopub.bind(f"ipc://{short}-2")
         self.shell = self.context.socket(zmq.ROUTER)
-        self.shell.bind(f"ipc://{base}-1")
+        self.shell.bind(f"ipc://{short}-1")
         self.control = self.context.socket(zmq.ROUTER)
-        self.control.bind(f"ipc://{base}-4")
+        self.control.bind(f"ipc://{short}-4")
         self.client = KernelClient.connect(base, {"key": KEY, "shell_port": 1, "iopub_port": 2, "control_port": 4},
                                            max_message=FRAME_LIMIT)
         deadline = time.monotonic() + 10
@@ -69,6 +74,7 @@ class FakeKernel:
     def close(self) -> None:
         self.client.close()
         self.context.destroy(linger=0)
+        os.close(self._folder)
 
 
 @pytest.fixture
@@ -199,7 +205,11 @@ def raw_peer(path: Path, script: bytes) -> threading.Thread:
     """A listening unix socket that answers one connection with ``script``; it closes the connection at
     ``HANG_UP``, or else once the client has."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # through a descriptor of the folder: a long TMPDIR stays within the socket address limit
+        server.bind(f"/proc/self/fd/{folder}/{path.name}")
+    finally:
+        os.close(folder)
     server.listen(1)
 
     def serve() -> None:
