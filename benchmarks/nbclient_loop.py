@@ -1,5 +1,5 @@
 """nbclient's NotebookClient against nbexec's own cell loop, on the same sandbox kernel (the numbers behind the
-choice written in nbexec/runner.py's docstring). nbclient is not an nbexec dependency: `pip install nbclient`.
+choice written in nbexec/cells.py's docstring). nbclient is not an nbexec dependency: `pip install nbclient`.
 
     .venv/bin/python benchmarks/nbclient_loop.py
 
@@ -21,8 +21,8 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from nbclient import NotebookClient
 
 import nbexec
-from nbexec import runner
-from nbexec.sandbox import pool
+from nbexec.engine import cells
+from nbexec.sandbox.docker import pool
 
 PRINT = "print(12345*54321)"
 FLOOD = "import sys\nfor _ in range(50): sys.stdout.write('x' * 1_000_000); sys.stdout.flush()"
@@ -66,7 +66,7 @@ def main() -> None:
 
         def with_nbexec(code: str) -> Any:
             cell = nbformat.v4.new_code_cell(code)
-            runner.run_cell(sandbox, cell, 0, deadline=time.monotonic() + 60, budget=runner.Budget.from_config(config))
+            cells.run_cell(sandbox, cell, 0, deadline=time.monotonic() + 60, budget=cells.Budget.from_config(config))
             return cell
 
         report("nbclient", with_nbclient)

@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nbexec
-from nbexec import packages, wheelhouse
+from nbexec import packages
+from nbexec.packages import wheelhouse
 from tests.pyindex import Index
 
 

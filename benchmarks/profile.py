@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import nbexec
-from nbexec.sandbox import pool
+from nbexec.sandbox.docker import pool
 
 TICK = os.sysconf("SC_CLK_TCK")
 PRINT = "print(12345*54321)"

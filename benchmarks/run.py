@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 
 import nbexec
-from nbexec.sandbox import daemon, pool
+from nbexec.sandbox.docker import daemon, pool
 
 WORKLOADS = {
     "print": "print(12345*54321)",

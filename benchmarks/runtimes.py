@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nbexec
-from nbexec.sandbox import pool, runtimes
+from nbexec.sandbox.docker import pool, runtimes
 
 PRINT = "print(12345*54321)"
 PLOT = "import matplotlib.pyplot as plt\nplt.plot(range(10))\nplt.show()"

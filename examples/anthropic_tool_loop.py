@@ -19,7 +19,7 @@ from common import QUESTION, load_dotenv, recording
 import nbexec
 from nbexec.integrations.toolcall import handle_anthropic_tool_use
 from nbexec.integrations.tools import anthropic_tool
-from nbexec.links import url_map
+from nbexec.notebook.links import url_map
 
 MAX_RETRIES = 3
 Model = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Message]

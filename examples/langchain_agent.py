@@ -46,7 +46,7 @@ def main() -> int:
     args = parser.parse_args()
     load_dotenv()
     files: dict[str, str] = {}
-    tool = execute_python_tool(nbexec.from_env(), on_result=lambda r: files.update(nbexec.links.url_map(r)))
+    tool = execute_python_tool(nbexec.from_env(), on_result=lambda r: files.update(nbexec.notebook.links.url_map(r)))
     llm = model(args.replay, tool)
     messages: list[BaseMessage] = [HumanMessage(QUESTION)]
     failures = 0

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletion
 import nbexec
 from nbexec.integrations.toolcall import handle_openai_tool_call
 from nbexec.integrations.tools import openai_tool
-from nbexec.links import url_map
+from nbexec.notebook.links import url_map
 
 MAX_RETRIES = 3
 

@@ -1,6 +1,8 @@
 """nbexec: run untrusted Python as a notebook in a throwaway, locked-down Docker sandbox."""
 
 from .config import SandboxConfig, from_env
+from .engine.execute import execute_notebook, execute_notebook_async
+from .engine.session import Session, SessionManager
 from .errors import (
     ConfigError,
     DockerError,
@@ -22,11 +24,9 @@ from .errors import (
     SessionNotFoundError,
     StorageError,
 )
-from .execute import execute_notebook, execute_notebook_async
-from .links import rewrite as rewrite_links
+from .notebook.links import rewrite as rewrite_links
 from .result import CellError, ExecutionResult, File, Image, SkippedFile, Upload
-from .session import Session, SessionManager
-from .storage import from_env as store_from_env
+from .stores.storage import from_env as store_from_env
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec import artifacts, execute_notebook
+from nbexec import execute_notebook
+from nbexec.files import artifacts
 
 HOSTILE = r"""
 import os, socket

@@ -10,8 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from nbexec import NotebookError, parameters
-from nbexec.batch import discover
+from nbexec import NotebookError
+from nbexec.cli.batch import discover
+from nbexec.notebook import parameters
 
 from .conftest import unaccounted_containers
 from .test_cli import nbexec

@@ -15,9 +15,10 @@ import pytest
 import zmq
 from nbformat import NotebookNode, v4
 
-from nbexec import SandboxConfig, runner
+from nbexec import SandboxConfig
+from nbexec.engine import cells
 from nbexec.result import CellError
-from nbexec.sandbox.container import ContainerState
+from nbexec.sandbox.docker.container import ContainerState
 from nbexec.sandbox.kernel import Execution, Message
 
 from .test_kernel import FakeKernel
@@ -142,8 +143,8 @@ def scripted(tmp_path: Path) -> Iterator[Callable[..., ScriptedKernel]]:
 
 
 def run(kernel: ScriptedKernel, nb: NotebookNode, first: int = 0,
-        displays: runner.Displays | None = None) -> CellError | None:
-    error, _ = runner.run_cells(FakeSandbox(kernel), nb, FakeSandbox(kernel).config, first_index=first,
+        displays: cells.Displays | None = None) -> CellError | None:
+    error, _ = cells.run_cells(FakeSandbox(kernel), nb, FakeSandbox(kernel).config, first_index=first,
                                 displays=displays)
     return error
 

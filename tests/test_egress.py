@@ -18,9 +18,9 @@ import pytest
 import nbexec
 from nbexec import egress
 from nbexec.config import from_env
+from nbexec.egress.proxy import Limits, Proxy
 from nbexec.errors import ConfigError
-from nbexec.proxy import Limits, Proxy
-from nbexec.sandbox import daemon
+from nbexec.sandbox.docker import daemon
 
 from .conftest import IMAGE
 
@@ -141,7 +141,7 @@ def test_config_fields_and_variables() -> None:
         nbexec.SandboxConfig(network="allowlist")
     with pytest.raises(ConfigError, match="network must be"):
         nbexec.SandboxConfig(network="everywhere")
-    from nbexec.cli import build_config
+    from nbexec.cli.main import build_config
 
     built = build_config({"allowed_hosts": ("127.0.0.1:8080",), "network": None})
     assert (built.network, built.allowed_hosts) == ("allowlist", ("127.0.0.1:8080",))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec import envfile
+from nbexec.cli.main import envfile
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
 
@@ -97,7 +97,7 @@ def test_odd_env_file_is_a_config_error(tmp_path: Path, make: object) -> None:
 
 
 def _cli(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    code = "from nbexec.cli import main; main()"
+    code = "from nbexec.cli.main import main; main()"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
 

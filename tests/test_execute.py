@@ -170,7 +170,7 @@ def test_a_container_removed_from_outside_is_named(cold: nbexec.SandboxConfig) -
     """`docker rm -f` while a cell runs: the result says the container went, not that the code crashed."""
     import threading
 
-    from nbexec.sandbox import daemon
+    from nbexec.sandbox.docker import daemon
 
     from .conftest import own_containers, wait_until
 

@@ -14,7 +14,7 @@ import pytest
 
 import nbexec
 from nbexec import Session, execute_notebook
-from nbexec.sandbox import daemon, pool
+from nbexec.sandbox.docker import daemon, pool
 
 from .conftest import (
     CONTAINER_ID,

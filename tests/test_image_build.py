@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec.sandbox import daemon, image
+from nbexec.sandbox.docker import daemon, image
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = os.environ.get("NBEXEC_IMAGE", "nbexec-jupyter:latest")
@@ -25,7 +25,7 @@ def test_unreachable_registry_says_so_and_names_debootstrap(base: str, tmp_path:
     tag = f"nbexec-jupyter:pk-unreachable-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", "from nbexec.cli import main; main()", "image", "build", "--base-image", base,
+        [sys.executable, "-c", "from nbexec.cli.main import main; main()", "image", "build", "--base-image", base,
          "--tag", tag],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
         check=False,

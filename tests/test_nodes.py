@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from nbexec import folders, noderun
 from nbexec.config import host_from_env
 from nbexec.errors import ConfigError, FileTransferError, NodeError
-from nbexec.nodes import BACKOFF_MAX, Capacity, EventReader, Health, rank
+from nbexec.files import folders
+from nbexec.sandbox.remote import noderun
+from nbexec.sandbox.remote.nodes import BACKOFF_MAX, Capacity, EventReader, Health, rank
 from nbexec.service.fleet import Fleet
 
 
@@ -66,7 +67,7 @@ def test_event_reader_refuses_malformed_and_oversized_events(monkeypatch: pytest
         reader = EventReader()
         reader.feed("data: {not json")
         reader.feed("")
-    monkeypatch.setattr("nbexec.nodes.MAX_EVENT", 10)
+    monkeypatch.setattr("nbexec.sandbox.remote.nodes.MAX_EVENT", 10)
     with pytest.raises(NodeError, match="over 10 bytes"):
         EventReader().feed("data: " + "x" * 20)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nbformat
 
-from nbexec import outputs
+from nbexec.notebook import outputs
 
 from .conftest import FILES
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec.sandbox import daemon
+from nbexec.sandbox.docker import daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "nbexec-sandbox"

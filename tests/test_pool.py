@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import nbexec
 from nbexec import execute_notebook
-from nbexec.sandbox import pool
+from nbexec.sandbox.docker import pool
 
 from .conftest import IMAGE, own_containers, own_workdirs, wait_until
 

@@ -22,7 +22,8 @@ import pytest
 
 import nbexec
 from nbexec import Session, execute_notebook
-from nbexec.sandbox import Sandbox, pool, runtimes
+from nbexec.sandbox import Sandbox
+from nbexec.sandbox.docker import pool, runtimes
 
 from .conftest import IMAGE, settle, wait_until
 from .security import test_hostile as hostile
@@ -165,7 +166,7 @@ def test_runsc_registration_is_exact() -> None:
 def _doctor() -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NBEXEC_RUNTIME", None)
-    done = subprocess.run([sys.executable, "-m", "nbexec.cli", "doctor"], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "doctor"], capture_output=True, text=True, env=env,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

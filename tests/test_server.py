@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 
 import nbexec
-from nbexec.sandbox import daemon
+from nbexec.sandbox.docker import daemon
 from nbexec.service.server import ServerSettings, create_app, token_id
 
 from .azurite import free_port

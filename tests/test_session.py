@@ -136,7 +136,7 @@ def test_docker_going_away_mid_session_is_a_clear_error(cleanup_ledger: None, tm
     DockerError naming the problem, instead of hanging."""
     import docker as docker_sdk
 
-    from nbexec.sandbox import daemon
+    from nbexec.sandbox.docker import daemon
 
     from .conftest import IMAGE
     from .socketproxy import SocketProxy

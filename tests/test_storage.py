@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 import pytest
 
 import nbexec
-from nbexec.storage import AzureBlobSettings, AzureBlobStore
+from nbexec.stores.storage import AzureBlobSettings, AzureBlobStore
 
 from .azurite import KEY, Azurite
 from .conftest import wait_until
@@ -125,7 +125,7 @@ def test_stopped_azurite_mid_way(config: nbexec.SandboxConfig) -> None:
 
 
 def test_upload_caps_are_reported(config: nbexec.SandboxConfig, azurite: Azurite) -> None:
-    from nbexec import uploads
+    from nbexec.stores import uploads
 
     result = nbexec.execute_notebook("open('/mnt/data/big.bin', 'wb').write(b'x' * 5000)\n"
                                      "open('/mnt/data/small.bin', 'wb').write(b'x')", config=config)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec import wheelinstall
+from nbexec.packages import wheelinstall
 
 from .conftest import IMAGE
 from .pyindex import Index

@@ -14,7 +14,8 @@ import pytest
 from nbformat import NotebookNode, v4
 
 import nbexec
-from nbexec import SandboxConfig, runner, widgets
+from nbexec import SandboxConfig
+from nbexec.engine import cells, widgets
 from nbexec.result import CellError
 
 from .test_cells import FakeSandbox, Framed, Script, ScriptedKernel, cell, display, stream
@@ -52,7 +53,7 @@ def run(kernel: ScriptedKernel, nb: NotebookNode, config: SandboxConfig | None =
         state: widgets.WidgetState | None = None) -> tuple[CellError | None, widgets.WidgetState]:
     state = widgets.WidgetState() if state is None else state
     config = config or FakeSandbox(kernel).config
-    error, _ = runner.run_cells(FakeSandbox(kernel), nb, config, first_index=first, widget_state=state)
+    error, _ = cells.run_cells(FakeSandbox(kernel), nb, config, first_index=first, widget_state=state)
     return error, state
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..config import SandboxConfig
-from ..result import ExecutionResult
-from ..session import SessionManager
-from ..storage import ArtifactStore
+from nbexec.config import SandboxConfig
+from nbexec.engine.session import SessionManager
+from nbexec.result import ExecutionResult
+from nbexec.stores.storage import ArtifactStore
+
 from . import tools
 from .toolcall import _outcome
 

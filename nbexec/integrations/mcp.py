@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from .. import artifacts, session
-from ..config import SandboxConfig
-from ..errors import NbexecError
-from ..result import ExecutionResult
-from ..sandbox import pool
-from ..session import Session, SessionManager
+from nbexec.config import SandboxConfig
+from nbexec.engine import session
+from nbexec.engine.session import Session, SessionManager
+from nbexec.errors import NbexecError
+from nbexec.files import artifacts
+from nbexec.result import ExecutionResult
+from nbexec.sandbox.docker import pool
+
 from . import tools
 
 log = logging.getLogger(__name__)

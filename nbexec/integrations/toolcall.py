@@ -21,14 +21,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import SandboxConfig
-from ..errors import NbexecError, SessionError
-from ..execute import execute_notebook
-from ..folders import output_root
-from ..result import ExecutionResult
-from ..sandbox.container import remove_tree
-from ..session import Session, SessionManager
-from ..storage import ArtifactStore
+from nbexec.config import SandboxConfig
+from nbexec.engine.execute import execute_notebook
+from nbexec.engine.session import Session, SessionManager
+from nbexec.errors import NbexecError, SessionError
+from nbexec.files.folders import output_root
+from nbexec.result import ExecutionResult
+from nbexec.sandbox.docker.container import remove_tree
+from nbexec.stores.storage import ArtifactStore
+
 from . import tools
 
 

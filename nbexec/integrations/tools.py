@@ -7,9 +7,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
-from ..config import SandboxConfig
-from ..outputs import clean, strip_ansi
-from ..result import ExecutionResult
+from nbexec.config import SandboxConfig
+from nbexec.notebook.outputs import clean, strip_ansi
+from nbexec.result import ExecutionResult
 
 DEFAULT_NAME = "execute_python"  # never "python": models tuned on ChatGPT's tool send that one bare strings
 DEFAULT_BUDGET = 8000

@@ -13,6 +13,6 @@
     image      the runtime image: build and describe
 """
 
-from .container import Sandbox
+from .docker.container import Sandbox
 
 __all__ = ["Sandbox"]

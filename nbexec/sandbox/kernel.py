@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ProtocolError
+from nbexec.errors import ProtocolError
+
 from . import zmtp
 from .messages import Message, parse
 
@@ -41,7 +42,7 @@ _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data",
                           "clear_output"})
-COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # handed on too: widget state is built from them (nbexec.widgets)
+COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
 
 
 @dataclass

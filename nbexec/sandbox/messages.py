@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ProtocolError
+from nbexec.errors import ProtocolError
 
 MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -1,4 +1,4 @@
-"""Where sandboxes come from: the seam between the engine (`nbexec.session`) and the places that run sandboxes.
+"""Where sandboxes come from: the seam between the engine (`nbexec.engine.session`) and the places that run sandboxes.
 
 Two protocols, and everything the engine uses of a sandbox is in them:
 
@@ -28,13 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
-from .. import artifacts, transfer
-from ..config import SandboxConfig
-from ..errors import ConfigError
-from ..folders import OutputFolder
-from ..result import File
-from . import pool
-from .container import ContainerState
+from nbexec.config import SandboxConfig
+from nbexec.errors import ConfigError
+from nbexec.files import artifacts, transfer
+from nbexec.files.folders import OutputFolder
+from nbexec.result import Connection, File
+
+from .docker import pool
+from .docker.container import ContainerState
 from .kernel import Execution, Message
 
 
@@ -87,6 +88,9 @@ class SandboxHandle(Protocol):
 
     def data_notes(self) -> tuple[list[str], bool]:
         """Notes on /mnt/data running full, and whether that stopped the sandbox."""
+
+    def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
+        """Egress connections since the last call (network="allowlist"), and notes on what was capped."""
 
 
 class SandboxSource(Protocol):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ProtocolError, SandboxError
+from nbexec.errors import ProtocolError, SandboxError
 
 # signature (0xff, 8 bytes of padding, 0x7f), version 3.0, mechanism, as-server 0, 31 bytes of filler
 GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes((3, 0)) + b"NULL".ljust(20, b"\0") + bytes(32)

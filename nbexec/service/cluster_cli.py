@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from ..config import host_from_env, parse_size
-from ..errors import ConfigError
+from nbexec.config import host_from_env, parse_size
+from nbexec.errors import ConfigError
 
 EXIT_USAGE = 2
 

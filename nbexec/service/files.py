@@ -9,9 +9,10 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
-from .. import artifacts
-from ..config import parse_size
-from ..session import Session
+from nbexec.config import parse_size
+from nbexec.engine.session import Session
+from nbexec.files import artifacts
+
 from .runs import Runs, owner
 from .schemas import FileListModel, FileModel, StoredModel
 from .tenants import RouteStore, Tenants

@@ -16,7 +16,7 @@ import logging
 import re
 from typing import Any
 
-from ..nodes import CONNECT_TIMEOUT, PROBE_TIMEOUT, READ_TIMEOUT, Capacity, Health, rank
+from nbexec.sandbox.remote.nodes import CONNECT_TIMEOUT, PROBE_TIMEOUT, READ_TIMEOUT, Capacity, Health, rank
 
 log = logging.getLogger(__name__)
 CHECK_INTERVAL = 1.0  # seconds between health checks of a node that is up

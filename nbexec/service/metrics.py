@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Summary, generate_latest
 
-from ..result import ExecutionResult
+from nbexec.result import ExecutionResult
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..config import host_from_env
-from ..sandbox import pool
+from nbexec.config import host_from_env
+from nbexec.sandbox.docker import pool
 
 
 def add_routes(app: Any, folders: Any, gate: Any, owner: Callable[..., str]) -> None:

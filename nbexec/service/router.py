@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from .. import __version__
-from ..errors import ConfigError
-from ..nodes import EventReader
+from nbexec import __version__
+from nbexec.errors import ConfigError
+from nbexec.sandbox.remote.nodes import EventReader
+
 from .fleet import Fleet
 from .gateway import OWNER_KEY, Gateway
 

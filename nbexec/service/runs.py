@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..errors import DockerError, FileTransferError, NbexecError, SessionError
+from nbexec.errors import DockerError, FileTransferError, NbexecError, SessionError
+
 from . import streaming
 from .gateway import OWNER_KEY
 from .tenants import Tenants

@@ -22,12 +22,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
-from ..config import SandboxConfig
-from ..errors import ConfigError, NbexecError, SessionError
-from ..sandbox import daemon, pool
-from ..session import Session
-from ..storage import ArtifactStore
+from nbexec import __version__
+from nbexec.config import SandboxConfig
+from nbexec.engine.session import Session
+from nbexec.errors import ConfigError, NbexecError, SessionError
+from nbexec.sandbox.docker import daemon, pool
+from nbexec.stores.storage import ArtifactStore
+
 from . import node
 from .gateway import Gateway, token_id
 from .tenants import Tenants, public

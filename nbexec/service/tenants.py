@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from ..config import SandboxConfig, host_from_env
-from ..errors import SessionNotFoundError, StorageError
-from ..result import ExecutionResult
-from ..sandbox import pool
-from ..sandbox.container import WORKDIR_PREFIX, remove_tree, work_root
-from ..session import Session, SessionManager
-from ..storage import ArtifactStore
+from nbexec.config import SandboxConfig, host_from_env
+from nbexec.engine.session import Session, SessionManager
+from nbexec.errors import SessionNotFoundError, StorageError
+from nbexec.result import ExecutionResult
+from nbexec.sandbox.docker import pool
+from nbexec.sandbox.docker.container import WORKDIR_PREFIX, remove_tree, work_root
+from nbexec.stores.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
 IO_THREADS = 2  # per token, for file and session work besides runs

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec.sandbox import datafs, pool
-from nbexec.sandbox.container import remove_stale_workdirs, work_root
+from nbexec.sandbox.docker import datafs, pool
+from nbexec.sandbox.docker.container import remove_stale_workdirs, work_root
 
 from ..conftest import IMAGE
 

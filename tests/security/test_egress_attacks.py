@@ -1,4 +1,4 @@
-"""Hostile clients of the allowlist proxy (`nbexec.proxy`), judged from the host: what the allowed server
+"""Hostile clients of the allowlist proxy (`nbexec.egress.proxy`), judged from the host: what the allowed server
 received, what the log keeps, and the proxy's own threads. The sandbox reaches the proxy's Unix socket directly,
 so each attack here talks to it raw, as code in the sandbox can."""
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from nbexec import egress, proxy
-from nbexec.proxy import Limits, Proxy
+from nbexec import egress
+from nbexec.egress import proxy
+from nbexec.egress.proxy import Limits, Proxy
 
 from ..conftest import wait_until
 from ..test_egress import Server, _ask

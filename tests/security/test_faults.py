@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec.sandbox import daemon, pool
+from nbexec.sandbox.docker import daemon, pool
 
 from ..conftest import IMAGE, own_containers, own_workdirs, wait_until
 
@@ -116,7 +116,7 @@ def test_docker_engine_restart_mid_run(cleanup_ledger: None, tmp_path: Path) -> 
     recovered = nbexec.execute_notebook("print('back')", config=config)
     assert recovered.ok and recovered.stdout == "back\n"
     pool.shutdown()
-    nbexec.sandbox.pool.wait_for_teardown()
+    nbexec.sandbox.docker.pool.wait_for_teardown()
     for name in own_containers(include_pool=True):  # sandboxes the dead engine could not remove
         daemon.connect().containers.get(name).remove(force=True)
 

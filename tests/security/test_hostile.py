@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import nbexec
-from nbexec.sandbox import daemon, pool
+from nbexec.sandbox.docker import daemon, pool
 
 from ..conftest import IMAGE, settle, wait_until
 from .hostile_cases import CASES, Case, Observed

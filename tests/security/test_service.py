@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nbexec import artifacts
 from nbexec.errors import FileTransferError
-from nbexec.sandbox import daemon
+from nbexec.files import artifacts
+from nbexec.sandbox.docker import daemon
 
 from ..azurite import free_port
 from ..conftest import CONTAINER_ID, IMAGE, children_of, container_id
@@ -96,7 +96,7 @@ def start_serve(tmp: Path, *args: str, no_auth: bool = False, env: dict[str, str
     environ.pop("NBEXEC_API_TOKENS", None)
     log = tmp / f"serve-{port}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "from nbexec.cli import main; main()", "serve", "--host",
+        proc = subprocess.Popen([sys.executable, "-c", "from nbexec.cli.main import main; main()", "serve", "--host",
                                  "127.0.0.1", "--port", str(port), *auth, *args],
                                 env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     served = Served(proc, port, log)

@@ -1,0 +1,148 @@
+"""Many notebooks and scripts, each in its own sandbox, a few at a time (the CI use of `nbexec run`)."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbexec import notebook
+from nbexec.config import SandboxConfig, host_from_env
+from nbexec.engine.execute import execute_notebook
+from nbexec.errors import ConfigError, NbexecError, NotebookError
+from nbexec.notebook import parameters
+from nbexec.result import ExecutionResult
+from nbexec.stores.storage import ArtifactStore
+
+SUFFIXES = (".py", ".ipynb")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One input's outcome: ``status`` is passed, failed (the code raised, or the input is not a notebook),
+    timeout, error (nbexec or Docker failed) or skipped (--fail-fast)."""
+
+    path: Path
+    status: str
+    duration_s: float
+    result: ExecutionResult | None = None
+    message: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+
+def discover(inputs: list[str]) -> list[Path]:
+    """Files from paths, folders (searched recursively for .py and .ipynb) and glob patterns, in order, once each."""
+    found: list[Path] = []
+    for raw in inputs:
+        if any(ch in raw for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(raw, recursive=True))
+            files = [m for m in matches if m.is_file() and m.suffix in SUFFIXES]
+            if not files:
+                raise NotebookError(f"{raw} matches no .py or .ipynb file")
+        elif Path(raw).is_dir():
+            files = sorted(p for p in Path(raw).rglob("*") if p.is_file() and p.suffix in SUFFIXES
+                           and not any(part.startswith(".") for part in p.relative_to(raw).parts)
+                           and ".ipynb_checkpoints" not in p.parts)
+            if not files:
+                raise NotebookError(f"{raw} is a folder with no .py or .ipynb file in it")
+        elif raw == "-" or Path(raw).is_file():
+            files = [Path(raw)]
+        else:
+            raise NotebookError(f"{raw} does not exist")
+        found.extend(f for f in files if f not in found)
+    return found
+
+
+def _output_dir(root: Path, path: Path, taken: set[str], lock: threading.Lock) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", "stdin" if str(path) == "-" else path.stem) or "input"
+    with lock:
+        name, n = stem, 1
+        while name in taken or (root / name).exists():
+            n += 1
+            name = f"{stem}-{n}"
+        taken.add(name)
+    return root / name
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchOptions:
+    """How to run a batch."""
+
+    jobs: int = 1
+    output_root: Path = Path("nbexec-output")
+    parameters: Mapping[str, Any] | None = None
+    fail_fast: bool = False
+    store: ArtifactStore | None = None
+    packages: tuple[str, ...] = ()  # installed before each file runs (see nbexec.packages)
+    mount_folders: bool = False  # each file's folder at /mnt/input, linked from the working folder
+
+
+def with_folder(config: SandboxConfig, path: Path) -> SandboxConfig:
+    """The config with ``path``'s folder as the read-only input folder (its entries linked from the kernel's
+    working folder), unless one is set, the input is stdin, or the folder is the home folder or / (too much to
+    show untrusted code: mount a narrower folder with --mount-input)."""
+    if config.input_dir is not None or str(path) == "-" or host_from_env().nodes:  # nodes mount no host folder
+        return config
+    folder = path.resolve().parent
+    if folder in (Path.home().resolve(), Path(folder.anchor)):
+        log.info("%s lies in %s: its folder is not mounted (use --mount-input)", path, folder)
+        return config
+    return config.replace(input_dir=str(folder), link_input=True)
+
+
+def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path) -> Item:
+    started = time.monotonic()
+    try:
+        nb = notebook.load(path)
+        parameters.inject(nb, options.parameters or {})
+        config = with_folder(config, path) if options.mount_folders else config
+        result = execute_notebook(nb, config=config, output_dir=out, store=options.store,
+                                  packages=options.packages)
+    except (NotebookError, ConfigError) as exc:  # this input is bad; the others still run
+        return Item(path, "failed", time.monotonic() - started, message=str(exc))
+    except NbexecError as exc:  # nbexec or Docker failed
+        return Item(path, "error", time.monotonic() - started, message=str(exc))
+    status = "passed" if result.ok else ("timeout" if result.error and result.error.kind == "timeout" else "failed")
+    message = "" if result.error is None else f"{result.error.ename}: {result.error.evalue}"
+    return Item(path, status, time.monotonic() - started, result, message)
+
+
+def run(paths: list[Path], config: SandboxConfig, options: BatchOptions,
+        on_event: Callable[[str, Item | Path], None] = lambda kind, item: None) -> list[Item]:
+    """Run every path; ``on_event("start", path)`` and ``on_event("done", item)`` report progress."""
+    if options.jobs < 1:
+        raise ConfigError("--jobs must be at least 1")
+    taken: set[str] = set()
+    lock = threading.Lock()
+    items: dict[Path, Item] = {}
+    stop = threading.Event()
+
+    def task(path: Path) -> Item:
+        if stop.is_set():
+            return Item(path, "skipped", 0.0, message="not run: --fail-fast after an earlier failure")
+        on_event("start", path)
+        item = _run_one(path, config, options, _output_dir(options.output_root, path, taken, lock))
+        if options.fail_fast and item.status != "passed":
+            stop.set()
+        on_event("done", item)
+        return item
+
+    with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="nbexec-batch") as workers:
+        futures: dict[Future[Item], Path] = {workers.submit(task, p): p for p in paths}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                items[futures[future]] = future.result()
+    return [items[p] for p in paths]

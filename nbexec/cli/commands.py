@@ -1,0 +1,173 @@
+"""The `nbexec` maintenance commands (image build, doctor, cleanup) and what every command shares: the exit
+codes and the one way of failing."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from nbexec import __version__
+from nbexec.config import SandboxConfig, from_env, running_as_root
+from nbexec.errors import ConfigError, NbexecError
+from nbexec.notebook.outputs import clean
+from nbexec.sandbox.docker import daemon, datafs, image
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
+EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
+missing or invalid input); 3 nbexec or Docker failure."""
+
+
+
+def fail(message: str, code: int, as_json: bool) -> None:
+    """Say what went wrong (as JSON too with --json) and exit with ``code``."""
+    if as_json:
+        click.echo(json.dumps({"ok": False, "nbexec_error": message, "exit_code": code}))
+    click.echo(f"nbexec: {clean(message)}", err=True)
+    sys.exit(code)
+
+
+
+@click.group(name="image")
+def image_group() -> None:
+    """Build and inspect the runtime image."""
+
+
+@image_group.command(name="build", epilog=EXIT_CODES)
+@click.option("--tag", default=None,
+              help="Image tag to build [default: the config's image].")
+@click.option("--base-image", help="Base image (build argument BASE_IMAGE) [default: python:3.12-slim].")
+@click.option("--debootstrap", is_flag=True,
+              help="No registry: make a Debian base with debootstrap + docker import (root), and build on it.")
+@click.option("--mirror", help="Debian mirror for --debootstrap [default: http://deb.debian.org/debian].")
+@click.option("--ca-bundle", type=click.Path(dir_okay=False, exists=True, path_type=Path), envvar="NBEXEC_CA_BUNDLE",
+              help="CA certificates for pip inside the build (a TLS-inspecting proxy or private mirror).")
+@click.option("--no-cache", is_flag=True, help="Build every layer anew.")
+def image_build(tag: str | None, base_image: str | None, debootstrap: bool, mirror: str | None,
+                ca_bundle: Path | None, no_cache: bool) -> None:
+    """Build the runtime image, showing Docker's progress."""
+    tag = tag or from_env().image
+    try:
+        if debootstrap:
+            base_image = base_image or image.DEFAULT_BASE
+            if image.exists(base_image):
+                click.echo(f"nbexec: using the existing base image {base_image}", err=True)
+            else:
+                image.make_base(base_image, mirror=mirror)
+        options = image.BuildOptions(tag=tag, base_image=base_image, ca_bundle=ca_bundle, no_cache=no_cache)
+        image_id = image.build(options, progress=lambda line: click.echo(line, err=True))
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, False)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, False)
+    click.echo(f"built {tag} ({image_id})")
+
+
+@click.command(epilog=EXIT_CODES)
+def doctor() -> None:
+    """Check that Docker answers, the image is present and which runtimes work here; print a fix for each problem."""
+    problems = 0
+    config = from_env()
+    click.echo(f"nbexec {__version__}, Python {sys.version.split()[0]}")
+    try:
+        client = daemon.connect()
+        version = client.version()
+        click.echo(f"ok   Docker engine {version.get('Version')} (API {version.get('ApiVersion')})")
+    except NbexecError as exc:
+        click.echo(f"FAIL {exc}")
+        sys.exit(EXIT_INFRA)
+    try:
+        info = image.describe(config.image)
+        click.echo(f"ok   image {config.image}: {info['id']} ({info['size_mb']} MB, built {info['created'][:19]})")
+    except NbexecError as exc:
+        problems += 1
+        click.echo(f"FAIL {exc}")
+    problems += _check_runtimes(config)
+    _check_sandbox_uid(config)
+    click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
+               "ok   /mnt/data is a filesystem of its own per sandbox (max_data bytes, max_files inodes)")
+    click.echo(f"     policy: {config!r}")
+    sys.exit(EXIT_INFRA if problems else EXIT_OK)
+
+
+def _check_runtimes(config: SandboxConfig) -> int:
+    """Start a test container with each supported runtime; a problem only when the configured one fails."""
+    from nbexec.sandbox.docker import runtimes
+
+    try:
+        click.echo(f"ok   runtimes Docker knows: {', '.join(runtimes.engine_runtimes())}")
+        checks = runtimes.check_all(config.image, config.runtime)
+    except NbexecError as exc:
+        click.echo(f"FAIL {exc}")
+        return 1
+    configured = config.runtime or runtimes.DEFAULT
+    problems = 0
+    for found in checks:
+        what = f"runtime {found.name} ({runtimes.SUPPORTED.get(found.name, 'configured')})"
+        mark = " [configured]" if found.name == configured else ""
+        if found.works:
+            click.echo(f"ok   {what}{mark} runs a test container ({found.seconds:.2f} s)")
+            continue
+        problems += found.name == configured
+        click.echo(f"{'FAIL' if found.name == configured else 'WARN'} {what}{mark} does not work here: "
+                   f"{found.reason}")
+    return problems
+
+
+def _check_sandbox_uid(config: SandboxConfig) -> None:
+    """Warn when sandboxes run as a login account: code there shares its files' ownership and per-uid limits."""
+    import pwd
+
+    if not config.user and running_as_root():
+        click.echo("ok   sandbox uid: a fresh uid per sandbox with no account (nbexec runs as root)")
+        return
+    uid = config.uid_gid()[0]
+    try:
+        account = pwd.getpwuid(uid)
+    except KeyError:
+        click.echo(f"ok   sandbox uid {uid}: no account on this host")
+        return
+    shell = os.path.basename(account.pw_shell or "")
+    if shell in ("", "nologin", "false", "sync"):
+        click.echo(f"ok   sandbox uid {uid}: account {account.pw_name} cannot log in ({account.pw_shell})")
+        return
+    where = "NBEXEC_USER / --user" if config.user else "your own uid (nbexec does not run as root)"
+    click.echo(f"WARN sandbox uid {uid} is the login account {account.pw_name} ({account.pw_shell}), from {where}: "
+               "sandboxed code shares that account's per-uid kernel limits and file ownership. Run nbexec as root "
+               "(a fresh uid per sandbox) or set NBEXEC_USER to a uid no account has.")
+
+
+
+@click.command(epilog=EXIT_CODES)
+@click.option("--all", "everything", is_flag=True, help="Also remove containers of nbexec processes still running.")
+@click.option("--older-than", metavar="AGE",
+              help="Also remove nbexec's own output and working folders (in its private folders in the temporary "
+                   "folder, never an --output-dir you chose) unchanged for longer than AGE (30m, 12h, 1d), and the "
+                   "containers that use them.")
+def cleanup(everything: bool, older_than: str | None) -> None:
+    """Remove containers and working folders nbexec left behind (found by label); with --older-than, also old
+    output folders. Without it, outputs are kept: the CLI never deletes what it handed back."""
+    from nbexec.config import parse_duration
+    from nbexec.files import folders as host_folders
+    from nbexec.sandbox.docker.container import remove_stale_workdirs, remove_tree
+
+    try:
+        old = host_folders.older_than(parse_duration(older_than)) if older_than is not None else []
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, False)
+    try:
+        removed = daemon.cleanup(daemon.connect(), everything=everything, mounting=old)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, False)
+    for path in old:
+        remove_tree(path)
+    folders = old + remove_stale_workdirs()
+    for item in removed:
+        click.echo(f"removed container {item.name} ({item.id}, {item.role or 'unknown role'}, owner {item.owner})")
+    for folder in folders:
+        click.echo(f"removed folder {folder}")
+    click.echo(f"{len(removed)} containers and {len(folders)} folders removed")
+

@@ -1,0 +1,376 @@
+"""The `nbexec` command. Exit codes: 0 success, 1 the code raised or timed out, 2 usage error, 3 nbexec failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nbexec import __version__
+from nbexec.config import SandboxConfig, describe, from_env
+from nbexec.errors import ConfigError, NbexecError, NotebookError
+from nbexec.notebook.outputs import clean
+from nbexec.stores.storage import from_env as store_from_env
+
+from . import commands, render, terminal
+from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
+
+# Config fields offered as options, each with its help text taken from SandboxConfig.
+_OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "max_output", "max_data",
+                  "tmp_size", "user", "runtime")
+
+
+def sandbox_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one option per SandboxConfig field (defaults come from the config, never re-declared)."""
+    fields = {f.name: f for f in dataclasses.fields(SandboxConfig)}
+    for name in reversed(_OPTION_FIELDS):
+        flag = "--" + name.replace("_", "-")
+        kind = str(fields[name].type)
+        default = fields[name].default
+        help_text = describe(name) + (f" [default: {default}]" if default is not None else "")
+        if kind.startswith("bool"):  # network: the switch here, allowlist through --allow-host
+            func = click.option(f"{flag}/--no-{name.replace('_', '-')}", name, default=None, help=help_text)(func)
+        else:
+            click_type = {"int": int, "float": float}.get(kind.split(" ")[0], str)
+            func = click.option(flag, name, type=click_type, default=None, help=help_text)(func)
+    func = click.option("--allow-host", "allowed_hosts", multiple=True, metavar="HOST[:PORT]",
+                        help=describe("allowed_hosts") + " Repeatable; turns network allowlist on.")(func)
+    func = click.option("--env", "env_names", multiple=True, metavar="NAME",
+                        help="Pass the host variable NAME into the sandbox (repeatable); none is passed otherwise.",
+                        )(func)
+    return func
+
+
+def build_config(values: dict[str, Any], **fixed: Any) -> SandboxConfig:
+    """The config from NBEXEC_* and the command line (the command line wins)."""
+    overrides = {name: values.pop(name) for name in _OPTION_FIELDS if name in values}
+    allowed_hosts = values.pop("allowed_hosts", ())
+    if allowed_hosts:
+        overrides["allowed_hosts"] = tuple(allowed_hosts)
+        overrides["network"] = "allowlist" if overrides.get("network") is None else overrides["network"]
+    env_names = values.pop("env_names", ())
+    missing = [n for n in env_names if n not in os.environ]
+    if missing:
+        raise click.UsageError(f"--env names variables that are not set: {', '.join(missing)}")
+    config = from_env(**overrides, **fixed)
+    if env_names:
+        config = config.replace(env={**config.env, **{n: os.environ[n] for n in env_names}})
+    return config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="nbexec")
+@click.option("-v", "--verbose", count=True, help="Log what nbexec does (-vv for debug).")
+def main(verbose: int) -> None:
+    """Run untrusted Python as a notebook in a throwaway, locked-down Docker sandbox."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="nbexec: %(message)s", stream=sys.stderr)
+    from . import envfile  # .env of the current folder, under the real environment (commands and services alike)
+
+    try:
+        envfile.load()
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("inputs", nargs=-1, required=True, metavar="FILE...")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print only what the code prints and its errors (no file list, progress or summary table).")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="One file: where data/, images/ and the notebook go [default: ./nbexec-output/<name>-<id>]. "
+                   "Several: the folder that gets one sub-folder per file [default: ./nbexec-output].")
+@click.option("--save-notebook", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also copy the executed notebook here (one file only).")
+@click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
+              help="Where files and images go: kept locally (file:// links) or uploaded to Azure Blob Storage "
+                   "(read-only SAS links; AZURE_* variables, see .env.example).")
+@click.option("--upload", type=click.Choice(["azure"]), help="Same as --store azure.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Files run at once, each in its own sandbox.")
+@click.option("-p", "--parameter", "parameter_pairs", nargs=2, multiple=True, metavar="NAME VALUE",
+              help="Inject NAME = VALUE (a Python/YAML literal) after the cell tagged `parameters` (repeatable).")
+@click.option("--parameters-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="YAML mapping of parameters (the -p values win).")
+@click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
+@click.option("--html-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write an HTML render of each executed notebook (images embedded).")
+@click.option("--fail-fast", is_flag=True, help="Start no new file after the first failure.")
+@click.option("--package", "package_names", multiple=True, metavar="REQUIREMENT",
+              help="Install this package before the code runs (repeatable; e.g. tabulate, 'pyarrow==17.*'): fetched "
+                   "as a wheel on the host under the package policy, installed offline in the sandbox.")
+@click.option("--mount-input", "input_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Mount this host folder read-only at /mnt/input (instead of each file's own folder).")
+@click.option("--mount-folder/--no-mount-folder", default=True, show_default=True,
+              help="Mount each file's folder read-only at /mnt/input and link its entries into the working "
+                   "folder, so `open('data.csv')` reads the file next to the notebook (never the home folder or /).")
+@sandbox_options
+def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | None, save_notebook: Path | None,
+        store: str, upload: str | None, jobs: int, parameter_pairs: tuple[tuple[str, str], ...],
+        parameters_file: Path | None, junit_xml: Path | None, html_dir: Path | None, fail_fast: bool,
+        package_names: tuple[str, ...], input_dir: Path | None, mount_folder: bool, **options: Any) -> None:
+    """Run FILE... (.py with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each in a fresh
+    sandbox. One file streams what its notebook shows; several print progress, a summary table and the
+    tracebacks of the files that failed."""
+    from nbexec.notebook import parameters
+
+    from . import batch
+
+    shown = _Shown(as_json=as_json, quiet=quiet, painter=terminal.Painter())
+    try:
+        single = len(inputs) == 1 and not Path(inputs[0]).is_dir() and not any(c in inputs[0] for c in "*?[") \
+            and not (junit_xml or html_dir or fail_fast)
+        values = parameters.load_file(parameters_file) if parameters_file else {}
+        values.update({name: parameters.parse_value(raw) for name, raw in parameter_pairs})
+        parameters.validate(values)
+        fixed: dict[str, Any] = {"pool_size": 0 if single or jobs == 1 else min(jobs, 4)}
+        if input_dir:
+            fixed["input_dir"] = str(input_dir)
+        config = build_config(options, **fixed)
+        artifact_store = store_from_env(upload or store)
+        paths = batch.discover(list(inputs))
+        if hasattr(artifact_store, "check"):  # reach the store before any code runs (missing extra, bad key)
+            artifact_store.check()
+    except (NotebookError, ConfigError) as exc:
+        fail(str(exc), EXIT_USAGE, as_json)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, as_json)
+    options_ = batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"), parameters=values,
+                                  fail_fast=fail_fast, store=artifact_store, mount_folders=mount_folder,
+                                  packages=package_names)
+    if single:
+        _run_single(paths[0], config, options_, output_dir, save_notebook, shown)
+    _run_batch(paths, config, options_, junit_xml, html_dir, shown)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Shown:
+    """How a run shows itself: one JSON object, or text (streamed; quiet: the code's output and errors only)."""
+
+    as_json: bool
+    quiet: bool
+    painter: terminal.Painter
+
+
+def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Path | None,
+                save_notebook: Path | None, shown: _Shown) -> None:
+    from nbexec.engine.execute import execute_notebook
+    from nbexec.notebook import load
+    from nbexec.notebook.parameters import inject
+
+    from .batch import with_folder
+
+    live = None if shown.as_json else terminal.Live(shown.painter)
+    try:
+        nb = inject(load(path), options.parameters)
+        if output_dir is None:
+            stem = "stdin" if str(path) == "-" else path.stem
+            output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"
+        config = with_folder(config, path) if options.mount_folders else config
+        result = execute_notebook(nb, config=config, output_dir=output_dir, store=options.store, on_output=live,
+                                  packages=options.packages)
+        if save_notebook is not None and result.notebook_path:
+            shutil.copyfile(result.notebook_path, save_notebook)
+    except (NotebookError, ConfigError) as exc:
+        fail(str(exc), EXIT_USAGE, shown.as_json)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, shown.as_json)
+    except Exception as exc:  # a bug or an OS failure in nbexec: still one answer, never a bare traceback
+        logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
+        fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc} (run with -vv for the traceback)",
+             EXIT_INFRA, shown.as_json)
+    if live is None:
+        click.echo(json_text(result.to_json()))
+    else:
+        live.finish()
+        notes = [] if shown.quiet else render.summary_lines(result, images=True)
+        if notes:
+            click.echo("\n".join(notes))
+        if result.error is not None:
+            shown.painter.echo(shown.painter.style(render.error_text(result), fg="red"), err=True)
+        if result.node and not shown.quiet:
+            shown.painter.echo(shown.painter.style(f"node: {result.node}", dim=True), err=True)
+        if not shown.quiet:
+            shown.painter.echo(shown.painter.style(f"notebook: {result.notebook_path}", dim=True), err=True)
+    sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
+
+
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def json_text(text: str) -> str:
+    """JSON with every character a terminal could act on (DEL, C1) or no encoder accepts (lone surrogates)
+    written as a \\u escape; json.dumps escapes C0 itself. The value read back is unchanged."""
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml: Path | None,
+               html_dir: Path | None, shown: _Shown) -> None:
+    from . import batch, reports
+
+    progress = terminal.Progress(len(paths), live=sys.stderr.isatty() and not shown.as_json, quiet=shown.quiet,
+                                 painter=shown.painter)
+    try:
+        items = batch.run(paths, config, options, on_event=progress.event)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, shown.as_json)
+    except Exception as exc:  # as in _run_single: one answer, exit 3
+        logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
+        fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc}", EXIT_INFRA, shown.as_json)
+    progress.close()
+    if junit_xml:
+        reports.junit_xml(items, junit_xml)
+    if html_dir:
+        reports.html(items, html_dir)
+    failed = any(i.status != "passed" for i in items)
+    if shown.as_json:
+        click.echo(json_text(json.dumps({"ok": not failed, "results": [
+            {"file": i.name, "status": i.status, "duration_s": round(i.duration_s, 3), "message": i.message,
+             "result": i.result.to_dict() if i.result else None} for i in items]}, ensure_ascii=False)))
+    else:
+        _show_failures(items, shown.painter)
+        table = reports.summary(items, style=shown.painter.status)
+        click.echo(table.splitlines()[-1] if shown.quiet else table, color=shown.painter.out or None)
+    if any(i.status == "error" for i in items):
+        sys.exit(EXIT_INFRA)
+    sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _show_failures(items: list[Any], painter: terminal.Painter) -> None:
+    """The traceback (or message) of each file that did not pass, on stderr, before the summary."""
+    for item in items:
+        if item.status in ("passed", "skipped"):
+            continue
+        text = render.error_text(item.result) if item.result is not None else clean(item.message)
+        painter.echo(painter.style(f"--- {clean(item.name)}: {item.status.upper()} ---", bold=True), err=True)
+        painter.echo(painter.style(text or item.status, fg="red"), err=True)
+
+
+@main.command(name="mcp", epilog=EXIT_CODES)
+@click.option("--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Bind address for streamable HTTP; a non-loopback address needs bearer tokens.")
+@click.option("--port", type=int, default=8765, show_default=True, help="Port for streamable HTTP.")
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="File with accepted bearer tokens for streamable HTTP, one per line (also NBEXEC_API_TOKENS, "
+                   "comma-separated).")
+@click.option("--max-sessions", type=int, default=16, show_default=True, help="Clients served at once.")
+@sandbox_options
+def mcp_command(transport: str, host: str, port: int, token_file: Path | None, max_sessions: int,
+                **options: Any) -> None:
+    """Serve the execute_python tool over MCP (stdio by default); state is kept per client session."""
+    tokens = _tokens(token_file)
+    if transport == "streamable-http" and not tokens and not _loopback(host):
+        fail(f"--host {host} is not a loopback address: give bearer tokens with --token-file or "
+              "NBEXEC_API_TOKENS (or bind 127.0.0.1)", EXIT_USAGE, False)
+    try:
+        from nbexec.integrations import mcp as mcp_server
+
+        config = build_config(options)
+        server, clients = mcp_server.build(config, max_sessions=max_sessions)
+    except ImportError as exc:
+        fail(str(exc), EXIT_USAGE, False)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, False)
+    mcp_server.serve(server, clients, transport=transport, host=host, port=port, tokens=tokens,
+                     max_sessions=max_sessions)
+
+
+def _tokens(token_file: Path | None) -> tuple[bytes, ...]:
+    """Bearer tokens from NBEXEC_API_TOKENS and a token file, as bytes (what is compared on the wire)."""
+    tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
+    if token_file:
+        tokens += [line.strip() for line in token_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tuple(t.encode("utf-8") for t in tokens)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@main.command(epilog=EXIT_CODES)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="File with accepted bearer tokens, one per line (also NBEXEC_API_TOKENS, comma-separated).")
+@click.option("--no-auth", is_flag=True, help="Accept requests without a token (only with a loopback --host).")
+@click.option("--max-sessions-per-token", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--max-running-per-token", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--max-body", default="16m", show_default=True, help="Largest request body.")
+@click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
+              help="Where produced files go (azure: read-only SAS links).")
+@click.option("--result-ttl", type=click.FloatRange(min=0, min_open=True), default=15 * 60.0, show_default=True,
+              help="Seconds a one-shot result's files stay downloadable before they are deleted.")
+@click.option("--node-name", help="This node's name in results and on its containers (NBEXEC_NODE_NAME; default: "
+              "the hostname). Unique per node sharing an engine, kept across restarts.")
+@click.option("--nodes", help="Run as a router in front of these nodes (comma-separated base URLs); they are called "
+              "with NBEXEC_NODE_TOKEN.")
+@sandbox_options
+def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
+          max_running_per_token: int, max_body: str, store: str, result_ttl: float, node_name: str | None,
+          nodes: str | None, **options: Any) -> None:
+    """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /v1/capacity, /healthz, /readyz,
+    /metrics): as a node on this Docker engine, or with --nodes as a router in front of nodes."""
+    import ipaddress
+
+    if node_name:
+        os.environ["NBEXEC_NODE_NAME"] = node_name  # read wherever the node's name is needed (labels, results)
+    if nodes:
+        from nbexec.service.cluster_cli import serve_router
+
+        serve_router(host, port, nodes, _tokens(token_file), max_body)
+        return
+    try:
+        import uvicorn
+
+        from nbexec.service import server
+    except ImportError as exc:
+        fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
+    tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
+    if token_file:
+        tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()]
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if no_auth and not loopback:
+        fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
+    if no_auth:
+        click.echo("nbexec: WARNING: authentication is OFF; anyone who can reach "
+                   f"{host}:{port} can run code", err=True)
+    try:
+        from nbexec.config import parse_size
+
+        settings = server.ServerSettings(
+            config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=store_from_env(store),
+            max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
+            max_running_per_token=max_running_per_token, result_ttl=result_ttl)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, False)
+    # On SIGTERM/SIGINT, requests get a few seconds to finish; then the app's shutdown interrupts and closes
+    # every run and removes its folders (uvicorn re-raises SIGTERM afterwards: no atexit handler runs).
+    uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False,
+                timeout_graceful_shutdown=3)
+
+
+
+for _command in (commands.image_group, commands.doctor, commands.cleanup):
+    main.add_command(_command)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

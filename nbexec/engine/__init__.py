@@ -1,0 +1,13 @@
+"""The one engine: a Session drives a sandbox through the seam and builds every result.
+
+    session   Session: the only code that runs cells and builds results (local or any other source)
+    execute   execute_notebook(): a throwaway Session, as nbclient's execute() wraps NotebookClient
+    cells     the cell loop (tags, deadlines, failures) and kernel messages turned into outputs within budget
+    widgets   widget models from the kernel's comm messages, within the budget, saved in the notebook (pure)
+    collect   what a run left turned into one ExecutionResult: images, /mnt/data, uploads, links
+    manager   SessionManager: sessions by id, with a cap
+    reaper    idle sessions closed after their TTL; every live one closed at exit
+
+May import: nbexec's values (config, errors, result), notebook, files, stores, packages, sandbox (the seam and its
+sources). Nothing below imports the engine.
+"""

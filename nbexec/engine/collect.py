@@ -1,0 +1,100 @@
+"""Turn what a run left into its ExecutionResult, once: images saved and the files of /mnt/data copied into the
+output folder, both handed to the artifact store, the text views written with their links, then one result.
+
+Two steps, so a one-shot can hand its sandbox back between them: `gather` reads the sandbox (through its
+methods only, see `sandbox.source.SandboxHandle`) and writes the output folder; `result` stores and builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+from nbformat import NotebookNode
+
+from nbexec import notebook, packages
+from nbexec.files import artifacts, transfer
+from nbexec.files.folders import OutputFolder
+from nbexec.notebook import links, outputs
+from nbexec.result import CellError, Connection, ExecutionResult, File, Image, Package, SkippedFile
+from nbexec.sandbox.source import SandboxHandle
+from nbexec.stores import uploads
+from nbexec.stores.storage import ArtifactStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run of cells, as the engine saw it."""
+
+    execution_id: str
+    first_cell: int  # the result covers the cells from here on
+    error: CellError | None
+    dropped: int  # output bytes dropped past the budget
+    started: float  # time.monotonic() when the call began
+    timings: dict[str, float]
+    packages: tuple[Package, ...] = ()  # what the run asked for and what became of it (nbexec.packages)
+    notes: tuple[str, ...] = ()  # what the run itself has to say (widget state not saved, ...)
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What the output folder holds after a run, before anything is stored."""
+
+    outputs: tuple[dict[str, object], ...]
+    images: list[Image]
+    files: list[File]
+    skipped: list[SkippedFile]
+    notes: list[str]
+    error: CellError | None
+    notebook_path: str
+    connections: tuple[Connection, ...] = ()  # network="allowlist": the proxy's log for this run
+
+
+def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFolder, *, notebook_name: str,
+           known: artifacts.Known | None = None) -> Gathered:
+    """Save the run's images, copy /mnt/data to ``folder``/data (``known``: a session's memory of earlier copies),
+    and write the notebook as ``notebook_name`` (replaced atomically), all through the folder's descriptor."""
+    flat = outputs.flatten(nb, run.first_cell)
+    images = transfer.save_images(list(outputs.images(flat)), folder)
+    cap, config = sandbox.config.max_data_bytes, sandbox.config
+    with folder.child("data") as target:
+        found = sandbox.snapshot(target, artifacts.Limits(max_file=cap, max_total=cap, max_files=config.max_files),
+                                 known)
+    notes, stopped = sandbox.data_notes()
+    error = _as_limit(run.error, stopped, notes)
+    connections, traffic_notes = sandbox.take_connections()
+    # nbexec's own links to the input folder are not files the code left behind
+    ours: frozenset[str] = getattr(sandbox, "input_links", frozenset())
+    skipped = [s for s in found.skipped if s.name not in ours or "link" not in s.reason]
+    path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
+    return Gathered(tuple(flat), images, found.files, skipped, notes + found.notes + traffic_notes, error,
+                    str(path), connections)
+
+
+def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder, store: ArtifactStore, *,
+           already: MutableMapping[str, str] | None = None) -> ExecutionResult:
+    """Store the files and images (``already``: a session's memory of what was stored), rewrite the links in
+    the text views, and build the result."""
+    stored = uploads.store_all(gathered.files, gathered.images, store, execution_id=run.execution_id,
+                               data_dir=folder.path / "data", already=already)
+    urls = {f.name: f.url for f in stored.files if f.url}
+    view = outputs.views(gathered.outputs)
+    duration = time.monotonic() - run.started
+    return ExecutionResult(
+        ok=gathered.error is None, execution_id=run.execution_id, stdout=links.rewrite(view.stdout, urls),
+        stderr=links.rewrite(view.stderr, urls), text=links.rewrite(view.text, urls), error=gathered.error,
+        outputs=gathered.outputs, images=stored.images, files=stored.files, skipped_files=tuple(gathered.skipped),
+        notebook=nb, notebook_path=gathered.notebook_path, output_dir=str(folder.path), duration_s=duration,
+        timings={**run.timings, "total_s": duration}, truncated_bytes=run.dropped, uploads=stored.uploads,
+        notes=tuple(gathered.notes + list(run.notes) + packages.notes(run.packages)), packages=run.packages,
+        connections=gathered.connections)
+
+
+def _as_limit(error: CellError | None, stopped: bool, notes: list[str]) -> CellError | None:
+    """The cell's error as a "limit" error when it came from the full /mnt/data (ENOSPC inside, or the sampled
+    fallback that stopped the sandbox)."""
+    if error is None or not notes or not (stopped or (error.kind == "exception" and "No space left" in error.evalue)):
+        return error
+    return dataclasses.replace(error, kind="limit", evalue=f"{error.evalue} ({notes[0]})")

@@ -1,0 +1,57 @@
+"""execute_notebook(): code or a notebook in, an ExecutionResult out, through a throwaway session (see `session`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nbexec import notebook
+from nbexec.config import SandboxConfig, from_env
+from nbexec.result import ExecutionResult
+from nbexec.stores.storage import ArtifactStore
+
+from .cells import OutputCallback
+from .session import Session
+
+
+def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
+                     output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None,
+                     store: ArtifactStore | None = None, files: Mapping[str, bytes] | None = None,
+                     packages: Sequence[str] = (), **overrides: Any) -> ExecutionResult:
+    """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
+
+    ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
+    change single fields for this call. The files the code left in /mnt/data (a filesystem of max_data bytes
+    that goes with the sandbox) are copied to ``<output_dir>/data``; images go to ``<output_dir>/images`` and
+    the executed notebook next to them.
+    ``files`` ({name: bytes}) are put into /mnt/data before the code runs (and are listed in the result).
+    ``store`` receives every file and image (default: a LocalStore, whose URLs are file:// URLs of the
+    files where they lie); links to them replace `sandbox:/mnt/data/...` references in the text views.
+    ``packages`` (requirements such as "tabulate" or "pyarrow==17.*") are fetched on the host and installed
+    offline before the code runs, as the code's own ``%pip install`` lines are (see `nbexec.packages`).
+    With NBEXEC_NODES set, the same call runs on a remote node (see `nbexec.sandbox.remote.remote`).
+    Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
+    """
+    from nbexec.sandbox.remote import remote
+
+    if remote.enabled():
+        return remote.execute(source, config=config, output_dir=output_dir, on_output=on_output, store=store,
+                              files=files, packages=packages, **overrides)
+    nb = notebook.coerce(source)
+    config = (config or from_env()).replace(**overrides)
+    session = Session(config, output_dir=None if output_dir is None else os.fspath(output_dir), ttl=None,
+                      store=store, one_shot=True)
+    try:
+        session.start()
+        for name, content in (files or {}).items():
+            session.upload(content, name)
+        return session.run_notebook(nb, on_output=on_output, packages=packages)
+    finally:
+        session.close()
+
+
+async def execute_notebook_async(source: Any, **options: Any) -> ExecutionResult:
+    """execute_notebook() for asyncio code: the same call, run in a worker thread."""
+    return await asyncio.to_thread(execute_notebook, source, **options)

@@ -1,0 +1,73 @@
+"""Sessions by id, for a server with many chats: create, get, close, and a cap on live sessions."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import SessionLimitError, SessionNotFoundError
+
+from .session import DEFAULT_TTL, Session
+
+
+class SessionManager:
+    """Sessions by id for a server with many chats: create, get, close, a cap on live sessions. Thread-safe."""
+
+    def __init__(self, config: SandboxConfig | None = None, *, max_sessions: int = 32,
+                 ttl: float | None = DEFAULT_TTL, keep_files: bool = True) -> None:
+        self.config = config
+        self.max_sessions = max_sessions
+        self.ttl = ttl
+        self.keep_files = keep_files  # False: a session's output folder is deleted when it closes
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def _prune_locked(self) -> None:
+        for key in [k for k, s in self._sessions.items() if s.status == "closed"]:
+            del self._sessions[key]
+
+    def create(self, *, session_id: str | None = None, **session_options: Any) -> Session:
+        """A new session (started lazily), or SessionLimitError when ``max_sessions`` are live."""
+        with self._lock:
+            self._prune_locked()
+            if len(self._sessions) >= self.max_sessions:
+                raise SessionLimitError(
+                    f"{len(self._sessions)} sessions are live, the cap is {self.max_sessions}; close one "
+                    "(or wait for idle ones to be reaped) before creating another.")
+            if session_id is not None and session_id in self._sessions:
+                raise SessionLimitError(f"a session with id {session_id!r} already exists")
+            session_options.setdefault("keep_files", self.keep_files)
+            session = Session(self.config, ttl=self.ttl, session_id=session_id, **session_options)
+            self._sessions[session.id] = session
+            return session
+
+    def get(self, session_id: str) -> Session:
+        with self._lock:
+            self._prune_locked()
+            try:
+                return self._sessions[session_id]
+            except KeyError:
+                raise SessionNotFoundError(f"no session with id {session_id!r} (closed, reaped or never made)") \
+                    from None
+
+    def close(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise SessionNotFoundError(f"no session with id {session_id!r}")
+        session.close()
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            self._prune_locked()
+            return list(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self.ids())
+
+    def close_all(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()

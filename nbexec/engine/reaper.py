@@ -1,0 +1,111 @@
+"""What local and remote sessions share: their config, whether a call holds one, their status word; and the
+reaper: idle sessions closed after their TTL by one background thread, every live one closed at interpreter exit.
+
+A session registers when it starts and is forgotten when it closes; nothing here keeps one alive (a weak set).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from typing import Protocol
+
+from nbexec.config import SandboxConfig, from_env
+
+log = logging.getLogger(__name__)
+
+
+class SessionBase:
+    """The parts of a session that do not depend on where its sandbox runs."""
+
+    _config: SandboxConfig | None
+    _closed: bool
+    _lock: threading.RLock
+
+    @property
+    def config(self) -> SandboxConfig:
+        if self._config is None:
+            self._config = from_env()
+        return self._config
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call holds the session now (running code, moving files)."""
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
+
+    def _status(self, *, dead: bool, started: bool) -> str:
+        if self._closed:
+            return "closed"
+        if dead:
+            return "dead"
+        if not started:
+            return "new"
+        return "busy" if self.busy else "ready"
+
+
+class Reapable(Protocol):
+    id: str
+    ttl: float | None
+    last_activity: float  # time.monotonic() of the last call
+
+    @property
+    def busy(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+_live: weakref.WeakSet[Reapable] = weakref.WeakSet()
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_wake = threading.Event()
+
+
+def register(session: Reapable) -> None:
+    """Watch ``session`` (started now) until it closes."""
+    global _thread
+    _live.add(session)
+    _wake.set()  # the reaper recomputes its interval from the shortest TTL
+    with _lock:
+        if _thread is None:
+            atexit.register(close_all)
+            _thread = threading.Thread(target=_reap_forever, name="nbexec-session-reaper", daemon=True)
+            _thread.start()
+
+
+def forget(session: Reapable) -> None:
+    _live.discard(session)
+
+
+def reap(now: float | None = None) -> list[str]:
+    """Close sessions idle for longer than their TTL; return their ids."""
+    now = time.monotonic() if now is None else now
+    reaped = []
+    for session in list(_live):
+        if session.ttl and now - session.last_activity > session.ttl and not session.busy:
+            log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
+            session.close()
+            reaped.append(session.id)
+    return reaped
+
+
+def _reap_forever() -> None:
+    while True:
+        ttls = [s.ttl for s in list(_live) if s.ttl]
+        _wake.wait(max(0.2, min([t / 4 for t in ttls] + [30.0])))
+        _wake.clear()
+        with contextlib.suppress(Exception):
+            reap()
+
+
+def close_all() -> None:
+    """Close every live session (runs at interpreter exit)."""
+    for session in list(_live):
+        with contextlib.suppress(Exception):
+            session.close()

@@ -1,0 +1,349 @@
+"""Stateful sessions: one kernel kept across runs, its notebook growing cell by cell, /mnt/data kept for its life.
+
+A Session is used by one caller at a time (its methods take a lock). Idle sessions are closed after their TTL
+by one background reaper; every live session is closed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nbformat import NotebookNode
+
+from nbexec import notebook
+from nbexec import packages as installs
+from nbexec.config import SandboxConfig
+from nbexec.errors import FileTransferError, SessionClosedError, SessionDeadError
+from nbexec.files import artifacts, folders, transfer
+from nbexec.result import ExecutionResult, File, Package
+from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
+from nbexec.stores.storage import ArtifactStore, LocalStore
+
+from . import cells, collect, reaper, widgets
+from .cells import OutputCallback
+from .reaper import close_all, reap
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 20 * 60.0
+
+
+class Session(reaper.SessionBase):
+    """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
+
+    Starts on first use or on ``start()``. Its output folder is opened once and written only through that
+    descriptor; with ``keep_files=False``, ``close()`` also deletes it (services that have delivered the results).
+    ``one_shot=True`` makes the throwaway session behind execute_notebook(): its sandbox comes warm from the
+    pool, its one run freezes the sandbox before the files are collected (one moment) and hands it back as soon
+    as they are copied, and the session is closed with the result."""
+
+    def __new__(cls, *args: Any, **options: Any) -> Any:
+        """With NBEXEC_NODES set, ``Session(...)`` is a RemoteSession on a node (the same surface)."""
+        from nbexec.sandbox.remote import remote
+
+        if cls is Session and remote.enabled():
+            from nbexec.sandbox.remote.remote_session import RemoteSession
+
+            return RemoteSession(*args, **options)
+        return super().__new__(cls)
+
+    def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
+                 ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
+                 store: ArtifactStore | None = None, keep_files: bool = True, one_shot: bool = False) -> None:
+        self.id = session_id or (uuid.uuid4().hex[:16] if one_shot else uuid.uuid4().hex)
+        self._config = config
+        self._requested_dir = output_dir
+        self.ttl = ttl
+        self.keep_files = keep_files
+        self.one_shot = one_shot
+        self.output_dir: Path | None = None
+        self._folder: folders.OutputFolder | None = None
+        self.notebook: NotebookNode = notebook.empty()
+        self.created_at = time.time()
+        self.last_activity = time.monotonic()
+        self._sandbox: SandboxHandle | None = None
+        self._start_s: float | None = None  # how long start() took, reported by the first run
+        self._dead_reason: str | None = None
+        self._closed = False
+        self._lock = threading.RLock()
+        self.store: ArtifactStore = store if store is not None else LocalStore()
+        self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
+        self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
+        self._displays: cells.Displays = {}  # display ids of every run, so an update reaches earlier cells
+        self._widgets = widgets.WidgetState()  # widget models of every run, so an update reaches earlier ones
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    @property
+    def status(self) -> str:
+        """new, ready, busy, dead or closed."""
+        return self._status(dead=bool(self._dead_reason), started=self._sandbox is not None)
+
+    def start(self) -> Session:
+        """Start the sandbox now (otherwise the first run starts it)."""
+        with self._lock:
+            self._check_usable()
+            if self._sandbox is None:
+                started = time.monotonic()
+                if self.output_dir is None:
+                    name = self.id if self.one_shot else f"session-{uuid.uuid4().hex}"
+                    self.output_dir = folders.output_dir(self._requested_dir, name)
+                    self._folder = folders.OutputFolder.open(self.output_dir)
+                try:
+                    self._sandbox = self._source().acquire(self.config,
+                                                           purpose="oneshot" if self.one_shot else "session")
+                except BaseException:
+                    if self.one_shot and self._requested_dir is None:
+                        self._close_folder(remove=True)
+                    raise
+                self._start_s = time.monotonic() - started
+                if not self.one_shot:
+                    reaper.register(self)
+            return self
+
+    def _source(self) -> SandboxSource:
+        return for_config(self.config)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
+        if self._dead_reason:
+            raise SessionDeadError(
+                f"Session {self.id} is dead: {self._dead_reason} Call restart() for a fresh kernel "
+                "(files in /mnt/data are kept), or start a new session.")
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sandbox. Idempotent; files under ``output_dir`` stay unless ``keep_files`` is False."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sandbox, self._sandbox = self._sandbox, None
+        reaper.forget(self)
+        if sandbox is not None:
+            self._source().release(sandbox, wait=True)
+        self._close_folder(remove=not self.keep_files)
+
+    def _close_folder(self, *, remove: bool) -> None:
+        folder, self._folder = self._folder, None
+        if folder is None:
+            return
+        if remove:
+            if folder.still_at_path():
+                remove_tree(folder.path)
+            else:
+                log.warning("not deleting %s: it was moved or replaced since the session made it", folder.path)
+        folder.close()
+
+    def restart(self) -> None:
+        """Replace the kernel with a fresh one (variables are lost, /mnt/data is kept); revives a dead session."""
+        with self._lock:
+            if self._closed:
+                raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
+            sandbox, self._sandbox = self._sandbox, None
+            if sandbox is not None:
+                try:
+                    kept = self._copy_out(sandbox)  # its filesystem outlives a dead kernel until destroy
+                finally:
+                    self._source().release(sandbox, wait=True)
+            self._dead_reason = None
+            self.start()
+            if sandbox is not None:
+                self._copy_in(kept)
+
+    def _copy_out(self, sandbox: SandboxHandle) -> list[File]:
+        assert self._folder is not None
+        cap = self.config.max_data_bytes
+        limits = artifacts.Limits(max_file=cap, max_total=cap, max_files=self.config.max_files)
+        with self._folder.child("data") as target:
+            return sandbox.snapshot(target, limits, self._copied).files
+
+    def _copy_in(self, files: list[File]) -> None:
+        """Put the host copies of a previous sandbox's files into the new /mnt/data."""
+        sandbox = self._sandbox
+        assert sandbox is not None
+        for item in files:
+            with open(item.path, "rb") as handle:  # a private host folder nbexec made (0700)
+                sandbox.put_file(item.name, handle)
+        self._copied.clear()  # the new filesystem's files are new: copy them again after the next run
+
+    def interrupt(self) -> None:
+        """Interrupt the running cell (safe to call from another thread)."""
+        sandbox = self._sandbox
+        if sandbox is not None:
+            sandbox.interrupt()
+
+    # -- running code -------------------------------------------------------------------------------
+
+    def install(self, *requirements: str) -> tuple[Package, ...]:
+        """Fetch ``requirements`` on the host and install them in the sandbox now (see `nbexec.packages`);
+        what became of each is returned (and kept in the notebook's metadata). Refusals are data, not errors."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            with installs.prepared(self._sandbox, self.notebook, self.config, requested=requirements,
+                                   first_index=len(self.notebook.cells)) as records:
+                pass
+            self.last_activity = time.monotonic()
+            return tuple(records)
+
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputCallback | None = None,
+            packages: Sequence[str] = ()) -> ExecutionResult:
+        """Run ``code`` as a new cell of the session's notebook and return that cell's result (``packages`` are
+        installed first, as `install` does; the cell's own pip lines are served the same way)."""
+        return self.run_notebook(notebook.build(code), timeout=timeout, on_output=on_output, packages=packages)
+
+    def run_notebook(self, nb: NotebookNode, *, timeout: float | None = None,
+                     on_output: OutputCallback | None = None, packages: Sequence[str] = ()) -> ExecutionResult:
+        """Run the code cells of ``nb`` as new cells of the session's notebook, until the first failure, and
+        return their result. The session's first run takes ``nb`` whole (its metadata too). ``packages`` and
+        the cells' pip lines are provided first (see `nbexec.packages`)."""
+        started = time.monotonic()
+        with self._lock:
+            self.start()
+            sandbox = self._sandbox
+            assert sandbox is not None and self._folder is not None
+            self.last_activity = time.monotonic()
+            index = len(self.notebook.cells)
+            if index == 0:
+                self.notebook = nb
+                if sandbox.language_info:
+                    nb.metadata["language_info"] = sandbox.language_info
+            else:
+                taken = {c.get("id") for c in self.notebook.cells}
+                for cell in nb.cells:  # the same notebook run twice: cell ids stay unique
+                    if cell.get("id") in taken:
+                        cell["id"] = uuid.uuid4().hex[:8]
+                self.notebook.cells.extend(nb.cells)
+            with installs.prepared(sandbox, self.notebook, self.config, requested=packages,
+                                   first_index=index) as installed:
+                run = self._run_cells(sandbox, index, started, timeout, on_output)
+            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed)))
+
+    def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float | None,
+                   on_output: OutputCallback | None) -> collect.Run:
+        began = time.monotonic()
+        error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
+                                          first_index=index, on_output=on_output, displays=self._displays,
+                                          widget_state=self._widgets)
+        ran = time.monotonic()
+        self.last_activity = ran
+        execution_id = self.id if self.one_shot else f"{self.id}-{index}"
+        self.notebook.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
+        timings = {"run_s": ran - began}
+        if self._start_s is not None:  # the first run reports the start of the sandbox it waited for
+            timings = {"sandbox_s": self._start_s, "run_s": ran - began}
+            started, self._start_s = started - self._start_s, None
+        if error is not None and error.kind in ("timeout", "kernel_died", "oom", "limit", "protocol") \
+                and not sandbox.state().running:
+            self._dead_reason = error.evalue
+        return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
+                           started=started, timings=timings, notes=tuple(self._widgets.take_notes()))
+
+    def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
+        assert self._folder is not None
+        if self.one_shot:
+            sandbox.freeze()  # the files are collected as a snapshot: nothing runs while they are copied
+        gathered = collect.gather(self.notebook, run, sandbox, self._folder,
+                                  notebook_name="notebook.ipynb" if self.one_shot else "session.ipynb",
+                                  known=self._copied)
+        if self.one_shot:  # handed back before the uploads, so the teardown and refill do not wait for them
+            with self._lock:
+                self._closed, self._sandbox = True, None
+            self._source().release(sandbox, wait=False)
+        try:
+            return collect.result(self.notebook, run, gathered, self._folder, self.store, already=self._uploaded)
+        finally:
+            if self.one_shot:
+                self._close_folder(remove=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the session's notebook so far to ``path`` (atomically; inside the output folder through its
+        descriptor, elsewhere through a descriptor of the folder ``path`` names; never through a final link)."""
+        path = Path(path).absolute()
+        with self._lock:
+            content = notebook.dumps(self.notebook)
+            if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
+                return transfer.replace(self._folder, path.name, content)
+        # A place the caller chose: its links are the caller's own, so only the final name is never followed.
+        with folders.OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
+            transfer.replace(parent, path.name, content)
+        return path
+
+    # -- files --------------------------------------------------------------------------------------
+
+    def upload(self, source: str | Path | bytes, name: str | None = None) -> str:
+        """Put a host file (streamed) or bytes into /mnt/data as ``name``; return its path inside the sandbox.
+
+        A file that does not fit in /mnt/data (max_data, max_files) raises FileTransferError."""
+        if isinstance(source, bytes) and not name:
+            raise FileTransferError("upload(bytes) needs a name")
+        name = name or Path(str(source)).name
+        with self._lock:
+            self.start()
+            sandbox = self._sandbox
+            assert sandbox is not None
+            if isinstance(source, bytes):
+                sandbox.put_file(name, source)
+            else:
+                try:
+                    handle = open(source, "rb")  # noqa: SIM115 - closed below, after the streamed copy
+                except OSError as exc:
+                    raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
+                with handle:
+                    limit = self.config.max_data_bytes
+                    if limit and os.fstat(handle.fileno()).st_size > limit:
+                        raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
+                    sandbox.put_file(name, handle)
+            self.last_activity = time.monotonic()
+        return f"/mnt/data/{name}"
+
+    def download(self, name: str) -> bytes:
+        """The bytes of /mnt/data/``name`` (a regular file; links are refused)."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            _, chunks = self._sandbox.open_file(name)
+            return b"".join(chunks)
+
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
+        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            return self._sandbox.open_file(name, max_bytes=max_bytes)
+
+    def files(self) -> list[File]:
+        """The regular files now in /mnt/data (File entries), and nothing else."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            return self._sandbox.list_files()
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.status}>"
+
+
+
+# SessionManager lives in nbexec.engine.manager; importable from here too, where it always was.
+from .manager import SessionManager  # noqa: E402
+
+__all__ = ["DEFAULT_TTL", "Session", "SessionManager", "close_all", "reap"]

@@ -1,0 +1,8 @@
+"""Host files: nbexec's own private folders, and the files of a sandbox read and written without following links.
+
+    folders    private roots in the temporary folder, output folders held by descriptor, retention
+    transfer   one file at a time through directory descriptors: into /mnt/data, out of it, into output folders
+    artifacts  what the code left in /mnt/data, collected within the caps
+
+May import: nbexec's values (config, errors, result) and notebook.outputs. Nothing about sandboxes or the engine.
+"""

@@ -1,0 +1,171 @@
+"""nbexec's folders on the host: private roots in the temporary folder, output folders held by descriptor, retention.
+
+Every folder nbexec makes is created with mode 0700 (its files 0600); one that already exists is checked through a
+descriptor opened with O_NOFOLLOW before it is used: a real folder, owned by this uid, not writable by group or
+others. An output folder is opened once and every later write goes through that descriptor (``openat``-style), so
+no component of its path can be swapped for a link between two writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from nbexec.config import host_from_env
+from nbexec.errors import ConfigError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _uid() -> int:
+    return os.getuid() if hasattr(os, "getuid") else 0
+
+
+def _open_checked(path: Path | str, *, dir_fd: int | None = None, what: str = "folder") -> int:
+    """A descriptor of the folder at ``path``: a real folder (no link), owned by us, writable only by us."""
+    try:
+        fd = os.open(path, DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise ConfigError(f"The {what} {path} is not a real folder (a link or a file?): {exc.strerror}. "
+                          "Remove it, or choose another place.") from exc
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != _uid():
+        problem = f"belongs to another user (uid {st.st_uid}), not to you (uid {_uid()})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if problem:
+        os.close(fd)
+        raise ConfigError(f"The {what} {path} {problem}; nbexec does not write into it. Remove it (or run "
+                          "`chmod go-w` on it if it is yours), or point TMPDIR / the output folder elsewhere.")
+    return fd
+
+
+def private_root(name: str) -> Path:
+    """``<temporary folder>/<name>-<uid>``: made with mode 0700, or checked (and made 0700) when it exists."""
+    path = Path(tempfile.gettempdir()) / f"{name}-{_uid()}"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    fd = _open_checked(path, what=f"nbexec folder ({name})")
+    try:
+        os.fchmod(fd, 0o700)  # ours and not writable by others: only tighten what others may read
+    finally:
+        os.close(fd)
+    return path
+
+
+def work_root() -> Path:
+    """The private folder that holds every sandbox's working folder."""
+    return private_root("nbexec")
+
+
+def output_root() -> Path:
+    """The private folder that holds output folders made when the caller names none."""
+    return private_root("nbexec-output")
+
+
+def _dir_mode() -> int:
+    return 0o755 if host_from_env().shared_output else 0o700
+
+
+def make_output_dir(path: Path, *, may_exist: bool) -> Path:
+    """Create ``path`` (and missing parents) privately; an existing one must be ours, a real folder, and empty."""
+    mode = _dir_mode()
+    missing = []
+    parent = path.parent
+    while not os.path.lexists(parent):
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        for folder in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, mode)
+        os.mkdir(path, mode)
+        return path
+    except FileExistsError:
+        if not may_exist:
+            raise ConfigError(f"output folder {path} already exists; choose a new one.") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create the output folder {path}: {exc.strerror}") from exc
+    fd = _open_checked(path, what="output folder")
+    try:
+        if os.listdir(fd):
+            raise ConfigError(f"output_dir {path} exists and is not an empty folder; choose a new one.")
+    finally:
+        os.close(fd)
+    return path
+
+
+def output_dir(requested: str | os.PathLike[str] | None, name: str) -> Path:
+    """A run's output folder (0700): ``<tmp>/nbexec-output-<uid>/<name>`` when none is ``requested``; a requested
+    one that exists must be an empty real folder of ours, else ConfigError."""
+    if requested is None:
+        return make_output_dir(output_root() / name, may_exist=False)
+    return make_output_dir(Path(requested).absolute(), may_exist=True)
+
+
+class OutputFolder:
+    """An output folder held open by a descriptor; names below it are resolved from the descriptor, never a path.
+
+    ``path`` is what results show; it may lead elsewhere later (a parent renamed), the descriptor does not."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        shared = host_from_env().shared_output
+        self.file_mode = 0o644 if shared else 0o600
+        self.dir_mode = 0o755 if shared else 0o700
+
+    @classmethod
+    def open(cls, path: Path) -> OutputFolder:
+        """Open a folder made by `make_output_dir` (checked again through the new descriptor)."""
+        return cls(path, _open_checked(path, what="output folder"))
+
+    def child(self, name: str) -> OutputFolder:
+        """The sub-folder ``name``, made when missing; it must be a real folder of ours."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, self.dir_mode, dir_fd=self.fd)
+        return OutputFolder(self.path / name, _open_checked(name, dir_fd=self.fd, what=f"folder {self.path / name}"))
+
+    def still_at_path(self) -> bool:
+        """Whether ``path`` still leads to this folder (nobody renamed it or a parent since it was opened)."""
+        try:
+            here, there = os.fstat(self.fd), os.stat(self.path)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> OutputFolder:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"<OutputFolder {self.path} fd={self.fd}>"
+
+
+def older_than(seconds: float) -> list[Path]:
+    """Folders in nbexec's private roots (working and output folders) last changed more than ``seconds`` ago."""
+    cutoff = time.time() - seconds
+    found = []
+    for root in (work_root(), output_root()):
+        with os.scandir(root) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) and st.st_mtime < cutoff:
+                    found.append(Path(entry.path))
+    return sorted(found)

@@ -1,0 +1,228 @@
+"""One file at a time through directory descriptors, never through a link: into /mnt/data from the host (``put``),
+out of it (``open_stream``, ``get``), and into nbexec's own output folders (``write_new``, ``replace``, images).
+
+A name is a plain relative path (no ``..``, UTF-8, printable); each component is opened with O_NOFOLLOW from its
+parent's descriptor, and what is read is a regular file by fstat, never read past the size seen there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from nbexec.errors import FileTransferError
+from nbexec.notebook.outputs import ImageData
+from nbexec.result import Image
+
+from .folders import OutputFolder
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+CHUNK = 1 << 20
+
+
+def valid_name(raw: bytes) -> str | None:
+    """Why a relative name cannot be handed on as it is, or None when it is fine."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "name is not UTF-8"
+    if any(not c.isprintable() for c in text):
+        return "name contains control characters"
+    if len(raw) > 1024:
+        return "name is longer than 1024 bytes"
+    return None
+
+
+def write_all(fd: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:
+    fd = os.dup(root_fd)
+    for part in parts[:-1]:
+        try:
+            child = os.open(part, DIR_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+def save_images(images: list[ImageData], folder: OutputFolder) -> list[Image]:
+    """Write image outputs into ``folder``/images; names are made here, never taken from the code."""
+    if not images:
+        return []
+    saved = []
+    counts: dict[int, int] = {}
+    with folder.child("images") as images_dir:
+        for image in images:
+            counts[image.cell_index] = counts.get(image.cell_index, 0) + 1
+            name = f"cell{image.cell_index}-{counts[image.cell_index]}.{image.extension}"
+            path = write_new(images_dir, name, image.content)
+            saved.append(Image(image.mime, str(path), image.cell_index, len(image.content)))
+    return saved
+
+
+def write_new(folder: OutputFolder, name: str, content: bytes) -> Path:
+    """Create ``name`` in ``folder`` exclusively (through its descriptor, never through a link), adding a suffix
+    if the name is taken; the file is private (0600) unless the folder is shared. Returns its shown path."""
+    stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+    candidate = name
+    for attempt in range(1, 1000):
+        try:
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                         folder.file_mode, dir_fd=folder.fd)
+        except FileExistsError:
+            candidate = f"{stem}-{attempt}{dot}{ext}"
+            continue
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+        return folder.path / candidate
+    raise FileTransferError(f"cannot find a free name for {name} in {folder.path}")
+
+
+def replace(folder: OutputFolder, name: str, content: bytes) -> Path:
+    """Write ``name`` in ``folder`` atomically (a new file renamed over the old one, through the descriptor)."""
+    temp = write_new(folder, f".{name}.tmp", content).name
+    os.replace(temp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+    return folder.path / name
+
+def relative_parts(name: str) -> tuple[bytes, ...]:
+    parts = tuple(p for p in name.replace("\\", "/").split("/") if p not in ("", "."))
+    if not parts or any(p == ".." for p in parts):
+        raise FileTransferError(f"{name!r} is not a plain relative name inside /mnt/data")
+    raw = tuple(os.fsencode(p) for p in parts)
+    if valid_name(b"/".join(raw)):
+        raise FileTransferError(f"{name!r}: {valid_name(b'/'.join(raw))}")
+    return raw
+
+
+def put(data_dir: Path, name: str, content: bytes | BinaryIO, *, owner: tuple[int, int] | None = None) -> None:
+    """Write ``content`` (bytes, or a binary file streamed in chunks) to /mnt/data/``name`` from the host,
+    replacing any entry there but never following it. Past the data filesystem's space or inodes it fails
+    with a FileTransferError that says so, and leaves nothing behind."""
+    parts = relative_parts(name)
+    root = os.open(data_dir, DIR_FLAGS)
+    try:
+        fd = os.dup(root)
+        for part in parts[:-1]:
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                os.close(fd)
+                raise _put_error(name, exc) from exc
+            os.close(fd)
+            fd = child
+        try:
+            _put_file(fd, parts[-1], content, owner)
+        except OSError as exc:
+            raise _put_error(name, exc) from exc
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _put_file(folder_fd: int, leaf: bytes, content: bytes | BinaryIO, owner: tuple[int, int] | None) -> None:
+    temp = b".nbexec-upload-" + os.urandom(6).hex().encode()
+    out = os.open(temp, WRITE_FLAGS, 0o644, dir_fd=folder_fd)
+    try:
+        if isinstance(content, bytes):
+            write_all(out, content)
+        else:
+            while chunk := content.read(CHUNK):
+                write_all(out, chunk)
+        if owner:
+            os.fchown(out, *owner)
+        os.rename(temp, leaf, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=folder_fd)
+        raise
+    finally:
+        os.close(out)
+
+
+def _put_error(name: str, exc: OSError) -> FileTransferError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FileTransferError(f"{name!r} does not fit in /mnt/data: its filesystem is full (max_data and "
+                                 "max_files cap it). Delete files there, or raise max_data / max_files.")
+    if exc.errno == errno.ENOTDIR or exc.errno == errno.ELOOP:
+        return FileTransferError(f"cannot create {name!r}: a part of it is not a folder")
+    return FileTransferError(f"cannot write {name!r}: {exc.strerror}")
+
+
+def get(data_dir: Path, name: str, *, max_bytes: int = 0) -> bytes:
+    """Read /mnt/data/``name`` from the host: a regular file only, never through a link; refused by its size
+    at fstat when over ``max_bytes``, and never read past that size."""
+    _, chunks = open_stream(data_dir, name, max_bytes=max_bytes)
+    try:
+        return b"".join(chunks)
+    finally:
+        chunks.close()
+
+
+def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, FileChunks]:
+    """Open ``data_dir/name`` for streaming: (its size at open, an iterator of at most that many bytes).
+
+    Opened through directory descriptors without following links, a regular file by fstat; a size over
+    ``max_bytes`` (0: no cap) raises FileTransferError before anything is read. The file is closed when the
+    iterator ends or is dropped.
+    """
+    parts = relative_parts(name)
+    try:
+        root = os.open(data_dir, DIR_FLAGS)
+    except OSError as exc:
+        raise FileTransferError(f"{name!r}: the folder is unreadable ({exc.strerror})") from exc
+    try:
+        parent = open_parent(root, parts)
+        try:
+            fd = os.open(parts[-1], READ_FLAGS, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except OSError as exc:
+        raise FileTransferError(f"{name!r} is not a readable regular file ({exc.strerror})") from exc
+    finally:
+        os.close(root)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (max_bytes and st.st_size > max_bytes):
+        os.close(fd)
+        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else f"is larger than {max_bytes:,} bytes"
+        raise FileTransferError(f"{name!r} {why}")
+    return st.st_size, FileChunks(os.fdopen(fd, "rb", buffering=0), st.st_size, chunk)
+
+
+class FileChunks:
+    """At most ``size`` bytes of an open file, ``chunk`` at a time; the file is closed at the end, by ``close()``,
+    or when the iterator is dropped unread (a client that left, an upload that failed)."""
+
+    def __init__(self, handle: BinaryIO, size: int, chunk: int) -> None:
+        self._handle, self._left, self._chunk = handle, size, chunk
+
+    def __iter__(self) -> FileChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        data = self._handle.read(min(self._chunk, self._left)) if self._left > 0 and not self._handle.closed else b""
+        if not data:
+            self.close()
+            raise StopIteration
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __del__(self) -> None:
+        self.close()

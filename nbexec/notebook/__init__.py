@@ -1,0 +1,151 @@
+"""Turn code, a `# %%` script or an .ipynb file into a validated nbformat v4 notebook."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbformat import NotebookNode, from_dict
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
+
+from nbexec.errors import NotebookError
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (nbexec sandbox)", "language": "python"}
+_MARKER = re.compile(r"^#\s*%%(?P<rest>.*)$")
+_CELL_TYPE = re.compile(r"\[(markdown|md|raw)\]")
+_TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
+
+
+def _finish(nb: NotebookNode, *, validate: bool = True) -> NotebookNode:
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    if not validate:
+        return nb
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        raise NotebookError(f"The notebook is not valid nbformat v4: {exc.message}") from exc
+    return nb
+
+
+def build(code: str) -> NotebookNode:
+    """A one-cell notebook that runs ``code``."""
+    if not isinstance(code, str):
+        raise NotebookError(f"code must be a string, got {type(code).__name__}")
+    if not code.strip():
+        raise NotebookError("There is no code to run: the input is empty.")
+    # Built by hand and known valid: skipping jsonschema here saves a few ms on every call.
+    cell: dict[str, Any] = {"id": uuid.uuid4().hex[:8], "cell_type": "code", "metadata": {}, "execution_count": None,
+            "outputs": [], "source": code}
+    nb = from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]})
+    return _finish(nb, validate=False)
+
+
+def _marker_cell(marker: str, lines: list[str]) -> NotebookNode | None:
+    rest = marker
+    tags: list[str] = []
+    tag_match = _TAGS.search(rest)
+    if tag_match:
+        try:
+            tags = [str(t) for t in json.loads(tag_match.group(1))]
+        except json.JSONDecodeError as exc:
+            raise NotebookError(f"Bad cell tags in `# %%{marker}`: {exc.msg}; write tags=[\"name\", ...]") from exc
+    type_match = _CELL_TYPE.search(rest)
+    source = "\n".join(lines).strip("\n")
+    if type_match and type_match.group(1) in ("markdown", "md"):
+        source = "\n".join(re.sub(r"^# ?", "", line) for line in source.splitlines())
+        cell = new_markdown_cell(source)
+    elif type_match:
+        cell = new_raw_cell(source)
+    else:
+        if not source.strip() and not tags:
+            return None
+        cell = new_code_cell(source)
+    if tags:
+        cell.metadata["tags"] = tags
+    return cell
+
+
+def empty() -> NotebookNode:
+    """A notebook with no cells (a session's before its first run)."""
+    return _finish(from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}), validate=False)
+
+
+def from_script(text: str) -> NotebookNode:
+    """A notebook from Python source: one code cell, or one cell per `# %%` block (percent format)."""
+    cells: list[NotebookNode] = []
+    marker: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        match = _MARKER.match(line)
+        if match:
+            cell = _marker_cell(marker or "", lines) if marker is not None or "\n".join(lines).strip() else None
+            if cell is not None:
+                cells.append(cell)
+            marker, lines = match.group("rest"), []
+        else:
+            lines.append(line)
+    cell = _marker_cell(marker or "", lines)
+    if cell is not None:
+        cells.append(cell)
+    if not any(c.cell_type == "code" and c.source.strip() for c in cells):
+        raise NotebookError("There is no code to run: the script is empty.")
+    return _finish(new_notebook(cells=cells))
+
+
+def from_json(text: str, name: str = "<notebook>") -> NotebookNode:
+    """Parse and validate an .ipynb document."""
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except (json.JSONDecodeError, nbformat.reader.NotJSONError) as exc:
+        raise NotebookError(f"{name} is not valid notebook JSON: {exc}") from exc
+    except Exception as exc:  # nbformat raises several kinds for malformed documents
+        raise NotebookError(f"{name} is not a valid notebook: {exc}") from exc
+    return _finish(nb)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except FileNotFoundError as exc:
+        raise NotebookError(f"{path} does not exist.") from exc
+    except IsADirectoryError as exc:
+        raise NotebookError(f"{path} is a directory; give a .py or .ipynb file.") from exc
+    except OSError as exc:
+        raise NotebookError(f"Cannot read {path}: {exc.strerror}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotebookError(
+            f"{path} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); save it as UTF-8."
+        ) from exc
+
+
+def load(path: str | Path) -> NotebookNode:
+    """Read a .py script, an .ipynb notebook, or ``-`` (stdin: a notebook if it parses as one, else a script)."""
+    path = Path(path)
+    text = _read_text(path)
+    if path.suffix == ".ipynb" or (str(path) == "-" and text.lstrip().startswith("{")):
+        return from_json(text, str(path))
+    return from_script(text)
+
+
+def coerce(source: Any) -> NotebookNode:
+    """A notebook from code (str), a path (os.PathLike), or a notebook (NotebookNode or dict); copied."""
+    if isinstance(source, str):
+        return build(source)
+    if isinstance(source, Path) or hasattr(source, "__fspath__"):
+        return load(Path(source))
+    if isinstance(source, dict):
+        return from_json(json.dumps(source))
+    raise NotebookError(f"Cannot run a {type(source).__name__}: pass code (str), a path, or a notebook.")
+
+
+def dumps(nb: NotebookNode) -> bytes:
+    """The notebook as .ipynb bytes (nbformat's layout, without re-validating what nbexec built)."""
+    return (json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")

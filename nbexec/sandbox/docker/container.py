@@ -1,0 +1,405 @@
+"""One throwaway container with a ready IPython kernel, driven from the host over ZMQ ipc:// sockets.
+
+The container has no network interface but loopback (by default); the kernel's sockets live in a host folder
+bind-mounted at /run/nbexec, and the sandbox's data filesystem (see `datafs`) is bind-mounted at /mnt/data.
+Once the kernel is up, the socket folder is made read-only to the sandbox so the code cannot swap the sockets
+for links.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import docker
+import docker.errors
+import docker.types
+
+from nbexec.config import SandboxConfig, running_as_root
+from nbexec.errors import DockerError, SandboxError
+from nbexec.files import artifacts, transfer
+from nbexec.files.folders import OutputFolder, work_root
+from nbexec.result import Connection, File
+from nbexec.sandbox import kernel
+
+from . import daemon, datafs, egress
+from .workdir import WORKDIR_PREFIX, remove_stale_workdirs, remove_tree
+
+__all__ = ["WORKDIR_PREFIX", "ContainerState", "Sandbox", "remove_stale_workdirs", "remove_tree", "work_root"]
+
+log = logging.getLogger(__name__)
+
+RUNTIME_MOUNT = "/run/nbexec"
+DATA_MOUNT = "/mnt/data"
+INPUT_MOUNT = "/mnt/input"
+WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (see nbexec.packages)
+PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
+MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
+HOME = "/home/sandbox"
+_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """What Docker says about a container that may have stopped."""
+
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+
+
+class Sandbox:
+    """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
+
+    def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
+        self.config = config
+        # Who the code runs as (the one place that decides it per sandbox): as root, a fresh uid with no account.
+        self.uid, self.gid = config.uid_gid()
+        self.id = sandbox_id
+        self.workdir = workdir
+        self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
+        self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
+        self.input_links: frozenset[str] = frozenset()  # names in data_dir nbexec linked to /mnt/input
+        self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
+        self.freezer: datafs.Freezer | None = None
+        self.container: Any = None
+        self.client: kernel.KernelClient | None = None
+        self.started_at = time.monotonic()
+        self._connection: dict[str, Any] = {}
+        self.language_info: dict[str, Any] = {}
+        self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
+        self.egress: Any = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
+
+    def file_owner(self) -> tuple[int, int] | None:
+        """Who the files the host makes for the sandbox must belong to (the one place that decides it): the
+        sandbox user when nbexec runs as root (it can chown), else None (the host user is the sandbox user)."""
+        return (self.uid, self.gid) if running_as_root() else None
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.workdir / "run"
+
+    @classmethod
+    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
+        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
+        docker_client = daemon.connect()
+        sandbox_id = uuid.uuid4().hex[:16]
+        workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
+        sandbox = cls(config, sandbox_id, workdir)
+        try:
+            sandbox.data_dir.mkdir(mode=0o700)
+            sandbox._prepare_folders()
+            if config.network == "allowlist":  # before the container, which mounts the proxy's folder
+                sandbox.egress = egress.open_proxy(workdir, config)
+            sandbox._create_container(docker_client, role)
+            sandbox._watch_data()
+            sandbox._connect()
+            if sandbox.egress is not None:
+                egress.start_forwarder(sandbox)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    def _prepare_folders(self) -> None:
+        self.runtime_dir.mkdir(mode=0o700)
+        info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
+                "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
+        self._connection = info
+        conn = self.runtime_dir / "kernel.json"
+        conn.write_text(json.dumps(info))
+        owner = self.file_owner()
+        if owner is not None:
+            os.chown(conn, *owner)
+            # The kernel binds its sockets here: writable until it is up, then read-only (see _lock_runtime).
+            os.chmod(self.runtime_dir, 0o777)
+        os.chmod(conn, 0o400)
+        (self.workdir / "wheels").mkdir(mode=0o755)  # packages: empty until the host links wheels in
+        self._make_data_fs()
+        if self.config.input_dir and self.config.link_input:
+            self._link_input(self.config.input_dir)
+
+    def _link_input(self, folder: str) -> None:
+        """Link each visible entry of the input folder from /mnt/data (the kernel's working folder) to its
+        place under /mnt/input, so `open('data.csv')` reads the file next to the notebook. The links point
+        inside the sandbox; the host never follows them (and drops them from the result's skipped files)."""
+        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))[:MAX_INPUT_LINKS]
+        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for name in names:
+                os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
+                owner = self.file_owner()
+                if owner is not None:
+                    os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        self.input_links = frozenset(names)
+
+    def _make_data_fs(self) -> None:
+        """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
+        sandbox user; without root, leave a plain folder (the sampled fallback, see `datafs`)."""
+        limit = self.config.max_data_bytes
+        if limit and datafs.can_mount():
+            datafs.create(self.data_dir, self.workdir / "data.img", size=limit,
+                          inodes=datafs.inode_count(self.config.max_files), owner=(self.uid, self.gid))
+            self.data_fs = True
+            return
+        if limit:
+            log.warning("%s", datafs.fallback_reason())
+        owner = self.file_owner()
+        if owner is not None:
+            os.chown(self.data_dir, *owner)
+        os.chmod(self.data_dir, 0o755)
+
+    def _watch_data(self) -> None:
+        limit = self.config.max_data_bytes
+        if limit and not self.data_fs:
+            self.data_watch = datafs.Watch(self.data_dir, limit, self.kill)
+            self.data_watch.start()
+
+    def freeze(self) -> None:
+        """Stop every process of the sandbox where it is, so its files can be collected as a snapshot
+        (cgroup freezer: no Docker call; Docker's pause API, then kill, when there is no freezer here)."""
+        if self.freezer is not None and self.freezer.freeze():
+            return
+        try:
+            with daemon.translated("pause a sandbox"):
+                self.container.pause()
+        except DockerError:
+            self.kill()
+
+    def _container_options(self, role: str) -> dict[str, Any]:
+        config = self.config
+        uid, gid = self.uid, self.gid
+        memory = config.memory_bytes
+        options: dict[str, Any] = {
+            "image": config.image,
+            "command": ["nbexec-kernel", f"{RUNTIME_MOUNT}/kernel.json"],
+            "name": f"nbexec-{self.id}",
+            "hostname": "sandbox",
+            "detach": True,
+            "user": f"{uid}:{gid}",
+            # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
+            "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
+            "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role},
+            "network_mode": "bridge" if config.network is True else "none",
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={config.tmp_size_bytes},mode=1777",
+                      HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700",
+                      PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={config.tmp_size_bytes},uid={uid},gid={gid},"
+                                      "mode=700"},
+            "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
+                       docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True),
+                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")]
+            + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]
+               if config.input_dir else []),
+            "mem_limit": memory,
+            "memswap_limit": memory,
+            "nano_cpus": int(config.cpus * 1e9),
+            "pids_limit": config.pids,
+            "shm_size": 64 * 1024**2,
+            "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0),
+                        docker.types.Ulimit(name="nofile", soft=4096, hard=4096)],
+            "working_dir": DATA_MOUNT,
+        }
+        if config.runtime:
+            options["runtime"] = config.runtime
+        if config.network == "allowlist":  # still no interface: HTTP(S) through the host's proxy
+            options["mounts"].append(egress.mount(self.workdir))
+            options["environment"].update(egress.ENVIRONMENT)
+        return options
+
+    def _create_container(self, docker_client: docker.DockerClient, role: str) -> None:
+        options = self._container_options(role)
+        with daemon.translated("start a sandbox container"):
+            self.container = docker_client.containers.create(**options)
+            self.container.start()
+            self.container.reload()
+        self._init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
+        if self._init_process is not None:
+            self.freezer = datafs.Freezer.of_process(self._init_process[0])
+
+    def _connect(self) -> None:
+        """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
+        deadline = time.monotonic() + self.config.startup_timeout
+        shell = self.runtime_dir / f"kernel-{_PORTS['shell_port']}"
+        iopub = self.runtime_dir / f"kernel-{_PORTS['iopub_port']}"
+        delay, next_check = 0.002, time.monotonic() + 0.25
+        while not (shell.exists() and iopub.exists()):
+            if time.monotonic() > next_check:  # asking Docker costs a few ms: not on every poll
+                self._check_startup(deadline)
+                next_check = time.monotonic() + 0.25
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.02)
+        # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
+        frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
+        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection,
+                                                  max_message=frame_limit)
+        self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
+        # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
+        self._lock_runtime()
+        self.client.wait_subscribed(lambda: self._check_startup(deadline))
+        log.debug("sandbox %s ready in %.3f s", self.id, time.monotonic() - self.started_at)
+
+    def _lock_runtime(self) -> None:
+        # The kernel read the connection file before it bound its sockets; the key need not stay on disk.
+        (self.runtime_dir / "kernel.json").unlink(missing_ok=True)
+        if running_as_root():
+            os.chmod(self.runtime_dir, 0o555)
+
+    def _check_startup(self, deadline: float) -> None:
+        state = self.state()
+        if not state.running:
+            logs = self._logs()
+            raise SandboxError(f"The sandbox's kernel exited while starting (exit code {state.exit_code}).{logs}")
+        if time.monotonic() > deadline:
+            raise SandboxError(
+                f"The sandbox's kernel did not start within {self.config.startup_timeout:g} s. "
+                "Is the machine overloaded? Raise startup_timeout (NBEXEC_STARTUP_TIMEOUT) if it is just slow."
+            )
+
+    def _logs(self) -> str:
+        with contextlib.suppress(Exception):
+            text = self.container.logs(tail=20).decode("utf-8", "replace").strip()
+            return f" Its last lines:\n{text}" if text else ""
+        return ""
+
+    # -- the kernel ---------------------------------------------------------------------------------
+
+    def run(self, code: str, *, deadline: float, on_output: Callable[[kernel.Message], None]) -> kernel.Execution:
+        """Run ``code`` on the kernel (see kernel.KernelClient.run): interrupted at ``deadline``, the sandbox
+        killed interrupt_grace seconds later; status "gone" when the container stopped under it."""
+        assert self.client is not None
+        return self.client.run(code, deadline=deadline, grace=self.config.interrupt_grace, on_output=on_output,
+                               alive=lambda: self.state().running, kill=self.kill)
+
+    def warm(self) -> None:
+        """Import the configured modules in the kernel without binding any name in the user's namespace."""
+        assert self.client is not None
+        modules = list(self.config.warm_imports)
+        code = (f"for __nbexec_m in {modules!r}:\n"
+                f"    __import__('importlib').import_module(__nbexec_m)\n"
+                f"del __nbexec_m\n") if modules else "pass"
+        reply = self.client.run_silent(code, self.config.startup_timeout)
+        if reply is None:
+            raise SandboxError(f"the sandbox's kernel did not finish its warm imports within "
+                               f"{self.config.startup_timeout:g} s")
+        if reply.get("status") != "ok":
+            log.warning("warm imports failed in the sandbox: %.200r", reply.get("evalue"))
+
+    @property
+    def kernel_lost(self) -> bool:
+        """Whether the kernel closed a connection (it went away, or crashed its messaging)."""
+        return self.client is None or bool(self.client.lost)
+
+    # -- /mnt/data ----------------------------------------------------------------------------------
+
+    def put_file(self, name: str, content: bytes | BinaryIO) -> None:
+        """Write ``content`` (bytes or a binary file, streamed) to /mnt/data/``name``, owned by the sandbox user."""
+        transfer.put(self.data_dir, name, content, owner=self.file_owner())
+
+    def snapshot(self, target: OutputFolder, limits: artifacts.Limits,
+                 known: artifacts.Known | None = None) -> artifacts.Collection:
+        """Copy the regular files of /mnt/data into ``target`` (see artifacts.snapshot)."""
+        return artifacts.snapshot(self.data_dir, target, limits, known=known)
+
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
+        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
+        return transfer.open_stream(self.data_dir, name, max_bytes=max_bytes)
+
+    def list_files(self) -> list[File]:
+        """The regular files now in /mnt/data (hashed where they lie), and nothing else."""
+        return artifacts.collect(self.data_dir)[0]
+
+    def data_notes(self) -> tuple[list[str], bool]:
+        """nbexec's notes on /mnt/data running out of space or inodes, and whether that stopped the sandbox
+        (the sampled fallback, when nbexec cannot mount a filesystem of fixed size)."""
+        return datafs.report(self.data_dir, mounted=self.data_fs, watch=self.data_watch, cap=self.config.max_data)
+
+    def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
+        """The egress connections since the last call and notes on what was capped; none without a proxy."""
+        return self.egress.take() if self.egress is not None else ((), [])
+
+    # -- the container ------------------------------------------------------------------------------
+
+    def seems_alive(self) -> bool:
+        """A cheap check (no Docker call) that the container's init still runs: False once it is gone.
+
+        Uses the host's /proc when the engine is local; assumes alive when that cannot be known."""
+        if self._init_process is None:
+            return self.container is not None
+        return _process_identity(self._init_process[0]) == self._init_process
+
+    def state(self) -> ContainerState:
+        """Ask Docker whether the container still runs and how it ended."""
+        try:
+            with daemon.translated("inspect a sandbox"):
+                self.container.reload()
+        except DockerError as exc:
+            if isinstance(exc.__cause__, docker.errors.NotFound):
+                return ContainerState(running=False, exit_code=None, oom_killed=False)
+            raise
+        status = self.container.attrs.get("State", {})
+        if status.get("Status") == "removing":  # `docker rm -f` from outside: it kills first, then removes
+            return ContainerState(running=False, exit_code=None, oom_killed=False)
+        return ContainerState(bool(status.get("Running")), status.get("ExitCode"), bool(status.get("OOMKilled")))
+
+    def interrupt(self) -> None:
+        """Ask the kernel to interrupt the running cell (SIGINT, sent by the kernel's control thread)."""
+        if self.client is not None:
+            self.client.interrupt()
+
+    def kill(self) -> None:
+        """Stop every process of the sandbox at once; its folders stay."""
+        with contextlib.suppress(DockerError), daemon.translated("kill a sandbox"):
+            self.container.kill()
+
+    def destroy(self) -> None:
+        """Remove the container, unmount and delete its data filesystem, and remove the working folder."""
+        if self.egress is not None:
+            self.egress.close()
+        if self.data_watch is not None:
+            self.data_watch.close()
+        if self.freezer is not None:
+            self.freezer.thaw()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+            self.client = None
+        if self.container is not None:
+            try:
+                with daemon.translated("remove a sandbox"):
+                    self.container.remove(force=True, v=True)
+            except DockerError as exc:
+                if not isinstance(exc.__cause__, docker.errors.NotFound):
+                    log.warning("could not remove container %s: %s (run `nbexec cleanup`)", self.id, exc)
+            self.container = None
+        if self.data_fs:
+            datafs.unmount(self.data_dir)
+            self.data_fs = False
+        for point in datafs.mounts_under(self.workdir):  # never delete through a mount left behind
+            datafs.unmount(point)
+        remove_tree(self.workdir)
+
+
+def _process_identity(pid: Any) -> tuple[int, str] | None:
+    """(pid, start time) of a host process, or None when it does not exist here."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return pid, fields[19]  # starttime, in clock ticks since boot

@@ -1,0 +1,164 @@
+"""The Docker engine: connect, translate its errors at the boundary, and find what nbexec left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from nbexec.config import host_from_env
+from nbexec.errors import DockerError, DockerUnavailableError, ImageNotFoundError
+
+log = logging.getLogger(__name__)
+
+LABEL = "nbexec"
+LABEL_NODE = "nbexec.node"  # the nbexec instance's node name (NBEXEC_NODE_NAME, default the hostname)
+LABEL_OWNER = "nbexec.owner"  # "<node>:<pid>" of the process that made the container
+LABEL_OWNER_START = "nbexec.owner.start"  # "<boot id>/<start time>" of that process: a reused pid is another owner
+LABEL_ROLE = "nbexec.role"  # "pool", "oneshot" or "session"
+_lock = threading.Lock()
+_client: docker.DockerClient | None = None
+
+
+def node() -> str:
+    """This nbexec instance's node name."""
+    return host_from_env().node_name
+
+
+def owner() -> str:
+    """This process as written on the containers it makes."""
+    return f"{node()}:{os.getpid()}"
+
+
+def process_start(pid: int) -> str | None:
+    """``"<boot id>/<start time in clock ticks>"`` of a process in this pid namespace, or None when none runs.
+
+    A service restarted in a container is PID 1 again: its start time tells the new instance from the old."""
+    try:
+        stat_fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{stat_fields[19]}"
+
+
+def owner_labels() -> dict[str, str]:
+    """The labels that mark a container as made by this process of this node."""
+    found = {LABEL: "1", LABEL_NODE: node(), LABEL_OWNER: owner()}
+    start = process_start(os.getpid())
+    if start:
+        found[LABEL_OWNER_START] = start
+    return found
+
+
+def _where() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _unavailable(exc: BaseException) -> DockerUnavailableError:
+    return DockerUnavailableError(
+        f"Docker is not reachable at {_where()} ({exc.__class__.__name__}). "
+        "Start Docker (e.g. `sudo systemctl start docker`, or `dockerd &`) or set DOCKER_HOST, "
+        "then check with `nbexec doctor`."
+    )
+
+
+def connect() -> docker.DockerClient:
+    """Return the process-wide Docker client, made on first use from DOCKER_HOST and friends."""
+    global _client
+    with _lock:
+        if _client is None:
+            try:
+                client = docker.from_env(timeout=120, max_pool_size=64)
+                client.ping()
+            except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+                raise _unavailable(exc) from exc
+            _client = client
+        return _client
+
+
+@contextlib.contextmanager
+def translated(action: str) -> Iterator[None]:
+    """Turn docker-py and requests errors raised inside into nbexec errors naming ``action``."""
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise ImageNotFoundError(
+            f"The runtime image is missing ({exc.explanation}). Build it with `nbexec image build` "
+            "(or `nbexec image build --debootstrap` where no registry is reachable)."
+        ) from exc
+    except (requests.exceptions.ConnectionError, ConnectionError) as exc:
+        raise _unavailable(exc) from exc
+    except requests.exceptions.ReadTimeout as exc:
+        raise DockerError(f"Docker did not answer in time while trying to {action}; is the engine overloaded?") from exc
+    except docker.errors.APIError as exc:
+        raise DockerError(f"Docker refused to {action}: {exc.explanation or exc}") from exc
+    except docker.errors.DockerException as exc:
+        raise DockerError(f"Docker failed to {action}: {exc}") from exc
+
+
+def require_image(client: docker.DockerClient, image: str) -> None:
+    """Raise ImageNotFoundError with the build command when ``image`` is not present."""
+    with translated(f"look up image {image}"):
+        client.images.get(image)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A container nbexec made that was removed by `cleanup`."""
+
+    id: str
+    name: str
+    owner: str
+    role: str
+
+
+def _owner_alive(found: dict[str, str]) -> bool:
+    """Whether the process that made a container (by its labels) still runs; other nodes' always count as alive."""
+    host, _, pid = found.get(LABEL_OWNER, "").rpartition(":")
+    if (found.get(LABEL_NODE) or host) != node() or not pid.isdigit():
+        return True  # another node's: not ours to judge
+    start = found.get(LABEL_OWNER_START)
+    if start is not None and Path("/proc/self/stat").exists():
+        return process_start(int(pid)) == start
+    try:  # made by an nbexec without start labels, or no /proc here
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mounts_from(container: Any, folders: Sequence[Path]) -> bool:
+    sources = [Path(m.get("Source", "")) for m in container.attrs.get("Mounts") or []]
+    return any(source == folder or folder in source.parents for source in sources for folder in folders)
+
+
+def cleanup(client: docker.DockerClient, *, everything: bool = False,
+            mounting: Sequence[Path] = ()) -> list[Leftover]:
+    """Remove nbexec containers whose owning process is gone, those that mount a folder in ``mounting`` (being
+    deleted), or all of them with ``everything``."""
+    removed: list[Leftover] = []
+    with translated("list nbexec containers"):
+        # sparse: the list call alone, so a container removed meanwhile cannot fail a per-container inspect
+        containers = client.containers.list(all=True, sparse=True, filters={"label": LABEL})
+    for container in containers:
+        labels = container.attrs.get("Labels") or {}
+        owner_label = labels.get(LABEL_OWNER, "")
+        if not everything and owner_label and _owner_alive(labels) and not _mounts_from(container, mounting):
+            continue
+        with contextlib.suppress(docker.errors.NotFound), translated("remove a leftover container"):
+            container.remove(force=True)
+        name = (container.attrs.get("Names") or ["/"])[0].lstrip("/")
+        removed.append(Leftover(container.id[:12], name, owner_label, labels.get(LABEL_ROLE, "")))
+    return removed

@@ -1,0 +1,62 @@
+"""A sandbox's working folder on the host: removed without following links (and never through a mount), and
+swept when the nbexec process that made it is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from nbexec.files.folders import work_root
+
+from . import datafs
+
+WORKDIR_PREFIX = "nbexec-"
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a folder the sandbox could write into, without following links and despite read-only modes; a
+    data filesystem still mounted inside is unmounted first (never deleted through, never left mounted)."""
+    if not os.path.lexists(path):
+        return
+    for point in datafs.mounts_under(Path(path)):
+        datafs.unmount(point)
+
+    def make_writable(func: Any, target: str, _exc: Any) -> None:
+        parent = os.path.dirname(target)
+        with contextlib.suppress(OSError):
+            os.chmod(parent, stat.S_IRWXU)
+        with contextlib.suppress(OSError):
+            if not os.path.islink(target) and os.path.isdir(target):
+                os.chmod(target, stat.S_IRWXU)
+        func(target)
+
+    with contextlib.suppress(FileNotFoundError):
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=make_writable)
+        else:
+            shutil.rmtree(path, onerror=make_writable)
+
+
+def remove_stale_workdirs() -> list[Path]:
+    """Remove working folders of nbexec processes on this machine that no longer run."""
+    removed = []
+    for entry in work_root().iterdir():
+        pid = entry.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        if not entry.name.startswith(WORKDIR_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        remove_tree(entry)  # a dead process's data filesystems are unmounted first
+        removed.append(entry)
+    return removed
+

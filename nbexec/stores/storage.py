@@ -1,0 +1,283 @@
+"""Where produced files and images go: a local folder (the default) or Azure Blob Storage with read-only SAS links.
+
+Uploads never lose anything: a file that cannot be uploaded stays on disk and its status in the result says why.
+Secrets (connection strings, account keys, SAS tokens) never appear in reprs, logs or error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import mimetypes
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+from urllib.parse import quote
+
+from nbexec.errors import ConfigError, StorageError
+
+log = logging.getLogger(__name__)
+
+_SECRET = re.compile(r"(AccountKey=|sig=|SharedAccessSignature=)[^;&\s]+", re.IGNORECASE)
+
+
+# Types a browser runs script in when the file is opened from the storage origin.
+ACTIVE_TYPES = frozenset({"text/html", "image/svg+xml", "application/javascript", "text/javascript",
+                          "application/xml", "text/xml", "application/xhtml+xml"})
+# Served inline: everything else (active, unknown or odd) is sent as an attachment.
+PASSIVE_TYPES = frozenset({"text/plain", "text/csv", "application/json", "image/png", "image/jpeg", "image/gif",
+                           "image/webp", "application/octet-stream"})
+
+
+def _essence(mime: str) -> str:
+    return mime.split(";", 1)[0].strip().lower()
+
+
+def disposition(blob_name: str, content_type: str) -> str | None:
+    """``attachment`` unless both the MIME and the type the name's extension implies are passive."""
+    guessed = mimetypes.guess_type(blob_name.rsplit("/", 1)[-1], strict=False)[0]
+    for mime in (content_type, guessed):
+        if mime is not None and (_essence(mime) in ACTIVE_TYPES or _essence(mime) not in PASSIVE_TYPES):
+            return "attachment"
+    return None
+
+
+def redact(text: str) -> str:
+    """Remove keys and signatures from a message that may quote a connection string or SAS URL."""
+    return _SECRET.sub(r"\1<redacted>", text)
+
+
+class ArtifactStore(Protocol):
+    """Something that turns a produced file into a link."""
+
+    kind: str
+
+    @property
+    def prefix(self) -> str:
+        """The first part of every blob name."""
+
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:
+        """Store ``content`` (bytes, or a stream of ``length`` bytes read in chunks) under ``blob_name`` and
+        return a URL to read it; raise StorageError on failure."""
+
+    def local_url(self, path: Path) -> str | None:
+        """The URL of a file kept on disk (the local store), or None when the store uploads."""
+
+
+class LocalStore:
+    """Files stay in the run's output folder; their URL is the file:// URL of their absolute path."""
+
+    kind = "local"
+
+    @property
+    def prefix(self) -> str:
+        return "nbexec"
+
+    def __repr__(self) -> str:
+        return "LocalStore()"
+
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:  # pragma: no cover - unused
+        raise StorageError("the local store keeps files where they are")
+
+    def local_url(self, path: Path) -> str | None:
+        return Path(path).absolute().as_uri()
+
+
+@dataclass(frozen=True, kw_only=True)
+class AzureBlobSettings:
+    """How to reach a blob container. Give a connection string, or an account name (with a key, or with
+    azure-identity's DefaultAzureCredential and a user-delegation SAS when there is no key)."""
+
+    connection_string: str | None = field(default=None, repr=False)
+    account_name: str | None = None
+    account_key: str | None = field(default=None, repr=False)
+    container: str = "nbexec"
+    prefix: str = "nbexec"
+    sas_expiry_s: float = 3600.0
+    retries: int = 3
+    timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not self.connection_string and not self.account_name:
+            raise ConfigError("Azure Blob Storage needs AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_NAME "
+                              "(see .env.example)")
+        if not re.fullmatch(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]", self.container):
+            raise ConfigError(f"{self.container!r} is not a valid blob container name (3-63 lowercase letters, "
+                              "digits and single hyphens)")
+        if self.sas_expiry_s <= 0:
+            raise ConfigError("the SAS expiry must be above 0 seconds")
+
+
+def _azure() -> Any:
+    try:
+        import azure.storage.blob as blob
+    except ImportError as exc:
+        raise ConfigError("Azure uploads need the azure extra: pip install 'nbexec-sandbox[azure]'") from exc
+    return blob
+
+
+class AzureBlobStore:
+    """Uploads to one container (created when missing) and returns read-only SAS URLs."""
+
+    kind = "azure"
+
+    def __init__(self, settings: AzureBlobSettings) -> None:
+        self.settings = settings
+        self._service: Any = None
+        self._container_ready = False
+        self._delegation_key: Any = None
+        self._delegation_key_expires = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+        self._lock = threading.Lock()
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.prefix
+
+    def __repr__(self) -> str:
+        return f"AzureBlobStore(account={self._account_name()!r}, container={self.settings.container!r})"
+
+    def _account_name(self) -> str:
+        if self.settings.account_name:
+            return self.settings.account_name
+        parts = dict(p.split("=", 1) for p in (self.settings.connection_string or "").split(";") if "=" in p)
+        return parts.get("AccountName", "")
+
+    def _client(self) -> Any:
+        with self._lock:
+            if self._service is None:
+                blob = _azure()
+                retry = blob.ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=self.settings.retries,
+                                              random_jitter_range=1)
+                options = {"retry_policy": retry, "connection_timeout": self.settings.timeout_s,
+                           "read_timeout": self.settings.timeout_s}
+                if self.settings.connection_string:
+                    self._service = blob.BlobServiceClient.from_connection_string(
+                        self.settings.connection_string, **options)
+                else:
+                    url = f"https://{self.settings.account_name}.blob.core.windows.net"
+                    self._service = blob.BlobServiceClient(url, credential=self._credential(), **options)
+            return self._service
+
+    def _credential(self) -> Any:
+        if self.settings.account_key:
+            return {"account_name": self.settings.account_name, "account_key": self.settings.account_key}
+        try:
+            from azure.identity import DefaultAzureCredential
+        except ImportError as exc:
+            raise ConfigError("without AZURE_STORAGE_ACCOUNT_KEY, uploads need azure-identity "
+                              "(pip install 'nbexec-sandbox[azure]') for DefaultAzureCredential") from exc
+        return DefaultAzureCredential()
+
+    def _account_key(self) -> str | None:
+        if self.settings.account_key:
+            return self.settings.account_key
+        parts = dict(p.split("=", 1) for p in (self.settings.connection_string or "").split(";") if "=" in p)
+        return parts.get("AccountKey")
+
+    def _sas(self, blob_name: str) -> str:
+        blob = _azure()
+        now = dt.datetime.now(dt.timezone.utc)
+        expiry = now + dt.timedelta(seconds=self.settings.sas_expiry_s)
+        common = {"account_name": self._account_name(), "container_name": self.settings.container,
+                  "blob_name": blob_name, "permission": blob.BlobSasPermissions(read=True), "expiry": expiry,
+                  "start": now - dt.timedelta(minutes=5)}
+        key = self._account_key()
+        if key:
+            return str(blob.generate_blob_sas(account_key=key, **common))
+        with self._lock:
+            if self._delegation_key is None or self._delegation_key_expires <= expiry:
+                self._delegation_key_expires = now + dt.timedelta(days=1)
+                self._delegation_key = self._client().get_user_delegation_key(now, self._delegation_key_expires)
+        return str(blob.generate_blob_sas(user_delegation_key=self._delegation_key, **common))
+
+    def check(self) -> None:
+        """Reach the container now (made when missing), before any code runs: a missing extra or bad settings
+        raise ConfigError, an unreachable service StorageError; each says what to do."""
+        _azure()
+        from azure.core.exceptions import AzureError, HttpResponseError
+
+        where = f"Azure Blob Storage (account {self._account_name() or '?'}, container {self.settings.container})"
+        try:
+            self._ensure_container()
+        except HttpResponseError as exc:
+            if exc.status_code in (401, 403):
+                raise ConfigError(f"{where} refused the credentials: {redact(_first_line(exc))} Check "
+                                  "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_KEY.") from exc
+            raise ConfigError(f"{where} answered {exc.status_code}: {redact(_first_line(exc))}") from exc
+        except (AzureError, ValueError) as exc:  # ValueError: a malformed connection string or account URL
+            raise StorageError(f"{where} is not reachable: {redact(_first_line(exc))}. Check the endpoint in "
+                               "AZURE_STORAGE_CONNECTION_STRING and that the service runs.") from exc
+
+    def _ensure_container(self) -> None:
+        if self._container_ready:
+            return
+        from azure.core.exceptions import ResourceExistsError
+
+        with contextlib.suppress(ResourceExistsError):
+            self._client().create_container(self.settings.container)
+        self._container_ready = True
+
+    def upload(self, blob_name: str, content: bytes | BinaryIO, content_type: str, *,
+               length: int | None = None) -> str:
+        from azure.core.exceptions import AzureError
+
+        blob = _azure()
+        try:
+            self._ensure_container()
+            client = self._client().get_blob_client(self.settings.container, blob_name)
+            # Blob properties are what a SAS download answers with: HTML, SVG, scripts and XML are downloaded,
+            # never rendered on the storage origin.
+            settings = blob.ContentSettings(content_type=content_type,
+                                            content_disposition=disposition(blob_name, content_type))
+            client.upload_blob(content, length=length, overwrite=True, content_settings=settings)
+            return f"{client.url}?{self._sas(blob_name)}"
+        except AzureError as exc:
+            message = redact(str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__)
+            raise StorageError(f"upload of {blob_name} failed: {message}") from exc
+
+    def local_url(self, path: Path) -> str | None:
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+
+
+def blob_name(prefix: str, execution_id: str, relative: str) -> str:
+    """``<prefix>/<execution-id>/<relative-path>``, each path segment percent-encoded where a blob name would
+    be ambiguous."""
+    segments = [s for s in relative.split("/") if s not in ("", ".", "..")]
+    return "/".join([prefix.strip("/"), execution_id, *(quote(s, safe=" !$&'()*+,;=@-._~") for s in segments)])
+
+
+def from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> Any:
+    """The artifact store named ``kind`` ("local" or "azure"), configured from AZURE_* variables.
+
+    Reads AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (without a
+    key, DefaultAzureCredential); AZURE_BLOB_CONTAINER_NAME (default nbexec); NBEXEC_BLOB_PREFIX (default nbexec);
+    NBEXEC_SAS_EXPIRY (seconds, default 3600).
+    """
+    environ = os.environ if environ is None else environ
+    if kind == "local":
+        return LocalStore()
+    if kind != "azure":
+        raise ConfigError(f"unknown store {kind!r}: use local or azure")
+    try:
+        expiry = float(environ.get("NBEXEC_SAS_EXPIRY", "3600"))
+    except ValueError as exc:
+        raise ConfigError("NBEXEC_SAS_EXPIRY must be a number of seconds") from exc
+    return AzureBlobStore(AzureBlobSettings(
+        connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
+        account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
+        account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
+        container=environ.get("AZURE_BLOB_CONTAINER_NAME") or "nbexec",
+        prefix=environ.get("NBEXEC_BLOB_PREFIX") or "nbexec",
+        sas_expiry_s=expiry,
+    ))
