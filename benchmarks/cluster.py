@@ -45,7 +45,7 @@ def _port() -> int:
 
 def _serve(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _port()
-    process = subprocess.Popen([sys.executable, "-m", "nbexec.cli.main", "serve", "--port", str(port), *args],
+    process = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "serve", "--port", str(port), *args],
                                env={**os.environ, "PYTHONPATH": str(ROOT), **env},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

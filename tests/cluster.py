@@ -43,7 +43,7 @@ class Server:
     def start(self) -> Server:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nbexec.cli.main", "serve", "--port", str(self.port), *self.args],
+                [sys.executable, "-m", "nbexec.cli", "serve", "--port", str(self.port), *self.args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         LONG_LIVED_CHILDREN.add(self.process.pid)
         return self

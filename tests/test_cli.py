@@ -18,7 +18,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 def nbexec(*args: str, cwd: Path, env: dict[str, str] | None = None,
            stdin: str | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "NBEXEC_IMAGE": IMAGE, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "nbexec.cli.main", *args], cwd=cwd, env=full_env, input=stdin,
+    return subprocess.run([sys.executable, "-m", "nbexec.cli", *args], cwd=cwd, env=full_env, input=stdin,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -111,7 +111,7 @@ def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
 
     from .conftest import own_workdirs, owned_by, wait_until
 
-    proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli.main", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NBEXEC_IMAGE": IMAGE})
     assert proc.stdin is not None

@@ -244,7 +244,7 @@ def test_nbexec_run_on_nodes_matches_a_local_run(cluster: dict[str, Any], tmp_pa
     runs = {}
     for label, env in (("local", base), ("remote", remote_env)):
         out = tmp_path / label
-        done = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "run", str(script), "--output-dir", str(out)],
+        done = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script), "--output-dir", str(out)],
                               capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         runs[label] = (_normalised(done.stdout, out), done.stderr, out)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec.cli.main import envfile
+from nbexec.cli import envfile
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
 

@@ -172,11 +172,11 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     async def talk() -> dict:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "nbexec.cli.main", "mcp", "--timeout", "30"],
+        params = StdioServerParameters(command=sys.executable, args=["-m", "nbexec.cli", "mcp", "--timeout", "30"],
                                        env={**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_POOL_SIZE": "0"})
         async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
-            servers.extend(pid for pid, line in own_children().items() if "nbexec.cli.main mcp" in line)
+            servers.extend(pid for pid, line in own_children().items() if "nbexec.cli mcp" in line)
             listed = await client.list_tools()
             description = listed.tools[0].description
             first = await client.call_tool("execute_python", {"code": "x = 41\nopen('out.txt', 'w').write('hi')"})

@@ -214,7 +214,7 @@ def test_nbexec_run_with_package_and_a_pip_line(index: Index, tmp_path: Path, cl
     env = {**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_PACKAGE_INDEX": index.url,
            "NBEXEC_ALLOWED_PACKAGES": "nbexec-tiny", "NBEXEC_PACKAGE_CACHE": str(tmp_path / "cache"),
            "NBEXEC_WARM_IMPORTS": ""}
-    done = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "run", str(script), "--json", "--package",
+    done = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script), "--json", "--package",
                            "evil-pkg", "--output-dir", str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=240, check=False)
     assert done.returncode == 0, done.stderr

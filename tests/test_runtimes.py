@@ -166,7 +166,7 @@ def test_runsc_registration_is_exact() -> None:
 def _doctor() -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NBEXEC_RUNTIME", None)
-    done = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "doctor"], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-m", "nbexec.cli", "doctor"], capture_output=True, text=True, env=env,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

@@ -31,7 +31,7 @@ def start(folder: Path, *, stdout: int, stderr: int, env: dict[str, str]) -> sub
     """Run GATED from ``folder`` (readable by the sandbox's uid: nbexec mounts the script's folder)."""
     folder.mkdir(mode=0o755)
     (folder / "gated.py").write_text(GATED)
-    return subprocess.Popen([sys.executable, "-m", "nbexec.cli.main", "run", str(folder / "gated.py")],
+    return subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", str(folder / "gated.py")],
                             cwd=folder, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                             env={**os.environ, "NBEXEC_IMAGE": IMAGE, **env})
 
@@ -88,9 +88,9 @@ def test_quiet_prints_only_the_code_s_output(cleanup_ledger: None, tmp_path: Pat
     script = tmp_path / "files.py"
     script.write_text("print('kept')\n_ = open('/mnt/data/out.txt', 'w').write('x')\n")
     env = {**os.environ, "NBEXEC_IMAGE": IMAGE}
-    loud = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "run", str(script)], cwd=tmp_path, env=env,
+    loud = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
-    quiet = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "run", "-q", str(script)], cwd=tmp_path, env=env,
+    quiet = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", "-q", str(script)], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert loud.returncode == quiet.returncode == 0
     assert "out.txt" in loud.stdout and "notebook:" in loud.stderr

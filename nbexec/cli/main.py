@@ -372,5 +372,3 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
 for _command in (commands.image_group, commands.doctor, commands.cleanup):
     main.add_command(_command)
 
-if __name__ == "__main__":  # pragma: no cover
-    main()

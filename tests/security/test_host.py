@@ -228,7 +228,7 @@ def test_inotify_exhaustion_stays_in_one_sandbox(cold: nbexec.SandboxConfig) -> 
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nbexec.cli.main", *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "nbexec.cli", *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NBEXEC_IMAGE": IMAGE, **(env or {})})
 
 
@@ -277,7 +277,7 @@ def test_sweep_on_start_finds_dead_previous_instance_of_this_node(docker_ready: 
             labels = {daemon.LABEL: "1", daemon.LABEL_OWNER: f"{who}:1", "nbexec.node": who,
                       "nbexec.owner.start": "00000000-dead-beef-0000-000000000000/1"}
             made.append(client.containers.create(IMAGE, command=["sleep", "60"], labels=labels))
-        done = subprocess.run([sys.executable, "-m", "nbexec.cli.main", "run", "-"], input="print(1)\n", cwd=tmp_path,
+        done = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", "-"], input="print(1)\n", cwd=tmp_path,
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_NODE_NAME": node})
         assert done.returncode == 0, done.stderr

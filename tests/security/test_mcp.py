@@ -69,7 +69,7 @@ def _environment(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, st
 
 def _start_http(tmp: Path, *args: str, env: dict[str, str] | None = None, host: str = "127.0.0.1") -> McpProcess:
     port = _free_port()
-    command = [sys.executable, "-m", "nbexec.cli.main", "mcp", "--transport", "streamable-http", "--host", host,
+    command = [sys.executable, "-m", "nbexec.cli", "mcp", "--transport", "streamable-http", "--host", host,
                "--port", str(port), "--timeout", "30", *args]
     with (tmp / "server.log").open("wb") as log:  # the child keeps its own descriptor
         server = McpProcess(subprocess.Popen(command, env=_environment(tmp, env), stdout=log, stderr=log), tmp, port)
@@ -223,7 +223,7 @@ def test_ended_client_session_frees_its_container_folder_and_resources(http_serv
 # -- bearer tokens -----------------------------------------------------------------------------------------------
 
 def test_non_loopback_host_without_tokens_refuses_to_start(docker_ready: None, tmp: Path) -> None:
-    command = [sys.executable, "-m", "nbexec.cli.main", "mcp", "--transport", "streamable-http", "--host", "0.0.0.0",
+    command = [sys.executable, "-m", "nbexec.cli", "mcp", "--transport", "streamable-http", "--host", "0.0.0.0",
                "--port", str(_free_port())]
     try:
         done = subprocess.run(command, env=_environment(tmp), capture_output=True, text=True, timeout=60)
@@ -292,7 +292,7 @@ def _rpc(process: subprocess.Popen[bytes], message: dict[str, Any]) -> dict[str,
 
 
 def _start_stdio_with_session(tmp: Path) -> McpProcess:
-    command = [sys.executable, "-m", "nbexec.cli.main", "mcp", "--timeout", "30"]
+    command = [sys.executable, "-m", "nbexec.cli", "mcp", "--timeout", "30"]
     with (tmp / "server.log").open("wb") as log:
         server = McpProcess(subprocess.Popen(command, env=_environment(tmp), stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, stderr=log), tmp)

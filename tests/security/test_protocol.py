@@ -267,7 +267,7 @@ def _cli(tmp_path: Path, code: str, *args: str, image: str = IMAGE) -> subproces
     script.write_text(code)
     env = {**os.environ, "NBEXEC_IMAGE": image, "NBEXEC_TIMEOUT": "30",
            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    return subprocess.run([sys.executable, "-m", "nbexec.cli.main", "run", str(script), "--output-dir",
+    return subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script), "--output-dir",
                            str(tmp_path / "out"), *args], capture_output=True, text=True, env=env, timeout=180,
                           errors="surrogateescape")
 

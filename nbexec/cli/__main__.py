@@ -1,0 +1,5 @@
+"""`python -m nbexec.cli`: the `nbexec` command."""
+
+from .main import main
+
+main()
