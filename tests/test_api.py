@@ -19,8 +19,8 @@ def test_exported_members() -> None:
 
 
 def test_import_does_nothing() -> None:
-    code = ("import threading, sys; import nbexec; from nbexec import session\n"
-            "from nbexec.sandbox import daemon, pool\n"
+    code = ("import threading, sys; import nbexec; from nbexec.engine import session\n"
+            "from nbexec.sandbox.docker import daemon, pool\n"
             "assert daemon._client is None and not pool._pools and not pool._executors\n"
             "assert threading.active_count() == 1, threading.enumerate()\n")
     subprocess.run([sys.executable, "-c", code], check=True, env={"DOCKER_HOST": "unix:///nonexistent"})
