@@ -64,11 +64,12 @@ def share(max_data: int, max_display: int, max_output: int) -> int:
 
 
 def sized_for(disk: SmallDisk, fit: int) -> dict[str, str]:
-    """NBEXEC_* values with which ``fit`` sandboxes fit in the disk's free space and one more does not, with
-    half a share of slack on either side."""
-    target = (disk.free() - MARGIN) / (fit + 0.5)
+    """NBEXEC_* values with which ``fit`` sandboxes fit in the disk's free space and one more does not (nor the
+    data filesystem of one more), with a quarter of a share to spare."""
+    target = (disk.free() - MARGIN) / (fit + 0.25)
     max_data = int((target - 5 * MiB) / 2) // MiB
-    assert fit * share(max_data * MiB, MiB, MiB) + MARGIN < disk.free() < (fit + 1) * share(max_data * MiB, MiB, MiB)
+    each = share(max_data * MiB, MiB, MiB)
+    assert fit * each + MARGIN < disk.free() < fit * each + max_data * MiB + MARGIN
     return {"NBEXEC_MAX_DATA": f"{max_data}m", "NBEXEC_MAX_DISPLAY": "1m", "NBEXEC_MAX_OUTPUT": "1m",
             "NBEXEC_DISK_MARGIN": f"{MARGIN // MiB}m", "NBEXEC_PACKAGES": "off", "NBEXEC_IMAGE": IMAGE,
             "NBEXEC_WARM_IMPORTS": "", "NBEXEC_TIMEOUT": "60", "NBEXEC_INTERRUPT_GRACE": "3"}
@@ -116,10 +117,10 @@ def config_for(disk: SmallDisk, fit: int = 2, **extra: str) -> nbexec.SandboxCon
 
 def test_a_sandbox_past_the_free_disk_is_refused_and_the_others_keep_working(small_disk: SmallDisk) -> None:
     config = config_for(small_disk)
-    first, second = nbexec.Session(config).start(), nbexec.Session(config).start()
+    first, second = (nbexec.Session(config, keep_files=False).start() for _ in range(2))
     try:
         before = (small_disk.entries(), set(own_containers(include_pool=True)))
-        third = nbexec.Session(config)
+        third = nbexec.Session(config, keep_files=False)
         with pytest.raises(SandboxError, match="disk") as refused:
             third.start()
         message = str(refused.value)
@@ -132,14 +133,29 @@ def test_a_sandbox_past_the_free_disk_is_refused_and_the_others_keep_working(sma
             result = session.run(fill)
             assert result.ok and int(result.stdout) > 0, result.error
             assert session.run("print(6 * 7)").stdout == "42\n"
-        assert small_disk.free() > MARGIN / 2, small_disk.free()
+        assert small_disk.free() >= MARGIN, small_disk.free()  # both filled: the margin is still free
         with pytest.raises(SandboxError, match="disk"):
             nbexec.Session(config).start()
+        assert second.run("import os\nos.remove('/mnt/data/fill')").ok  # its copy goes with the file
     finally:
         first.close()
     third.start()  # the first one's share came back when it ended
+    assert third.run("print(1)").stdout == "1\n"
     third.close()
     second.close()
+
+
+def test_the_margin_stays_free(small_disk: SmallDisk) -> None:
+    """A sandbox whose share fits in the free space is still refused when it would eat into disk_margin."""
+    base = {**sized_for(small_disk, 2), "NBEXEC_POOL_SIZE": "0"}
+    each = share(int(base["NBEXEC_MAX_DATA"].rstrip("m")) * MiB, MiB, MiB)
+    spare = small_disk.free() - each  # what one sandbox leaves free
+    tight = nbexec.from_env({**base, "NBEXEC_DISK_MARGIN": str(spare + 8 * MiB)})
+    with pytest.raises(SandboxError, match="disk_margin"):
+        nbexec.Session(tight, keep_files=False).start()
+    roomy = nbexec.from_env({**base, "NBEXEC_DISK_MARGIN": str(spare - 8 * MiB)})
+    with nbexec.Session(roomy, keep_files=False) as session:
+        assert session.run("print(5)").stdout == "5\n"
 
 
 def test_concurrent_starts_cannot_all_pass_on_the_same_free_space(small_disk: SmallDisk) -> None:
@@ -149,7 +165,7 @@ def test_concurrent_starts_cannot_all_pass_on_the_same_free_space(small_disk: Sm
     lock = threading.Lock()
 
     def start() -> None:
-        session = nbexec.Session(config)
+        session = nbexec.Session(config, keep_files=False)
         try:
             session.start()
         except SandboxError as exc:
@@ -174,7 +190,7 @@ def test_concurrent_starts_cannot_all_pass_on_the_same_free_space(small_disk: Sm
 
 def test_one_shots_and_the_pool_are_refused_too(small_disk: SmallDisk) -> None:
     config = config_for(small_disk, fit=1)
-    holder = nbexec.Session(config).start()
+    holder = nbexec.Session(config, keep_files=False).start()
     try:
         with pytest.raises(SandboxError, match="disk"):
             nbexec.execute_notebook("print(1)", config=config)
@@ -247,4 +263,5 @@ def test_the_container_log_is_capped(cleanup_ledger: None) -> None:
         container.reload()
         log = Path(container.attrs["LogPath"])
         held = sum(p.stat().st_size for p in log.parent.glob(log.name + "*"))
+        print(f"\nthe container's log after 128 MiB written to fd 1 and 2: {held:,} bytes")
         assert held <= 4 * MiB, f"the container's log holds {held:,} bytes after 128 MiB written to fd 1 and 2"

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 import nbexec
@@ -143,6 +142,7 @@ def test_listing_never_hashes_past_the_caps(roomy: nbexec.SandboxConfig) -> None
         assert made.ok, made.error
         with cost() as first:
             listed = session.files()
+        print(f"\nfiles() beside an 8 GiB sparse file: {first.seconds * 1000:.0f} ms, read {first.read:,} bytes")
         assert first.read < SMALL_READ, first  # an uncapped listing hashes all 8 GiB (~15 s)
         names = {f.name for f in listed}
         assert "eight" not in names and len(listed) == roomy.max_files, sorted(names)
@@ -195,6 +195,8 @@ def test_http_listing_and_download_are_bounded(serve_roomy: Any) -> None:
             with cost_of(pid) as spent:
                 listed = http.get(f"/v1/sessions/{session}/files")
             assert listed.status_code == 200, listed.text
+            print(f"\nHTTP listing beside an 8 GiB sparse file: {spent.seconds * 1000:.0f} ms, the server read "
+                  f"{spent.read:,} bytes")
             assert spent.read < SMALL_READ and spent.peak < SMALL_READ, spent
             body = listed.json()
             assert len(body["files"]) == 20 and "eight" not in {f["name"] for f in body["files"]}
@@ -281,6 +283,8 @@ def test_remote_listing_and_download_are_bounded(one_node: cluster.Server, tmp_p
         assert made.ok, made.error
         with cost_of(node_pid) as on_node, cost() as here:
             listed = session.files()
+        print(f"\nremote files() beside an 8 GiB sparse file: {on_node.seconds * 1000:.0f} ms, the node read "
+              f"{on_node.read:,} bytes")
         assert on_node.read < SMALL_READ and here.read < SMALL_READ, (on_node, here)
         assert len(listed) == 20 and "eight" not in {f.name for f in listed}
         assert session.run(sparse(("huge", HUGE))).ok
@@ -332,7 +336,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if length is None:
                 self.wfile.write(b"0\r\n\r\n")
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+    def do_GET(self) -> None:
         if self.path == "/v1/capacity":
             return self._json({"node": "hostile", "instance": "i1", "sessions": 0, "pool_free": 9, "pool_size": 9,
                                "running": 0})
@@ -350,7 +354,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._zeros(size, length=None if name == "chunked" else size)
         return self._json({"detail": "no"}, 404)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         if self.path == "/v1/sessions":
@@ -368,7 +372,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return None
         return self._json({"detail": "no"}, 404)
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self.send_response(204)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -409,6 +413,7 @@ def test_a_hostile_nodes_download_stops_at_max_data(small_remote: tuple[Any, Pat
     session, _ = small_remote
     with cost() as here, pytest.raises(FileTransferError, match="larger than"):
         session.download(name)
+    print(f"\na hostile node's 512 MiB {name} body under a 32 MiB cap: peak {here.peak:,} bytes")
     assert here.peak < 40 * MiB, here
 
 
