@@ -115,6 +115,16 @@ def config_for(disk: SmallDisk, fit: int = 2, **extra: str) -> nbexec.SandboxCon
     return nbexec.from_env(environ)
 
 
+def refused_start(config: nbexec.SandboxConfig, match: str) -> None:
+    """Starting a session of ``config`` must be refused (and the session is closed whatever happens)."""
+    session = nbexec.Session(config, keep_files=False)
+    try:
+        with pytest.raises(SandboxError, match=match):
+            session.start()
+    finally:
+        session.close()
+
+
 def test_a_sandbox_past_the_free_disk_is_refused_and_the_others_keep_working(small_disk: SmallDisk) -> None:
     config = config_for(small_disk)
     first, second = (nbexec.Session(config, keep_files=False).start() for _ in range(2))
@@ -134,8 +144,7 @@ def test_a_sandbox_past_the_free_disk_is_refused_and_the_others_keep_working(sma
             assert result.ok and int(result.stdout) > 0, result.error
             assert session.run("print(6 * 7)").stdout == "42\n"
         assert small_disk.free() >= MARGIN, small_disk.free()  # both filled: the margin is still free
-        with pytest.raises(SandboxError, match="disk"):
-            nbexec.Session(config).start()
+        refused_start(config, "disk")
         assert second.run("import os\nos.remove('/mnt/data/fill')").ok  # its copy goes with the file
     finally:
         first.close()
@@ -151,8 +160,7 @@ def test_the_margin_stays_free(small_disk: SmallDisk) -> None:
     each = share(int(base["NBEXEC_MAX_DATA"].rstrip("m")) * MiB, MiB, MiB)
     spare = small_disk.free() - each  # what one sandbox leaves free
     tight = nbexec.from_env({**base, "NBEXEC_DISK_MARGIN": str(spare + 8 * MiB)})
-    with pytest.raises(SandboxError, match="disk_margin"):
-        nbexec.Session(tight, keep_files=False).start()
+    refused_start(tight, "disk_margin")
     roomy = nbexec.from_env({**base, "NBEXEC_DISK_MARGIN": str(spare - 8 * MiB)})
     with nbexec.Session(roomy, keep_files=False) as session:
         assert session.run("print(5)").stdout == "5\n"
