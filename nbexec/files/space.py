@@ -10,10 +10,11 @@ container's log options; the root filesystem is read-only and /tmp, $HOME and /d
 
 `reserve` admits one sandbox: for each filesystem it will write, the free space (statvfs ``f_bavail``) less what
 earlier reservations on that filesystem may still write must be at least what this one may write there plus
-``disk_margin``, else DiskSpaceError. The check and the record happen under one lock, so concurrent starts cannot
-all pass on the same free space. A reservation ends with its owner (the sandbox is destroyed). What an owner
-already wrote is gone from the free space, so the part of its data image already allocated no longer counts
-as held.
+``disk_margin``, else DiskSpaceError. Reservations are recorded in the `ledger`, shared by this uid's nbexec
+processes, and checked and recorded under its lock, so concurrent starts (threads or processes) cannot all pass
+on the same free space. A reservation ends with its owner (the sandbox is destroyed), or with its process. What
+an owner already wrote is gone from the free space, so the part of its data image already allocated no longer
+counts as held.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from pathlib import Path
 from nbexec.config import SandboxConfig, parse_size
 from nbexec.errors import DiskSpaceError
 
+from . import ledger
 from .folders import output_root
 
 KNOBS = ("Free space there, lower max_data / max_display / max_output (NBEXEC_MAX_DATA, ...), lower disk_margin "
@@ -85,15 +86,6 @@ class Need:
     what: str
     grows: Path | None = None
 
-    def outstanding(self) -> int:
-        if self.grows is None:
-            return self.count
-        try:
-            written = os.stat(self.grows, follow_symlinks=False).st_blocks * 512
-        except OSError:
-            written = 0
-        return max(0, self.count - written)
-
 
 def sandbox_needs(config: SandboxConfig, workdir: Path) -> list[Need]:
     """Where a sandbox working in ``workdir`` may write, and how much (its output folder: the default one)."""
@@ -117,21 +109,15 @@ def reserve_outputs(config: SandboxConfig, folder: Path) -> Reservation | None:
 
 
 class Reservation:
-    """Disk held for one sandbox until ``release`` (idempotent)."""
+    """Disk held for one sandbox (a record in the `ledger`) until ``release`` (idempotent)."""
 
-    def __init__(self, needs: Sequence[tuple[int, Need]]) -> None:
-        self.needs = tuple(needs)  # (filesystem, need)
-
-    def outstanding(self, device: int) -> int:
-        return sum(need.outstanding() for where, need in self.needs if where == device)
+    def __init__(self, record: str) -> None:
+        self.record: str | None = record
 
     def release(self) -> None:
-        with _lock:
-            _live.discard(self)
-
-
-_lock = threading.Lock()
-_live: set[Reservation] = set()
+        record, self.record = self.record, None
+        if record is not None:
+            ledger.remove(record)
 
 
 def _device(path: Path) -> tuple[int, Path]:
@@ -147,21 +133,36 @@ def _free(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def _held(records: list[list[ledger.Held]]) -> dict[int, int]:
+    """Bytes the recorded sandboxes may still write, by filesystem (a growing file's written blocks are in
+    use already, so they are no longer held)."""
+    held: dict[int, int] = {}
+    for record in records:
+        for device, count, grows in record:
+            written = 0
+            if grows is not None:
+                with contextlib.suppress(OSError):
+                    written = os.stat(grows, follow_symlinks=False).st_blocks * 512
+            held[device] = held.get(device, 0) + max(0, count - written)
+    return held
+
+
 def reserve(needs: Sequence[Need], margin: int) -> Reservation:
     """Admit one sandbox: hold ``needs`` on their filesystems, or raise DiskSpaceError (nothing held) when one of
-    them has less free space, beyond what earlier reservations hold, than its needs plus ``margin``."""
+    them has less free space, beyond what sandboxes admitted before (in any process) hold, than its needs plus
+    ``margin``."""
     placed = [(*_device(need.path), need) for need in needs if need.count > 0]
-    with _lock:
+    with ledger.locked() as fd:
+        held = _held(ledger.records(fd))
         for device in {where for where, _, _ in placed}:
             mine = [need for where, _, need in placed if where == device]
             place = next(path for where, path, _ in placed if where == device)
-            free, held = _free(place), sum(r.outstanding(device) for r in _live)
-            wanted = sum(need.count for need in mine)
-            if free - held < wanted + margin:
-                raise _refusal(place, free, held, mine, margin)
-        reservation = Reservation([(where, need) for where, _, need in placed])
-        _live.add(reservation)
-    return reservation
+            free = _free(place)
+            if free - held.get(device, 0) < sum(need.count for need in mine) + margin:
+                raise _refusal(place, free, held.get(device, 0), mine, margin)
+        record = ledger.add(fd, [(where, need.count, None if need.grows is None else str(need.grows))
+                                 for where, _, need in placed])
+    return Reservation(record)
 
 
 def _refusal(place: Path, free: int, held: int, mine: list[Need], margin: int) -> DiskSpaceError:
@@ -187,14 +188,14 @@ class Room:
 
 def room(config: SandboxConfig, workdir: Path) -> Room:
     """Room for sandboxes of ``config`` working under ``workdir``: the tightest of the filesystems they write,
-    after what this process's sandboxes hold and the margin."""
+    after what admitted sandboxes hold and the margin."""
     tightest: Room | None = None
     placed = [(*_device(need.path), need) for need in sandbox_needs(config, workdir) if need.count > 0]
     for device in {where for where, _, _ in placed}:
         wanted = sum(need.count for where, _, need in placed if where == device)
         place = next(path for where, path, _ in placed if where == device)
-        with _lock:
-            free = _free(place) - sum(r.outstanding(device) for r in _live)
+        with ledger.locked() as fd:
+            free = _free(place) - _held(ledger.records(fd)).get(device, 0)
         count = max(0, (free - config.disk_margin_bytes) // wanted)
         if tightest is None or count < tightest.count:
             tightest = Room(count, place, free)

@@ -213,6 +213,30 @@ def test_one_shots_and_the_pool_are_refused_too(small_disk: SmallDisk) -> None:
     assert nbexec.execute_notebook("print(3)", config=config).stdout == "3\n"
 
 
+def test_admissions_in_two_processes_share_the_ledger(small_disk: SmallDisk) -> None:
+    """What this process holds counts for another nbexec process on the same folders (parallel CLI runs)."""
+    env = {**sized_for(small_disk, 1), "NBEXEC_POOL_SIZE": "0"}
+    with nbexec.Session(nbexec.from_env(env), keep_files=False) as holder:
+        holder.start()
+        done = _cli(small_disk, "run", "-", env=env)
+        assert done.returncode == 3 and "disk" in done.stderr, (done.returncode, done.stdout, done.stderr)
+    done = _cli(small_disk, "run", "-", env=env)  # its share was released when it closed
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_dead_processs_record_holds_nothing(small_disk: SmallDisk) -> None:
+    """A process killed while it held disk (no release) does not keep the host's disk held."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ledger = small_disk.path / f"nbexec-disk-{os.getuid()}"
+    ledger.mkdir(mode=0o700, exist_ok=True)
+    record = ledger / f"{gone.pid}-12345-deadbeef0000"
+    record.write_text(f"[[{os.stat(small_disk.path).st_dev}, {1 << 50}, null]]")
+    with nbexec.Session(config_for(small_disk, fit=1), keep_files=False) as session:
+        assert session.run("print(4)").stdout == "4\n"
+    assert not record.exists()
+
+
 def _cli(disk: SmallDisk, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, **env, "TMPDIR": str(disk.path), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "nbexec.cli", *args], cwd=disk.path, env=environ, input="print(1)\n",
