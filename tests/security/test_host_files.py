@@ -15,6 +15,7 @@ without the caps instead of hanging, then with the 16 TiB one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import http.server
 import json
@@ -297,13 +298,19 @@ def test_remote_listing_and_download_are_bounded(one_node: cluster.Server, tmp_p
 
 # -- a hostile node ---------------------------------------------------------------------------------------------
 
+@functools.cache
+def _million_entries() -> bytes:
+    """A file listing of a million entries (120 MB of JSON), made once per test run."""
+    entry = {"size": 1, "mime": "text/plain", "sha256": "0" * 64, "url": None}
+    return json.dumps({"files": [dict(entry, name=f"{i:07d}") for i in range(1_000_000)]}).encode()
+
+
 class _HostileNode(http.server.ThreadingHTTPServer):
     """A loopback "node" that answers like an nbexec node, then lies about files: endless bodies, a listing of a
     million entries, and a run whose files add up to far more than max_data."""
 
     daemon_threads = True
     sizes = {"exact": 32 * MiB}  # bytes of each file it sends (512 MiB unless named here)
-    listing = b""  # made once, so the cost of making it is not the client's
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -341,12 +348,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._json({"node": "hostile", "instance": "i1", "sessions": 0, "pool_free": 9, "pool_size": 9,
                                "running": 0})
         if self.path == "/v1/sessions/s1/files":
+            listing = _million_entries()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(self.server.listing)))
+            self.send_header("Content-Length", str(len(listing)))
             self.end_headers()
             with contextlib.suppress(OSError):
-                self.wfile.write(self.server.listing)
+                self.wfile.write(listing)
             return None
         if self.path.startswith("/v1/sessions/s1/files/"):
             name = self.path.rsplit("/", 1)[1]
@@ -381,8 +389,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def hostile_node(monkeypatch: pytest.MonkeyPatch) -> Iterator[_HostileNode]:
     server = _HostileNode(("127.0.0.1", 0), _Handler)
-    entry = {"size": 1, "mime": "text/plain", "sha256": "0" * 64, "url": None}
-    server.listing = json.dumps({"files": [dict(entry, name=f"{i:07d}") for i in range(1_000_000)]}).encode()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     monkeypatch.setenv("NBEXEC_NODES", f"http://127.0.0.1:{server.server_address[1]}")
@@ -419,6 +425,7 @@ def test_a_hostile_nodes_download_stops_at_max_data(small_remote: tuple[Any, Pat
 
 def test_a_hostile_nodes_listing_is_refused_unparsed(small_remote: tuple[Any, Path]) -> None:
     session, _ = small_remote
+    _million_entries()  # made by the "node" before the client's cost is measured
     with cost() as here, pytest.raises(NbexecError, match="listing"):
         session.files()
     assert here.peak < 64 * MiB, here  # a million entries (120 MB of JSON) are never read whole nor parsed
