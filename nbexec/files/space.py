@@ -5,7 +5,7 @@ A sandbox writes the host's disk in a few places, each capped by a limit the ker
 its /mnt/data filesystem, an image file in its working folder (max_data); the copy of its files in the output
 folder (max_data); image files (max_display); the notebook, written next to its previous version before
 replacing it (twice max_output + max_display); and wheels fetched for it into the wheel cache
-(max_package_download, when packages are on). Docker keeps the container's own log, capped at 1 MiB by the
+(max_package_download, when packages are on). Docker keeps the container's own log, capped at about 1 MiB by the
 container's log options; the root filesystem is read-only and /tmp, $HOME and /dev/shm live in memory.
 
 `reserve` admits one sandbox: for each filesystem it will write, the free space (statvfs ``f_bavail``) less what

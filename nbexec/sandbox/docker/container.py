@@ -46,7 +46,7 @@ WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (
 PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
 MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
 HOME = "/home/sandbox"
-LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: at most 1 MiB on the host
+LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
