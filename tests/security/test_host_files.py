@@ -289,6 +289,9 @@ def test_remote_listing_and_download_are_bounded(one_node: cluster.Server, tmp_p
         assert on_node.read < SMALL_READ and here.read < SMALL_READ, (on_node, here)
         assert len(listed) == 20 and "eight" not in {f.name for f in listed}
         assert session.run(sparse(("huge", HUGE))).ok
+        with cost_of(node_pid) as on_node:
+            assert [f.name for f in session.files()] == [f.name for f in listed]
+        assert on_node.read < MiB, on_node
         for name in ("eight", "huge"):
             with cost_of(node_pid) as on_node, cost() as here, pytest.raises(FileTransferError, match="larger than"):
                 session.download(name)
