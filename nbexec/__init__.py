@@ -5,8 +5,10 @@ from .engine.execute import execute_notebook, execute_notebook_async
 from .engine.session import Session, SessionManager
 from .errors import (
     ConfigError,
+    DiskSpaceError,
     DockerError,
     DockerUnavailableError,
+    FileTooLargeError,
     FileTransferError,
     ImageNotFoundError,
     NbexecError,
@@ -33,10 +35,12 @@ __version__ = "0.1.0"
 __all__ = [
     "CellError",
     "ConfigError",
+    "DiskSpaceError",
     "DockerError",
     "DockerUnavailableError",
     "ExecutionResult",
     "File",
+    "FileTooLargeError",
     "FileTransferError",
     "Image",
     "ImageNotFoundError",

@@ -130,6 +130,10 @@ class SandboxConfig:
                       "a quarter more entries, for folders."),
     )
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
+    disk_margin: str = field(default="1g", metadata=_doc(
+        "Host disk kept free: a sandbox is not started while the free space of the working or output folder's "
+        "filesystem, less what running sandboxes may still write, is below what it may write (2 x max_data, "
+        "max_display, 2 x (max_output + max_display), max_package_download) plus this."))
     user: str | None = field(
         default=None, metadata=_doc(
             "uid:gid inside the sandbox (default: yours; when nbexec runs as root, a fresh uid per sandbox above "
@@ -188,7 +192,7 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         self._check_packages()
         self._check_network()
-        for name in ("memory", "max_output", "max_display", "max_data", "tmp_size"):
+        for name in ("memory", "max_output", "max_display", "max_data", "tmp_size", "disk_margin"):
             parse_size(getattr(self, name))
         if parse_size(self.memory) < 64 * 1024**2:
             raise ConfigError(f"memory {self.memory!r} is too small: a kernel needs at least 64m")
@@ -267,6 +271,7 @@ class SandboxConfig:
     max_output_bytes = _Bytes()
     max_display_bytes = _Bytes()
     tmp_size_bytes = _Bytes()
+    disk_margin_bytes = _Bytes()
 
     def uid_gid(self) -> tuple[int, int]:
         """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when

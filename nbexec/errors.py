@@ -7,7 +7,8 @@
     │   ├── DockerUnavailableError   no engine answers
     │   └── ImageNotFoundError       the runtime image is not built
     ├── SandboxError             a sandbox could not be started or was lost
-    │   └── ProtocolError            the kernel broke the protocol (unsigned, replayed, oversized, malformed)
+    │   ├── ProtocolError            the kernel broke the protocol (unsigned, replayed, oversized, malformed)
+    │   └── DiskSpaceError           the host lacks the free disk a new sandbox may use (HTTP 503)
     ├── SessionError
     │   ├── SessionDeadError         the session's kernel died or was killed; start a new session
     │   ├── SessionClosedError       the session was closed (or reaped after its idle TTL)
@@ -18,6 +19,7 @@
     │   ├── NodeUnavailableError     no node could be reached; nothing ran
     │   └── NodeLostError            the node was lost during the call; the code may have run (never retried)
     ├── FileTransferError        an upload or download into /mnt/data was refused
+    │   └── FileTooLargeError        the file is over the cap (max_data, or the caller's); nothing was read (HTTP 413)
     ├── PackageError             packages could not be resolved or provided (reported in results, raised elsewhere)
     └── StorageError             an artifact store failed (reported per file in results, raised elsewhere)
 """
@@ -55,6 +57,15 @@ class SandboxError(NbexecError):
 
 class ProtocolError(SandboxError):
     """The sandbox's kernel sent something the protocol does not allow; the sandbox is not trusted any more."""
+
+
+class DiskSpaceError(SandboxError):
+    """The host's free disk, less what sandboxes already admitted may still write, is below what one more sandbox
+    may write plus the margin (``disk_margin``): it was not started. ``reason`` says so without host paths."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SessionError(NbexecError):
@@ -99,6 +110,10 @@ class NodeLostError(NodeError):
 
 class FileTransferError(NbexecError):
     """A file could not be put into or fetched from /mnt/data."""
+
+
+class FileTooLargeError(FileTransferError):
+    """A file is larger (by its apparent size at fstat, or by what a node sent) than the cap; it was not read."""
 
 
 class PackageError(NbexecError):

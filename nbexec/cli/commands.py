@@ -89,6 +89,7 @@ def doctor() -> None:
     _check_sandbox_uid(config)
     click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
                "ok   /mnt/data is a filesystem of its own per sandbox (max_data bytes, max_files inodes)")
+    problems += _check_disk(config)
     click.echo(f"     policy: {config!r}")
     sys.exit(EXIT_INFRA if problems else EXIT_OK)
 
@@ -115,6 +116,21 @@ def _check_runtimes(config: SandboxConfig) -> int:
         click.echo(f"{'FAIL' if found.name == configured else 'WARN'} {what}{mark} does not work here: "
                    f"{found.reason}")
     return problems
+
+
+def _check_disk(config: SandboxConfig) -> int:
+    """State the host disk one sandbox may write and how many the free space has room for; a problem at none."""
+    from nbexec.files import folders, space
+
+    found = space.room(config, folders.work_root())
+    text = (f"host disk per sandbox: {space.share(config).describe()}, plus {space.size(config.disk_margin_bytes)} "
+            f"kept free (disk_margin); {space.size(found.free)} free on the filesystem of {found.place}: room for "
+            f"{found.count} sandboxes")
+    if found.count:
+        click.echo(f"ok   {text}")
+        return 0
+    click.echo(f"FAIL {text}. {space.KNOBS}")
+    return 1
 
 
 def _check_sandbox_uid(config: SandboxConfig) -> None:

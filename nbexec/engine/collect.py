@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from nbformat import NotebookNode
 
 from nbexec import notebook, packages
+from nbexec.config import SandboxConfig
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.notebook import links, outputs
@@ -52,16 +53,21 @@ class Gathered:
     connections: tuple[Connection, ...] = ()  # network="allowlist": the proxy's log for this run
 
 
+def limits(config: SandboxConfig) -> artifacts.Limits:
+    """What a run keeps of /mnt/data, and the most any host read of it costs: max_data per file and in total,
+    max_files files."""
+    cap = config.max_data_bytes
+    return artifacts.Limits(max_file=cap, max_total=cap, max_files=config.max_files)
+
+
 def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFolder, *, notebook_name: str,
            known: artifacts.Known | None = None) -> Gathered:
     """Save the run's images, copy /mnt/data to ``folder``/data (``known``: a session's memory of earlier copies),
     and write the notebook as ``notebook_name`` (replaced atomically), all through the folder's descriptor."""
     flat = outputs.flatten(nb, run.first_cell)
     images = transfer.save_images(list(outputs.images(flat)), folder)
-    cap, config = sandbox.config.max_data_bytes, sandbox.config
     with folder.child("data") as target:
-        found = sandbox.snapshot(target, artifacts.Limits(max_file=cap, max_total=cap, max_files=config.max_files),
-                                 known)
+        found = sandbox.snapshot(target, limits(sandbox.config), known)
     notes, stopped = sandbox.data_notes()
     error = _as_limit(run.error, stopped, notes)
     connections, traffic_notes = sandbox.take_connections()

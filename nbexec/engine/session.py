@@ -21,8 +21,8 @@ from nbformat import NotebookNode
 from nbexec import notebook
 from nbexec import packages as installs
 from nbexec.config import SandboxConfig
-from nbexec.errors import FileTransferError, SessionClosedError, SessionDeadError
-from nbexec.files import artifacts, folders, transfer
+from nbexec.errors import FileTooLargeError, FileTransferError, SessionClosedError, SessionDeadError
+from nbexec.files import artifacts, folders, space, transfer
 from nbexec.result import ExecutionResult, File, Package
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
@@ -67,6 +67,7 @@ class Session(reaper.SessionBase):
         self.one_shot = one_shot
         self.output_dir: Path | None = None
         self._folder: folders.OutputFolder | None = None
+        self._disk: space.Reservation | None = None  # its output folder's share, when not where sandboxes hold it
         self.notebook: NotebookNode = notebook.empty()
         self.created_at = time.time()
         self.last_activity = time.monotonic()
@@ -78,6 +79,7 @@ class Session(reaper.SessionBase):
         self.store: ArtifactStore = store if store is not None else LocalStore()
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
         self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
+        self._hashed: artifacts.Known = {}  # files of /mnt/data hashed by listings: only changes are hashed again
         self._displays: cells.Displays = {}  # display ids of every run, so an update reaches earlier cells
         self._widgets = widgets.WidgetState()  # widget models of every run, so an update reaches earlier ones
 
@@ -94,21 +96,38 @@ class Session(reaper.SessionBase):
             self._check_usable()
             if self._sandbox is None:
                 started = time.monotonic()
-                if self.output_dir is None:
-                    name = self.id if self.one_shot else f"session-{uuid.uuid4().hex}"
-                    self.output_dir = folders.output_dir(self._requested_dir, name)
-                    self._folder = folders.OutputFolder.open(self.output_dir)
+                opened = self._open_output()
                 try:
                     self._sandbox = self._source().acquire(self.config,
                                                            purpose="oneshot" if self.one_shot else "session")
                 except BaseException:
-                    if self.one_shot and self._requested_dir is None:
-                        self._close_folder(remove=True)
+                    if opened is not None:  # nothing of a session that never started stays (nor a folder it made)
+                        self._close_folder(remove=opened)
+                        self.output_dir = None
                     raise
                 self._start_s = time.monotonic() - started
                 if not self.one_shot:
                     reaper.register(self)
             return self
+
+    def _open_output(self) -> bool | None:
+        """Make or open the output folder on the first start: None when it was open already, else whether this
+        call made the folder. A requested one on another filesystem than the default output folder (where each
+        sandbox's share is held) is admitted first (see `nbexec.files.space`)."""
+        if self.output_dir is not None:
+            return None
+        made = self._requested_dir is None or not os.path.lexists(self._requested_dir)
+        if self._requested_dir is not None:
+            self._disk = space.reserve_outputs(self.config, Path(self._requested_dir).absolute())
+        name = self.id if self.one_shot else f"session-{uuid.uuid4().hex}"
+        try:
+            self.output_dir = folders.output_dir(self._requested_dir, name)
+            self._folder = folders.OutputFolder.open(self.output_dir)
+        except BaseException:
+            self._close_folder(remove=False)
+            self.output_dir = None
+            raise
+        return made
 
     def _source(self) -> SandboxSource:
         return for_config(self.config)
@@ -140,6 +159,9 @@ class Session(reaper.SessionBase):
         self._close_folder(remove=not self.keep_files)
 
     def _close_folder(self, *, remove: bool) -> None:
+        disk, self._disk = self._disk, None
+        if disk is not None:
+            disk.release()
         folder, self._folder = self._folder, None
         if folder is None:
             return
@@ -168,10 +190,8 @@ class Session(reaper.SessionBase):
 
     def _copy_out(self, sandbox: SandboxHandle) -> list[File]:
         assert self._folder is not None
-        cap = self.config.max_data_bytes
-        limits = artifacts.Limits(max_file=cap, max_total=cap, max_files=self.config.max_files)
         with self._folder.child("data") as target:
-            return sandbox.snapshot(target, limits, self._copied).files
+            return sandbox.snapshot(target, collect.limits(self.config), self._copied).files
 
     def _copy_in(self, files: list[File]) -> None:
         """Put the host copies of a previous sandbox's files into the new /mnt/data."""
@@ -181,6 +201,7 @@ class Session(reaper.SessionBase):
             with open(item.path, "rb") as handle:  # a private host folder nbexec made (0700)
                 sandbox.put_file(item.name, handle)
         self._copied.clear()  # the new filesystem's files are new: copy them again after the next run
+        self._hashed.clear()
 
     def interrupt(self) -> None:
         """Interrupt the running cell (safe to call from another thread)."""
@@ -315,28 +336,42 @@ class Session(reaper.SessionBase):
         return f"/mnt/data/{name}"
 
     def download(self, name: str) -> bytes:
-        """The bytes of /mnt/data/``name`` (a regular file; links are refused)."""
-        with self._lock:
-            self.start()
-            assert self._sandbox is not None
-            self.last_activity = time.monotonic()
-            _, chunks = self._sandbox.open_file(name)
+        """The bytes of /mnt/data/``name`` (a regular file; links are refused). A file over max_data (by its
+        apparent size) raises FileTooLargeError before a byte is read."""
+        _, chunks = self.open_file(name)
+        try:
             return b"".join(chunks)
+        finally:
+            chunks.close()
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
-        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
+        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused, and so is
+        a file over ``max_bytes`` or max_data, whichever is smaller (FileTooLargeError; nothing is read)."""
+        cap = min((c for c in (max_bytes, self.config.max_data_bytes) if c), default=0)
         with self._lock:
             self.start()
             assert self._sandbox is not None
             self.last_activity = time.monotonic()
-            return self._sandbox.open_file(name, max_bytes=max_bytes)
+            try:
+                return self._sandbox.open_file(name, max_bytes=cap)
+            except FileTooLargeError as exc:
+                if cap != self.config.max_data_bytes:
+                    raise
+                raise FileTooLargeError(f"{exc} (the /mnt/data cap, max_data, is {self.config.max_data})") from None
 
     def files(self) -> list[File]:
-        """The regular files now in /mnt/data (File entries), and nothing else."""
+        """The regular files now in /mnt/data, as a run would keep them (see `listing`)."""
+        return self.listing().files
+
+    def listing(self) -> artifacts.Collection:
+        """/mnt/data as it is now, read as a run's collection reads it: the regular files within max_data and
+        max_files, hashed (an unchanged file only once per session), and the rest listed as skipped with why
+        (a file over the caps is never read, whatever its apparent size), with notes."""
         with self._lock:
             self.start()
             assert self._sandbox is not None
-            return self._sandbox.list_files()
+            self.last_activity = time.monotonic()
+            return self._sandbox.list_files(collect.limits(self.config), self._hashed)
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status}>"

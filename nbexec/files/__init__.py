@@ -3,6 +3,8 @@
     folders    private roots in the temporary folder, output folders held by descriptor, retention
     transfer   one file at a time through directory descriptors: into /mnt/data, out of it, into output folders
     artifacts  what the code left in /mnt/data, collected within the caps
+    space      the host disk one sandbox may write, admitted before it starts (DiskSpaceError otherwise)
+    ledger     the record of disk held for sandboxes, shared by this uid's nbexec processes
 
 May import: nbexec's values (config, errors, result) and notebook.outputs. Nothing about sandboxes or the engine.
 """

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from nbexec.errors import FileTransferError
+from nbexec.errors import FileTooLargeError, FileTransferError
 from nbexec.notebook.outputs import ImageData
 from nbexec.result import Image
 
@@ -177,7 +177,7 @@ def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1
     """Open ``data_dir/name`` for streaming: (its size at open, an iterator of at most that many bytes).
 
     Opened through directory descriptors without following links, a regular file by fstat; a size over
-    ``max_bytes`` (0: no cap) raises FileTransferError before anything is read. The file is closed when the
+    ``max_bytes`` (0: no cap) raises FileTooLargeError before anything is read. The file is closed when the
     iterator ends or is dropped.
     """
     parts = relative_parts(name)
@@ -196,10 +196,13 @@ def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1
     finally:
         os.close(root)
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or (max_bytes and st.st_size > max_bytes):
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else f"is larger than {max_bytes:,} bytes"
-        raise FileTransferError(f"{name!r} {why}")
+        raise FileTransferError(f"{name!r} is not a regular file")
+    if max_bytes and st.st_size > max_bytes:
+        os.close(fd)
+        raise FileTooLargeError(f"{name!r} is larger than {max_bytes:,} bytes ({st.st_size:,} bytes by its apparent "
+                                "size; nothing was read)")
     return st.st_size, FileChunks(os.fdopen(fd, "rb", buffering=0), st.st_size, chunk)
 
 

@@ -32,7 +32,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
-from nbexec.result import Connection, File
+from nbexec.result import Connection
 
 from .docker import pool
 from .docker.container import ContainerState
@@ -83,8 +83,9 @@ class SandboxHandle(Protocol):
         """/mnt/data/``name`` for streaming: (its size, its chunks); links and over-size files are refused.
         (A remote handle wraps the response body, a binary file object, in transfer.FileChunks.)"""
 
-    def list_files(self) -> list[File]:
-        """The regular files now in /mnt/data."""
+    def list_files(self, limits: artifacts.Limits, known: artifacts.Known | None = None) -> artifacts.Collection:
+        """The regular files now in /mnt/data within ``limits`` (hashed, never past them; ``known`` spares hashing
+        unchanged ones again), the rest as skipped with why: never more than a collection reads."""
 
     def data_notes(self) -> tuple[list[str], bool]:
         """Notes on /mnt/data running full, and whether that stopped the sandbox."""

@@ -14,10 +14,11 @@ from nbexec.engine.session import Session
 from nbexec.files import artifacts
 
 from .runs import Runs, owner
-from .schemas import FileListModel, FileModel, StoredModel
+from .schemas import FileListModel, FileModel, SkippedFileModel, StoredModel
 from .tenants import RouteStore, Tenants
 
 DOWNLOAD = {"description": "The file's bytes.", "content": {"application/octet-stream": {}}}
+TOO_LARGE = {"description": "The file is over max_data (by its apparent size); nothing was read."}
 
 
 def owned(folders: Tenants, who: str, session_id: str) -> Session:
@@ -33,11 +34,14 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
 
     @app.get("/v1/sessions/{session_id}/files")
     async def list_files(session_id: str, who: str = Depends(owner)) -> FileListModel:
+        """/mnt/data as a run would collect it: files within max_data and max_files, the rest skipped with why."""
         session = owned(folders, who, session_id)
-        found = await runs.io(who, session.files)
+        found = await runs.io(who, session.listing)
         return FileListModel(files=[FileModel(name=f.name, size=f.size, mime=f.mime, sha256=f.sha256,
                                               url=RouteStore.url(f"/v1/sessions/{session.id}", "files", f.name))
-                                    for f in found])
+                                    for f in found.files],
+                             skipped_files=[SkippedFileModel(name=s.name, reason=s.reason) for s in found.skipped],
+                             notes=found.notes)
 
     @app.put("/v1/sessions/{session_id}/files/{name:path}", status_code=201)
     async def put_file(session_id: str, name: str, request: Request, who: str = Depends(owner)) -> StoredModel:
@@ -49,10 +53,11 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
             raise HTTPException(400 if exc.status_code == 404 else exc.status_code, exc.detail) from exc
         return StoredModel(path=path, size=len(content))
 
-    @app.get("/v1/sessions/{session_id}/files/{name:path}", response_class=StreamingResponse, responses={200: DOWNLOAD})
+    @app.get("/v1/sessions/{session_id}/files/{name:path}", response_class=StreamingResponse,
+             responses={200: DOWNLOAD, 413: TOO_LARGE})
     async def get_file(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
-        session = owned(folders, who, session_id)  # /mnt/data as it is now, like the listing
-        return await _download(runs, who, lambda: session.open_file(name, max_bytes=cap))
+        session = owned(folders, who, session_id)  # /mnt/data as it is now, like the listing; max_data caps it
+        return await _download(runs, who, lambda: session.open_file(name))
 
     @app.get("/v1/sessions/{session_id}/images/{name}", response_class=StreamingResponse, responses={200: DOWNLOAD})
     async def get_session_image(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:

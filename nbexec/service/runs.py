@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from nbexec.errors import DockerError, FileTransferError, NbexecError, SessionError
+from nbexec.errors import DiskSpaceError, DockerError, FileTooLargeError, FileTransferError, NbexecError, SessionError
 
 from . import streaming
 from .gateway import OWNER_KEY
@@ -40,6 +40,10 @@ def too_many(message: str) -> HTTPException:
 
 
 def http_error(exc: NbexecError) -> HTTPException:
+    if isinstance(exc, FileTooLargeError):
+        return HTTPException(413, str(exc))
+    if isinstance(exc, DiskSpaceError):  # the reason without host paths; the log has the rest
+        return HTTPException(503, exc.reason, headers={"Retry-After": "30"})
     if isinstance(exc, FileTransferError):
         return HTTPException(400, str(exc))
     if isinstance(exc, SessionError):
@@ -99,6 +103,8 @@ class Runs:
         """Run blocking file or session work on the token's own I/O threads."""
         try:
             return await asyncio.wrap_future(self.folders.lanes(who).io.submit(func, *args))
+        except FileTooLargeError as exc:
+            raise HTTPException(413, str(exc)) from exc
         except FileTransferError as exc:
             raise HTTPException(404, str(exc)) from exc
         except NbexecError as exc:

@@ -97,7 +97,10 @@ class SessionModel(BaseModel):
 
 
 class FileListModel(BaseModel):
-    files: list[FileModel]
+    files: list[FileModel] = Field(description="Regular files within max_data and max_files, hashed.")
+    skipped_files: list[SkippedFileModel] = Field(default_factory=list, description=(
+        "Entries not listed as files, with why (over a cap: never read; links, devices, ...)."))
+    notes: list[str] = Field(default_factory=list)
 
 
 class StoredModel(BaseModel):

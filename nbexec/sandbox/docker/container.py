@@ -27,9 +27,9 @@ import docker.types
 
 from nbexec.config import SandboxConfig, running_as_root
 from nbexec.errors import DockerError, SandboxError
-from nbexec.files import artifacts, transfer
+from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, work_root
-from nbexec.result import Connection, File
+from nbexec.result import Connection
 from nbexec.sandbox import kernel
 
 from . import daemon, datafs, egress
@@ -46,6 +46,7 @@ WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (
 PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
 MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
 HOME = "/home/sandbox"
+LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
@@ -79,6 +80,7 @@ class Sandbox:
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
         self.egress: Any = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
+        self.disk: space.Reservation | None = None  # its share of the host's disk, held until destroy
 
     def file_owner(self) -> tuple[int, int] | None:
         """Who the files the host makes for the sandbox must belong to (the one place that decides it): the
@@ -97,6 +99,8 @@ class Sandbox:
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
         sandbox = cls(config, sandbox_id, workdir)
         try:
+            # Its share of the host's disk is admitted before anything is written (DiskSpaceError otherwise).
+            sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
             sandbox.data_dir.mkdir(mode=0o700)
             sandbox._prepare_folders()
             if config.network == "allowlist":  # before the container, which mounts the proxy's folder
@@ -210,6 +214,8 @@ class Sandbox:
             "nano_cpus": int(config.cpus * 1e9),
             "pids_limit": config.pids,
             "shm_size": 64 * 1024**2,
+            # The kernel's own stdout/stderr (fd 1 and 2) go to Docker's log on the host's disk: capped.
+            "log_config": docker.types.LogConfig(type="json-file", config=LOG_OPTIONS),
             "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0),
                         docker.types.Ulimit(name="nofile", soft=4096, hard=4096)],
             "working_dir": DATA_MOUNT,
@@ -319,9 +325,9 @@ class Sandbox:
         """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
         return transfer.open_stream(self.data_dir, name, max_bytes=max_bytes)
 
-    def list_files(self) -> list[File]:
-        """The regular files now in /mnt/data (hashed where they lie), and nothing else."""
-        return artifacts.collect(self.data_dir)[0]
+    def list_files(self, limits: artifacts.Limits, known: artifacts.Known | None = None) -> artifacts.Collection:
+        """/mnt/data as it is now, within ``limits`` (hashed where they lie; see artifacts.snapshot)."""
+        return artifacts.snapshot(self.data_dir, None, limits, known=known)
 
     def data_notes(self) -> tuple[list[str], bool]:
         """nbexec's notes on /mnt/data running out of space or inodes, and whether that stopped the sandbox
@@ -392,6 +398,8 @@ class Sandbox:
         for point in datafs.mounts_under(self.workdir):  # never delete through a mount left behind
             datafs.unmount(point)
         remove_tree(self.workdir)
+        if self.disk is not None:
+            self.disk.release()
 
 
 def _process_identity(pid: Any) -> tuple[int, str] | None:

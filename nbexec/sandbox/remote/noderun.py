@@ -134,7 +134,8 @@ def download(client: NodeClient, run: Run, folder: OutputFolder, known: dict[str
     """Stream the files of the run's last listing into ``folder``/data, within max_data and max_files.
 
     ``known`` (a session's memory, updated here) spares fetching files whose sha256 did not change."""
-    budget = run.config.max_data_bytes or 0
+    cap = run.config.max_data_bytes  # 0: no cap
+    left = cap
     known = {} if known is None else known
     with folder.child("data") as data:
         for item in run.files:
@@ -142,18 +143,29 @@ def download(client: NodeClient, run: Run, folder: OutputFolder, known: dict[str
             if url and not url.startswith("/"):
                 run.linked.append(File(name, "", int(item.get("size", 0)), str(item.get("mime", "")), sha, url))
                 continue
-            if len(run.kept) >= run.config.max_files:
-                run.skipped.append(SkippedFile(name, f"over the cap of {run.config.max_files} files"))
+            reason = _over(run, cap, left)
+            if reason is not None:
+                run.skipped.append(SkippedFile(name, reason))
                 continue
             try:
                 kept = known[name] if name in known and known[name].sha256 == sha else \
-                    _fetch(client, url, data, name, budget)
+                    _fetch(client, url, data, name, left)
             except FileTransferError as exc:
                 run.skipped.append(SkippedFile(name, str(exc)))
                 continue
-            budget = max(0, budget - kept.size) if budget else 0
+            left -= kept.size
             known[name] = kept
             run.kept.append(kept)
+
+
+def _over(run: Run, cap: int, left: int) -> str | None:
+    """Why no further file of the run is kept here: max_files reached, or max_data spent (a spent budget is
+    never "no cap")."""
+    if len(run.kept) >= run.config.max_files:
+        return f"over the cap of {run.config.max_files} files"
+    if cap and left <= 0:
+        return f"over the {run.config.max_data} cap on a run's files (max_data), spent by the files before it"
+    return None
 
 
 def _fetch(client: NodeClient, url: str, folder: OutputFolder, name: str, cap: int) -> File:

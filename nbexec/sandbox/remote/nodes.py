@@ -21,6 +21,7 @@ from typing import Any
 
 from nbexec.errors import (
     ConfigError,
+    FileTooLargeError,
     FileTransferError,
     NodeError,
     NodeLostError,
@@ -28,11 +29,14 @@ from nbexec.errors import (
     SessionError,
     SessionLimitError,
 )
+from nbexec.files.artifacts import MAX_SKIPPED, Collection
+from nbexec.result import File, SkippedFile
 
 CONNECT_TIMEOUT = 3.0  # seconds to open a connection to a node
 PROBE_TIMEOUT = 3.0  # seconds for a capacity probe, end to end
 READ_TIMEOUT = 60.0  # seconds without a byte from a node (keep-alive comments arrive every 15 s on a run)
 MAX_EVENT = 128 * 1024**2  # bytes of one streamed event (a result carries at most max_output + max_display)
+LISTED_ENTRY = 8192  # bytes one entry of a file listing may take (a 1,024-byte name escaped, its URL, its hash)
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 5.0  # seconds a failed node is left alone, doubling per failure
 
 
@@ -135,6 +139,36 @@ class EventReader:
         return None
 
 
+def parse_listing(raw: bytes, max_files: int, node: str) -> Collection:
+    """A node's answer to GET /v1/sessions/{id}/files (already capped in bytes): at most ``max_files`` files and
+    MAX_SKIPPED skipped entries kept, each field checked; anything else is a NodeError."""
+    try:
+        data = json.loads(raw)
+        files = [File(_text(f["name"]), "", _count(f["size"]), _text(f["mime"]), _text(f["sha256"]),
+                      None if f.get("url") is None else _text(f["url"])) for f in data["files"][:max_files]]
+        skipped = [SkippedFile(_text(s["name"]), _text(s["reason"]))
+                   for s in data.get("skipped_files", [])[:MAX_SKIPPED]]
+        notes = [_text(n) for n in data.get("notes", [])[:MAX_SKIPPED]]
+        more = len(data["files"]) - len(files)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise NodeError(f"node {node} sent a malformed file listing ({type(exc).__name__})") from exc
+    if more > 0:
+        notes.append(f"{more:,} more files were listed by node {node}; at most {max_files:,} are kept (max_files)")
+    return Collection(files, skipped, notes)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError("not a count")
+    return value
+
+
 def http_error(status: int, detail: str, node: str) -> Exception:
     """The nbexec error for a node's HTTP error answer."""
     where = f"node {node}"
@@ -142,6 +176,8 @@ def http_error(status: int, detail: str, node: str) -> Exception:
         return ConfigError(f"{where} refused NBEXEC_NODE_TOKEN; use one of the node's API tokens")
     if status == 400:
         return FileTransferError(detail)
+    if status == 413:
+        return FileTooLargeError(detail)
     if status == 429:
         return SessionLimitError(f"{where} is at its limit: {detail}")
     if status in (404, 409, 410):
@@ -214,6 +250,24 @@ class NodeClient:
             response = self.http.request(method, path, **options)
         self.check(response)
         return response
+
+    def fetch(self, path: str, what: str, max_bytes: int) -> bytes:
+        """GET ``path`` and return its body, refused (FileTooLargeError) once it passes ``max_bytes`` (0: no cap):
+        by its Content-Length before a byte is read, else as soon as what arrived passes the cap."""
+        with self.call(what), self.http.stream("GET", path) as response:
+            self.check(response)
+            with contextlib.suppress(ValueError):
+                if max_bytes and int(response.headers.get("content-length", "0")) > max_bytes:
+                    raise FileTooLargeError(f"what node {self.name} sent to {what} is larger than {max_bytes:,} "
+                                            "bytes by its Content-Length; nothing was read")
+            chunks, total = [], 0
+            for chunk in response.iter_bytes(1 << 20):
+                total += len(chunk)
+                if max_bytes and total > max_bytes:
+                    raise FileTooLargeError(f"what node {self.name} sent to {what} is larger than {max_bytes:,} "
+                                            "bytes; the rest was not read")
+                chunks.append(chunk)
+        return b"".join(chunks)
 
     def run(self, path: str, body: dict[str, Any], on_event: Callable[[str, Any], None]) -> dict[str, Any]:
         """POST ``body`` to ``path`` as a stream: each ``output`` event goes to ``on_event``; return the result.

@@ -15,19 +15,28 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
 from nbexec.engine import reaper
 from nbexec.engine.cells import OutputCallback
-from nbexec.errors import FileTransferError, NodeError, SessionClosedError, SessionError, SessionLostError
+from nbexec.errors import (
+    FileTooLargeError,
+    FileTransferError,
+    NodeError,
+    SessionClosedError,
+    SessionError,
+    SessionLostError,
+)
 from nbexec.files import folders
+from nbexec.files.artifacts import MAX_SKIPPED, Collection
 from nbexec.result import CellError, ExecutionResult, File
 from nbexec.stores import uploads
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
 from . import noderun
-from .nodes import Interrupted, NodeClient
+from .nodes import LISTED_ENTRY, Interrupted, NodeClient, parse_listing
 
 DEFAULT_TTL = 20 * 60.0
 
@@ -171,25 +180,32 @@ class RemoteSession(reaper.SessionBase):
         return f"/mnt/data/{name}"
 
     def download(self, name: str) -> bytes:
-        """The bytes of /mnt/data/``name`` on the node (at most max_data)."""
-        _, chunks = self.open_file(name, max_bytes=self.config.max_data_bytes)
+        """The bytes of /mnt/data/``name`` on the node (at most max_data: FileTooLargeError past it)."""
+        _, chunks = self.open_file(name)
         return b"".join(chunks)
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, Iterator[bytes]]:
-        """/mnt/data/``name`` as it is now on the node: (its size, its chunks), read whole within ``max_bytes``."""
+        """/mnt/data/``name`` as it is now on the node: (its size, its chunks), read whole, never past
+        ``max_bytes`` or max_data, whichever is smaller (FileTooLargeError)."""
+        cap = min((c for c in (max_bytes, self.config.max_data_bytes) if c), default=0)
         with self._lock, self._on_node("send a file") as client:
-            response = client.request("GET", f"/v1/sessions/{self._remote}/files/{name}", "send a file")
-            content = response.content
-        if max_bytes and len(content) > max_bytes:
-            raise FileTransferError(f"{name!r} is larger than {max_bytes} bytes")
+            content = client.fetch(f"/v1/sessions/{self._remote}/files/{quote(name)}", f"send {name!r}", cap)
         return len(content), iter([content])
 
     def files(self) -> list[File]:
         """The regular files now in /mnt/data on the node (``path`` is empty: they are not on this host)."""
+        return self.listing().files
+
+    def listing(self) -> Collection:
+        """/mnt/data on the node as a run would collect it (see Session.listing); a listing larger than
+        max_files entries could take is refused unread, and at most max_files entries are kept."""
+        limit = (self.config.max_files + MAX_SKIPPED) * LISTED_ENTRY + 65536
         with self._lock, self._on_node("list files") as client:
-            listed = client.request("GET", f"/v1/sessions/{self._remote}/files", "list files").json()["files"]
-        return [File(str(f["name"]), "", int(f["size"]), str(f["mime"]), str(f["sha256"]), f.get("url"))
-                for f in listed]
+            try:
+                raw = client.fetch(f"/v1/sessions/{self._remote}/files", "list files", limit)
+            except FileTooLargeError as exc:
+                raise NodeError(f"node {self.node} sent a file listing over {limit:,} bytes; refused") from exc
+        return parse_listing(raw, self.config.max_files, str(self.node))
 
     def restart(self) -> None:
         """A fresh kernel on a node (variables are lost; the files downloaded so far are put back)."""

@@ -1,0 +1,202 @@
+"""Host disk admitted before it is used: what one sandbox may write on this host, and a ledger of what the
+sandboxes admitted so far may still write.
+
+A sandbox writes the host's disk in a few places, each capped by a limit the kernel or nbexec enforces (`share`):
+its /mnt/data filesystem, an image file in its working folder (max_data); the copy of its files in the output
+folder (max_data); image files (max_display); the notebook, written next to its previous version before
+replacing it (twice max_output + max_display); and wheels fetched for it into the wheel cache
+(max_package_download, when packages are on). Docker keeps the container's own log, capped at about 1 MiB by the
+container's log options; the root filesystem is read-only and /tmp, $HOME and /dev/shm live in memory.
+
+`reserve` admits one sandbox: for each filesystem it will write, the free space (statvfs ``f_bavail``) less what
+earlier reservations on that filesystem may still write must be at least what this one may write there plus
+``disk_margin``, else DiskSpaceError. Reservations are recorded in the `ledger`, shared by this uid's nbexec
+processes, and checked and recorded under its lock, so concurrent starts (threads or processes) cannot all pass
+on the same free space. A reservation ends with its owner (the sandbox is destroyed), or with its process. What
+an owner already wrote is gone from the free space, so the part of its data image already allocated no longer
+counts as held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nbexec.config import SandboxConfig, parse_size
+from nbexec.errors import DiskSpaceError
+
+from . import ledger
+from .folders import output_root
+
+KNOBS = ("Free space there, lower max_data / max_display / max_output (NBEXEC_MAX_DATA, ...), lower disk_margin "
+         "(NBEXEC_DISK_MARGIN), or wait for running sandboxes to end.")
+
+
+@dataclass(frozen=True)
+class Share:
+    """The host disk one sandbox may write, in bytes, by what writes it."""
+
+    data: int  # its /mnt/data filesystem image, in its working folder
+    copy: int  # the copy of /mnt/data's files, in the output folder
+    images: int  # image files saved from its outputs
+    notebook: int  # the notebook, and its next version while it replaces it
+    packages: int  # wheels fetched for it into the wheel cache
+
+    @property
+    def outputs(self) -> int:
+        """What lands in the output folder."""
+        return self.copy + self.images + self.notebook
+
+    @property
+    def total(self) -> int:
+        return self.data + self.outputs + self.packages
+
+    def describe(self) -> str:
+        return (f"{size(self.total)} (/mnt/data {size(self.data)}, its copy {size(self.copy)}, images "
+                f"{size(self.images)}, notebook {size(self.notebook)}, wheels {size(self.packages)})")
+
+
+def share(config: SandboxConfig) -> Share:
+    """What one sandbox of ``config`` may write on the host (max_data 0, no cap: its data counts for nothing)."""
+    outputs = config.max_output_bytes + config.max_display_bytes
+    packages = parse_size(config.max_package_download) if config.packages != "off" else 0
+    return Share(data=config.max_data_bytes, copy=config.max_data_bytes, images=config.max_display_bytes,
+                 notebook=2 * outputs, packages=packages)
+
+
+def size(count: float) -> str:
+    """Bytes for people: 1.0 GiB, 40.0 MiB, 512 B."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{int(count)} B"
+
+
+@dataclass(frozen=True)
+class Need:
+    """``count`` bytes a sandbox may write on the filesystem of ``path``; ``grows`` is a file of it whose
+    allocated blocks are already written (and so already gone from the free space)."""
+
+    path: Path
+    count: int
+    what: str
+    grows: Path | None = None
+
+
+def sandbox_needs(config: SandboxConfig, workdir: Path) -> list[Need]:
+    """Where a sandbox working in ``workdir`` may write, and how much (its output folder: the default one)."""
+    found = share(config)
+    needs = [Need(workdir, found.data, "its /mnt/data filesystem (max_data)", workdir / "data.img"),
+             Need(output_root(), found.outputs, "the copy of its files, its images and notebook (max_data, "
+                  "max_display, max_output)")]
+    if found.packages:
+        cache = Path(config.package_cache) if config.package_cache else Path(tempfile.gettempdir())
+        needs.append(Need(cache, found.packages, "wheels fetched for it (max_package_download)"))
+    return needs
+
+
+def reserve_outputs(config: SandboxConfig, folder: Path) -> Reservation | None:
+    """Admit the output share of a sandbox of ``config`` on ``folder``'s filesystem, when it is not the default
+    output folder's (where every sandbox already holds it); None when nothing more is held."""
+    if _device(folder)[0] == _device(output_root())[0]:
+        return None
+    return reserve([Need(folder, share(config).outputs, "the copy of its files, its images and notebook")],
+                   config.disk_margin_bytes)
+
+
+class Reservation:
+    """Disk held for one sandbox (a record in the `ledger`) until ``release`` (idempotent)."""
+
+    def __init__(self, record: str) -> None:
+        self.record: str | None = record
+
+    def release(self) -> None:
+        record, self.record = self.record, None
+        if record is not None:
+            ledger.remove(record)
+
+
+def _device(path: Path) -> tuple[int, Path]:
+    """The filesystem of ``path``, or of its nearest existing folder (a folder not made yet)."""
+    for candidate in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return os.stat(candidate).st_dev, candidate
+    raise DiskSpaceError(f"cannot find the filesystem of {path}", "the host's folders cannot be found")
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _held(records: list[list[ledger.Held]]) -> dict[int, int]:
+    """Bytes the recorded sandboxes may still write, by filesystem (a growing file's written blocks are in
+    use already, so they are no longer held)."""
+    held: dict[int, int] = {}
+    for record in records:
+        for device, count, grows in record:
+            written = 0
+            if grows is not None:
+                with contextlib.suppress(OSError):
+                    written = os.stat(grows, follow_symlinks=False).st_blocks * 512
+            held[device] = held.get(device, 0) + max(0, count - written)
+    return held
+
+
+def reserve(needs: Sequence[Need], margin: int) -> Reservation:
+    """Admit one sandbox: hold ``needs`` on their filesystems, or raise DiskSpaceError (nothing held) when one of
+    them has less free space, beyond what sandboxes admitted before (in any process) hold, than its needs plus
+    ``margin``."""
+    placed = [(*_device(need.path), need) for need in needs if need.count > 0]
+    with ledger.locked() as fd:
+        held = _held(ledger.records(fd))
+        for device in {where for where, _, _ in placed}:
+            mine = [need for where, _, need in placed if where == device]
+            place = next(path for where, path, _ in placed if where == device)
+            free = _free(place)
+            if free - held.get(device, 0) < sum(need.count for need in mine) + margin:
+                raise _refusal(place, free, held.get(device, 0), mine, margin)
+        record = ledger.add(fd, [(where, need.count, None if need.grows is None else str(need.grows))
+                                 for where, _, need in placed])
+    return Reservation(record)
+
+
+def _refusal(place: Path, free: int, held: int, mine: list[Need], margin: int) -> DiskSpaceError:
+    wanted = sum(need.count for need in mine)
+    what = " and ".join(f"{size(need.count)} for {need.what}" for need in mine)
+    message = (f"Not enough free disk to start a sandbox: the filesystem of {place} has {size(free)} free, "
+               f"{size(held)} of it held for sandboxes already running, and one more may write {what} there, plus "
+               f"a margin of {size(margin)} (disk_margin). {KNOBS}")
+    reason = (f"the host is short of disk for another sandbox: it may write {size(wanted)} and {size(margin)} are "
+              f"kept free, but only {size(max(0, free - held))} is free beyond what running sandboxes hold (max_data, "
+              "disk_margin); try again later")
+    return DiskSpaceError(message, reason)
+
+
+@dataclass(frozen=True)
+class Room:
+    """How many sandboxes of a config the host's disk has room for now, and where that is decided."""
+
+    count: int
+    place: Path
+    free: int
+
+
+def room(config: SandboxConfig, workdir: Path) -> Room:
+    """Room for sandboxes of ``config`` working under ``workdir``: the tightest of the filesystems they write,
+    after what admitted sandboxes hold and the margin."""
+    tightest: Room | None = None
+    placed = [(*_device(need.path), need) for need in sandbox_needs(config, workdir) if need.count > 0]
+    for device in {where for where, _, _ in placed}:
+        wanted = sum(need.count for where, _, need in placed if where == device)
+        place = next(path for where, path, _ in placed if where == device)
+        with ledger.locked() as fd:
+            free = _free(place) - _held(ledger.records(fd)).get(device, 0)
+        count = max(0, (free - config.disk_margin_bytes) // wanted)
+        if tightest is None or count < tightest.count:
+            tightest = Room(count, place, free)
+    return tightest or Room(1 << 30, workdir, _free(workdir))
