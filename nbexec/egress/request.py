@@ -61,7 +61,7 @@ class Chunked:
         self.done = False
         self.problem: str | None = None
         self._state = "size"  # size, data, end (the CRLF after data), trailer
-        self._line = b""
+        self._line = bytearray()  # grows in place: a line dripped byte by byte costs linear time
         self._left = 0
         self._trailers = 0
 
@@ -83,7 +83,7 @@ class Chunked:
             if len(self._line) > (2 if self._state == "end" else MAX_LINE):
                 self.problem = "an overlong line in a chunked body"
             elif newline >= 0:
-                line, self._line = self._line, b""
+                line, self._line = bytes(self._line), bytearray()
                 out.append(self._take(line))
         return b"" if self.problem else b"".join(out)
 
