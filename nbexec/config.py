@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import egress
 from .egress import parse_rule
 from .errors import ConfigError
 
@@ -188,6 +189,15 @@ class SandboxConfig:
     max_connections: int = field(default=64, metadata=_doc(
         "Connections one execution may open through the allowlist proxy (refused ones count); later ones are "
         "refused."))
+    max_open_connections: int = field(default=egress.MAX_OPEN, metadata=_doc(
+        "Connections one sandbox may hold open through the allowlist proxy at once (each costs the host two "
+        "descriptors and a thread); more are refused (503) until one closes."))
+    egress_idle_timeout: float = field(default=egress.IDLE_TIMEOUT, metadata=_doc(
+        "Seconds a connection through the allowlist proxy may move nothing before it is closed; also the window "
+        "egress_min_rate is averaged over."))
+    egress_min_rate: int = field(default=egress.MIN_RATE, metadata=_doc(
+        "Bytes per second (both ways together) a connection through the allowlist proxy must average over each "
+        "egress_idle_timeout window, or it is closed: trickled bytes do not keep it open."))
 
     def __post_init__(self) -> None:
         self._check_packages()
@@ -241,8 +251,11 @@ class SandboxConfig:
             raise ConfigError("network='allowlist' needs allowed_hosts (NBEXEC_ALLOWED_HOSTS, --allow-host): "
                               "the hosts the code may reach")
         parse_size(self.max_egress)
-        if self.max_connections < 1:
-            raise ConfigError(f"max_connections must be 1 or more, got {self.max_connections}")
+        for name in ("max_connections", "max_open_connections", "egress_min_rate"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be 1 or more, got {getattr(self, name)}")
+        if not self.egress_idle_timeout > 0:
+            raise ConfigError(f"egress_idle_timeout must be above 0, got {self.egress_idle_timeout}")
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.env.items())) + tuple(
@@ -263,7 +276,8 @@ class SandboxConfig:
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
                 tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir, self.link_input,
                 self.max_data_bytes, self.max_files, self.max_output, self.max_display,  # the frame cap
-                self.allowed_hosts, self.max_egress, self.max_connections)  # the egress proxy's rules
+                self.allowed_hosts, self.max_egress, self.max_connections,  # the egress proxy's rules
+                self.max_open_connections, self.egress_idle_timeout, self.egress_min_rate)
 
     # Sizes in bytes: parsed here, never at the call sites.
     memory_bytes = _Bytes()

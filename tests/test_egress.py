@@ -136,6 +136,12 @@ def test_config_fields_and_variables() -> None:
     config = from_env({"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": "api.example.com, *.example.org:443",
                        "NBEXEC_MAX_EGRESS": "1m", "NBEXEC_MAX_CONNECTIONS": "5"})
     assert (config.network, config.allowed_hosts) == ("allowlist", ("api.example.com", "*.example.org:443"))
+    paced = from_env({"NBEXEC_MAX_OPEN_CONNECTIONS": "4", "NBEXEC_EGRESS_IDLE_TIMEOUT": "2.5",
+                      "NBEXEC_EGRESS_MIN_RATE": "10"})
+    assert (paced.max_open_connections, paced.egress_idle_timeout, paced.egress_min_rate) == (4, 2.5, 10)
+    for field, value in (("max_open_connections", 0), ("egress_idle_timeout", 0.0), ("egress_min_rate", 0)):
+        with pytest.raises(ConfigError, match=field):
+            nbexec.SandboxConfig(**{field: value})
     assert from_env({"NBEXEC_NETWORK": "1"}).network is True
     with pytest.raises(ConfigError, match="needs allowed_hosts"):
         nbexec.SandboxConfig(network="allowlist")

@@ -16,7 +16,11 @@ nothing: the code may stop it or talk to the socket itself. Everything is judged
   the same judgement on its next CONNECT or request.
 
 Each execution may open `max_connections` and move `max_egress` bytes; every connection, allowed or refused
-(with the reason), is in ``result.connections``.
+(with the reason), is in ``result.connections``. A plain-http connection carries one request, framed exactly
+(`nbexec.egress.request`); what the proxies hold is bounded per sandbox and per process, and tunnels keep a pace
+(`nbexec.egress.budget`).
+
+This module is pure (the rules; `resolve` is the one lookup); `proxy` is the part that touches the network.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ SOCKET = "proxy.sock"
 ENVIRONMENT = {name: f"http://127.0.0.1:{PORT}" for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
                                                                "https_proxy")}
 DEFAULT_PORTS = (80, 443)
+MAX_OPEN = 16  # connections one sandbox holds through its proxy at once (max_open_connections)
+IDLE_TIMEOUT = 60.0  # seconds a tunnel may move nothing (egress_idle_timeout); also the pace's window
+MIN_RATE = 1024  # bytes per second a tunnel must average over each such window (egress_min_rate)
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]

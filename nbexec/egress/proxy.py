@@ -1,11 +1,13 @@
 """The host side of ``network="allowlist"``: an HTTP proxy on a Unix socket that only a sandbox reaches.
 
-It speaks the two forms clients use with HTTP_PROXY/HTTPS_PROXY: ``CONNECT host:port`` (a tunnel, for https)
-and an absolute URI (``GET http://host/path``, for plain http, forwarded with the URI's own Host header and
-``Connection: close``, so one connection carries one request to one judged host). The request head is capped
-(16 KiB) before it is parsed; every destination is judged by `egress.Allowlist`; bytes and connections are
-counted per execution and capped; every connection is logged (`take`). One thread per connection, at most
-`MAX_OPEN` at once.
+It speaks the two forms clients use with HTTP_PROXY/HTTPS_PROXY (`nbexec.egress.request`): ``CONNECT host:port``
+(a tunnel, for https) and one absolute-URI request per connection (plain http: the head rebuilt, the declared body
+re-framed, nothing after it passed on, the connection closed after the answer). The head is capped (16 KiB, 10 s
+as a whole) before it is parsed; every destination is judged by `egress.Allowlist`; bytes and connections are
+counted per execution and capped; every connection is logged (`take`). What the proxy holds is bounded
+(`nbexec.egress.budget`): descriptors per sandbox and per process, refused at once (503) when spent, and a tunnel
+that idles or trickles is closed at its deadline. An accept that fails (the process out of descriptors) is tried
+again after a pause: the proxy serves until `close`.
 """
 
 from __future__ import annotations
@@ -20,30 +22,31 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from nbexec.result import Connection
 
-from . import Allowlist
+from . import IDLE_TIMEOUT, MAX_OPEN, MIN_RATE, Allowlist
+from .budget import HOST, PER_CONNECTION, Budget, Pace
+from .request import Body, Request, parse
 
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 16 * 1024
-MAX_OPEN = 32  # connections served at once; more wait in the listen queue
 MAX_NAME = 255  # characters of a requested host kept in the log (a valid name has at most 253)
 HEAD_TIMEOUT = 10.0  # for the whole head, however slowly it drips in
 CONNECT_TIMEOUT = 10.0
-IDLE_TIMEOUT = 120.0
+PAUSE_FIRST, PAUSE_MOST = 0.05, 1.0  # seconds between accepts that failed, doubling
 LOG_EXTRA = 16  # refusals past the connection cap still logged, then only counted
-_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate", b"host",
-        b"te", b"trailer", b"upgrade"}
-_TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_CAP = "the execution's connection cap (max_connections) was reached"
 
 
 @dataclass(frozen=True)
 class Limits:
     max_bytes: int  # up + down per execution (0: no cap)
-    max_connections: int
+    max_connections: int  # opened per execution, refused ones included
+    max_open: int = MAX_OPEN  # held at once; each costs PER_CONNECTION host descriptors and a thread
+    idle_timeout: float = IDLE_TIMEOUT  # nothing moved this long: closed; also the window of min_rate
+    min_rate: int = MIN_RATE  # bytes per second (both ways) each idle_timeout window must average
 
 
 @dataclass(eq=False)  # kept in a set by identity
@@ -68,12 +71,15 @@ class _Entry:
 class Proxy:
     """One sandbox's proxy. `start` binds and serves; `take` hands the log over; `close` ends everything."""
 
-    def __init__(self, listener: socket.socket, allowlist: Allowlist, limits: Limits) -> None:
+    def __init__(self, listener: socket.socket, allowlist: Allowlist, limits: Limits, host: Budget = HOST) -> None:
         self.listener = listener
         self.allowlist = allowlist
         self.limits = limits
+        self._own = Budget(limits.max_open * PER_CONNECTION)
+        self._host = host
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(MAX_OPEN)
+        self._stop = threading.Event()
+        self._clients: set[socket.socket] = set()  # every connection being served, whatever its phase
         self._log: list[_Entry] = []
         self._live: set[_Entry] = set()
         self._opened = 0
@@ -82,24 +88,24 @@ class Proxy:
         self._closed = False
 
     @classmethod
-    def start(cls, path: Path, allowlist: Allowlist, limits: Limits) -> Proxy:
+    def start(cls, path: Path, allowlist: Allowlist, limits: Limits, host: Budget = HOST) -> Proxy:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(path))
         os.chmod(path, 0o666)  # the sandbox's uid connects (its folder is read-only to it)
         listener.listen(64)
-        proxy = cls(listener, allowlist, limits)
+        proxy = cls(listener, allowlist, limits, host)
         threading.Thread(target=proxy._accept, name="nbexec-egress", daemon=True).start()
         return proxy
 
     def close(self) -> None:
+        """Stop accepting and end every connection (their threads close the sockets and give the budget back)."""
         with self._lock:
             self._closed = True
-            live = list(self._live)
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
+            sockets = [*self._clients, *(sock for entry in self._live for sock in entry.sockets)]
+        self._stop.set()
+        _shut(self.listener)
         self.listener.close()
-        for entry in live:
-            _close(*entry.sockets)
+        _shut(*sockets)
 
     def take(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The connections since the last take (open ones again next time) and notes; the caps start over."""
@@ -117,36 +123,94 @@ class Proxy:
                          "connection that passed it was closed")
         return shown, notes
 
+    # -- accepting: never ends before close, never blocks on a client ----------------------------------------
+
     def _accept(self) -> None:
-        while True:
-            self._slots.acquire()
+        pause = PAUSE_FIRST
+        while not self._stop.is_set():
             try:
                 client, _ = self.listener.accept()
-            except OSError:
-                self._slots.release()
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS...: the connection waits in the listen queue
+                if self._stop.is_set():
+                    return
+                if pause == PAUSE_FIRST:
+                    log.warning("the egress proxy could not accept a connection (%s); it tries again",
+                                exc.strerror or exc)
+                self._stop.wait(pause)
+                pause = min(pause * 2, PAUSE_MOST)
+                continue
+            pause = PAUSE_FIRST
+            try:
+                self._hand_over(client)
+            except Exception:  # a bug, not the sandbox's doing: this connection ends, the proxy goes on
+                log.exception("the egress proxy failed on a new connection")
+                _close(client)
+
+    def _hand_over(self, client: socket.socket) -> None:
+        """Serve ``client`` on a thread of its own if the budgets cover it, else refuse it at once."""
+        reason = self._reserve()
+        if reason is None:
+            with self._lock:
+                self._clients.add(client)
+            try:
+                threading.Thread(target=self._serve, args=(client,), name="nbexec-egress-conn", daemon=True).start()
                 return
-            threading.Thread(target=self._serve, args=(client,), name="nbexec-egress-conn", daemon=True).start()
+            except RuntimeError:  # the host has no thread to give
+                with self._lock:
+                    self._clients.discard(client)
+                self._release()
+                reason = "the host could not start a thread for the connection; try again shortly"
+        self._turn_away(client, reason)
+
+    def _reserve(self) -> str | None:
+        if not self._own.take(PER_CONNECTION):
+            return (f"the sandbox already holds {self.limits.max_open} connections through the proxy "
+                    "(max_open_connections); close one first")
+        if not self._host.take(PER_CONNECTION):
+            self._own.give(PER_CONNECTION)
+            return "the host's egress connections are all in use (its descriptor budget); try again shortly"
+        return None
+
+    def _release(self) -> None:
+        self._host.give(PER_CONNECTION)
+        self._own.give(PER_CONNECTION)
+
+    def _turn_away(self, client: socket.socket, reason: str) -> None:
+        """Refuse a connection without blocking the accept loop: log it, answer 503, close."""
+        self._enter(_Entry("", "", 0, reason=reason, open=False))
+        client.setblocking(False)
+        with contextlib.suppress(OSError):
+            client.recv(MAX_HEAD)  # what already came is read, so the close is an end rather than a reset
+        _refuse(client, reason, status=b"503 Service Unavailable")
+        _close(client)
+
+    # -- serving one connection ------------------------------------------------------------------------------
 
     def _serve(self, client: socket.socket) -> None:
         upstream: socket.socket | None = None
         entry: _Entry | None = None
         try:
             head, rest = _read_head(client)
-            method, host, port, forward = _parse(head)
-            entry = self._admit(method, host, port, client)
-            if entry is None:
+            request = parse(head)
+            entry = self._admit(request, client)
+            if entry is None or isinstance(request, str):
                 return
+            body: Body | None = None
+            if request.forward is not None:  # plain http: the head and the body so far, nothing after it
+                body = request.body()
+                rest = request.forward + body.feed(rest)
+                if body.problem:  # found before anything was sent: refused, not cut
+                    self._refused(entry, client, body.problem)
+                    return
             upstream = self._open(entry, client)
             if upstream is None:
                 return
-            if forward is None:
+            if body is None:
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                rest = forward + rest
             if rest and not self._charge(entry, len(rest), up=True):
                 return
             upstream.sendall(rest)
-            self._relay(entry, client, upstream)
+            _Relay(self, entry, client, upstream, body).run()
         except OSError:
             pass
         except Exception:  # a bug, not the sandbox's doing: the connection ends, the proxy goes on
@@ -155,27 +219,41 @@ class Proxy:
             if entry is not None:
                 self._finish(entry)
             _close(client, *([upstream] if upstream else []))
-            self._slots.release()
+            with self._lock:
+                self._clients.discard(client)
+            self._release()
 
-    def _admit(self, method: str, host: str, port: int, client: socket.socket) -> _Entry | None:
-        """Log the attempt and judge it: the entry when it may go on, else None (the client was answered)."""
-        entry = _Entry(method, host[:MAX_NAME], port, sockets=[client])  # cap before keep: it is logged
+    def _enter(self, entry: _Entry) -> str:
+        """Count and log a new connection: "logged", "over" (logged, past max_connections), "counted" (past the
+        cap and its extra entries: only counted) or "closed"."""
         with self._lock:
             if self._closed:
-                return None
+                return "closed"
             self._opened += 1
             over = self._opened > self.limits.max_connections
             if over and len(self._log) >= self.limits.max_connections + LOG_EXTRA:
                 self._unlogged += 1
-                entry.open = False
-                _refuse(client, "the execution's connection cap (max_connections) was reached")
-                return None
+                return "counted"
             self._log.append(entry)
-            self._live.add(entry)
-        if over:
-            return self._refused(entry, client, "the execution's connection cap (max_connections) was reached")
-        if method == "":
-            return self._refused(entry, client, host)  # the parse error, in the host field
+            if entry.open:
+                self._live.add(entry)
+        return "over" if over else "logged"
+
+    def _admit(self, request: Request | str, client: socket.socket) -> _Entry | None:
+        """Log the attempt and judge it: the entry when it may go on, else None (the client was answered)."""
+        method, host, port = ("", "", 0) if isinstance(request, str) else (request.method, request.host,
+                                                                            request.port)
+        entry = _Entry(method, host[:MAX_NAME], port, sockets=[client])  # cap before keep: it is logged
+        state = self._enter(entry)
+        if state in ("closed", "counted"):
+            entry.open = False
+            if state == "counted":
+                _refuse(client, _CAP)
+            return None
+        if state == "over":
+            return self._refused(entry, client, _CAP)
+        if isinstance(request, str):
+            return self._refused(entry, client, request)  # the parse error
         addresses, reason = self.allowlist.judge(host, port)
         if reason is not None:
             return self._refused(entry, client, reason)
@@ -183,9 +261,7 @@ class Proxy:
         return entry
 
     def _refused(self, entry: _Entry, client: socket.socket, reason: str) -> _Entry | None:
-        entry.reason = reason
-        if not entry.method:
-            entry.host = ""
+        entry.reason, entry.allowed = reason, False
         self._finish(entry)
         _refuse(client, reason)
         return None
@@ -199,8 +275,8 @@ class Proxy:
             self._finish(entry)
             _refuse(client, entry.reason, status=b"502 Bad Gateway")
             return None
-        entry.sockets.append(upstream)
         with self._lock:
+            entry.sockets.append(upstream)
             closed = self._closed
         if closed:
             upstream.close()
@@ -219,36 +295,60 @@ class Proxy:
             entry.reason = "closed: the execution's byte cap (max_egress) was reached"
         return within
 
-    def _relay(self, entry: _Entry, client: socket.socket, upstream: socket.socket) -> None:
-        """Copy both ways until both sides are done, the caps are reached or nothing moves for IDLE_TIMEOUT."""
-        peers = {client: upstream, upstream: client}
-        with selectors.DefaultSelector() as selector:
-            for sock in peers:
-                sock.settimeout(IDLE_TIMEOUT)
-                selector.register(sock, selectors.EVENT_READ)
-            while selector.get_map():
-                events = selector.select(IDLE_TIMEOUT)
-                if not events:
-                    entry.reason = entry.reason or f"closed after {IDLE_TIMEOUT:g} s without traffic"
-                    break
-                for key, _ in events:
-                    source: socket.socket = key.fileobj  # type: ignore[assignment]
-                    data = source.recv(65536)
-                    if not data:
-                        selector.unregister(source)
-                        with contextlib.suppress(OSError):
-                            peers[source].shutdown(socket.SHUT_WR)
-                        continue
-                    if not self._charge(entry, len(data), up=source is client):
-                        self._finish(entry)
-                        return
-                    peers[source].sendall(data)
-        self._finish(entry)
-
     def _finish(self, entry: _Entry) -> None:
         with self._lock:
             entry.open = False
             self._live.discard(entry)
+
+
+class _Relay:
+    """One connection's copying both ways until both sides are done, a cap is reached or its pace is missed;
+    from the client, only the declared body of a plain-http request (``body``; None for a tunnel)."""
+
+    def __init__(self, proxy: Proxy, entry: _Entry, client: socket.socket, upstream: socket.socket,
+                 body: Body | None) -> None:
+        self.proxy, self.entry, self.client, self.body = proxy, entry, client, body
+        self.peers = {client: upstream, upstream: client}
+        limits = proxy.limits
+        self.pace = Pace(limits.idle_timeout, int(limits.min_rate * limits.idle_timeout), time.monotonic())
+        self.selector = selectors.PollSelector()  # poll: no descriptor of its own (epoll would cost one)
+        for sock in self.peers:
+            sock.settimeout(limits.idle_timeout)  # a peer that does not read stalls a send this long at most
+        self.selector.register(upstream, selectors.EVENT_READ)
+        if body is None or not body.done:
+            self.selector.register(client, selectors.EVENT_READ)
+
+    def run(self) -> None:
+        with self.selector:
+            while self.selector.get_map() and not self.pace.check(time.monotonic()):
+                for key, _ in self.selector.select(self.pace.wait(time.monotonic())):
+                    if not self._move(key.fileobj):  # type: ignore[arg-type]
+                        return
+        self.entry.reason = self.entry.reason or self.pace.reason
+
+    def _move(self, source: socket.socket) -> bool:
+        """Pass on what ``source`` has; False when the connection is to end."""
+        data = source.recv(65536)
+        if not data:
+            self.selector.unregister(source)
+            with contextlib.suppress(OSError):
+                self.peers[source].shutdown(socket.SHUT_WR)
+            return True
+        up = source is self.client
+        if up and self.body is not None:
+            data = self.body.feed(data)
+            if self.body.problem:
+                self.entry.reason = f"closed: {self.body.problem}"
+                return False
+            if self.body.done:  # the declared body has passed: nothing after it is read, let alone sent
+                self.selector.unregister(self.client)
+        if not data:
+            return True
+        if not self.proxy._charge(self.entry, len(data), up=up):
+            return False
+        self.peers[source].sendall(data)
+        self.pace.moved(len(data), time.monotonic())
+        return True
 
 
 def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
@@ -270,40 +370,6 @@ def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
     return head, rest
 
 
-def _parse(head: bytes) -> tuple[str, str, int, bytes | None]:
-    """(method, host, port, the head to send upstream or None for CONNECT); method "" and the problem as host
-    when it is no proxy request nbexec serves."""
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if not head or len(parts) != 3 or not _TOKEN.match(parts[0]) or parts[2] not in (b"HTTP/1.0", b"HTTP/1.1"):
-        return "", "not an HTTP/1.x proxy request", 0, None
-    if any(b"\r" in line or b"\n" in line for line in lines):  # a bare CR or LF would start a line upstream
-        return "", "a bare CR or LF in the request head", 0, None
-    method, target = parts[0].decode(), parts[1].decode("ascii", "replace")
-    if method == "CONNECT":
-        host, _, digits = target.rpartition(":")
-        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if not host or not digits.isdigit() or not 0 < int(digits) < 65536:
-            return "", "CONNECT needs host:port", 0, None
-        return method, host, int(digits), None
-    url = urlsplit(target)
-    try:
-        port = url.port or 80
-    except ValueError:
-        port = 0
-    if url.scheme != "http" or not url.hostname or not 0 < port < 65536 or url.username or url.password:
-        return "", "only CONNECT and http:// URLs without credentials go through this proxy", 0, None
-    names = [line.split(b":", 1)[0] for line in lines[1:]]
-    if not all(b":" in line and _TOKEN.match(name) for line, name in zip(lines[1:], names, strict=True)):
-        return "", "a header line that is not name: value", 0, None
-    headers = [line for line, name in zip(lines[1:], names, strict=True) if name.lower() not in _HOP]
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    authority = url.netloc.rsplit("@", 1)[-1].encode()
-    forward = b"\r\n".join([f"{method} {path} {parts[2].decode()}".encode(), b"Host: " + authority, *headers,
-                            b"Connection: close"]) + b"\r\n\r\n"
-    return method, url.hostname, port, forward
-
-
 def _refuse(client: socket.socket, reason: str, *, status: bytes = b"403 Forbidden") -> None:
     text = re.sub(r"[^\x20-\x7e]", "?", reason)[:300]
     body = f"nbexec egress: {text}\n".encode()
@@ -313,8 +379,14 @@ def _refuse(client: socket.socket, reason: str, *, status: bytes = b"403 Forbidd
                        + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def _close(*sockets: socket.socket) -> None:
+def _shut(*sockets: socket.socket) -> None:
+    """End both directions (a thread blocked on the socket wakes up; the descriptor stays until closed)."""
     for sock in sockets:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+
+
+def _close(*sockets: socket.socket) -> None:
+    _shut(*sockets)
+    for sock in sockets:
         sock.close()

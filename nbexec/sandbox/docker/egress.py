@@ -71,8 +71,10 @@ def open_proxy(workdir: Path, config: SandboxConfig) -> Any:
 
     folder = workdir / "egress"
     folder.mkdir(mode=0o755)
-    return Proxy.start(folder / SOCKET, Allowlist.of(config.allowed_hosts),
-                       Limits(max_bytes=parse_size(config.max_egress), max_connections=config.max_connections))
+    limits = Limits(max_bytes=parse_size(config.max_egress), max_connections=config.max_connections,
+                    max_open=config.max_open_connections, idle_timeout=config.egress_idle_timeout,
+                    min_rate=config.egress_min_rate)
+    return Proxy.start(folder / SOCKET, Allowlist.of(config.allowed_hosts), limits)
 
 
 def mount(workdir: Path) -> Any:
