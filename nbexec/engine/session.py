@@ -23,7 +23,7 @@ from nbexec import packages as installs
 from nbexec.config import SandboxConfig
 from nbexec.errors import FileTransferError, SessionClosedError, SessionDeadError
 from nbexec.files import artifacts, folders, transfer
-from nbexec.result import ExecutionResult, File, Package
+from nbexec.result import CellError, ExecutionResult, File, Package
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
 from nbexec.stores.storage import ArtifactStore, LocalStore
@@ -35,6 +35,8 @@ from .reaper import close_all, reap
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 20 * 60.0
+_NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole time limit, so no cell ran. Ask for "
+                 "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
 class Session(reaper.SessionBase):
@@ -231,17 +233,22 @@ class Session(reaper.SessionBase):
                     if cell.get("id") in taken:
                         cell["id"] = uuid.uuid4().hex[:8]
                 self.notebook.cells.extend(nb.cells)
+            # One time limit for the run: the host's package work counts inside it, the cells get what is left.
+            deadline = time.monotonic() + (timeout or self.config.timeout)
             with installs.prepared(sandbox, self.notebook, self.config, requested=packages,
-                                   first_index=index) as installed:
-                run = self._run_cells(sandbox, index, started, timeout, on_output)
+                                   first_index=index, deadline=deadline) as installed:
+                run = self._run_cells(sandbox, index, started, deadline - time.monotonic(), on_output)
             return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed)))
 
-    def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float | None,
+    def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float,
                    on_output: OutputCallback | None) -> collect.Run:
         began = time.monotonic()
-        error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
-                                          first_index=index, on_output=on_output, displays=self._displays,
-                                          widget_state=self._widgets)
+        if timeout > 0:
+            error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
+                                              first_index=index, on_output=on_output, displays=self._displays,
+                                              widget_state=self._widgets)
+        else:  # providing the packages took the whole time limit: no cell starts
+            error, dropped = CellError("TimeoutError", _NO_TIME_LEFT, (), "timeout", index), 0
         ran = time.monotonic()
         self.last_activity = ran
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
