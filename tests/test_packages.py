@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,8 +109,11 @@ def test_operator_entries_extend_the_list_and_bound_versions() -> None:
 
 def test_resolve_downloads_wheels_once_and_serves_them_from_the_cache(index: Index, tmp_path: Path) -> None:
     source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=10, cache=tmp_path / "cache")
-    before = len(index.requests)
+    before, descriptors = len(index.requests), len(os.listdir("/proc/self/fd"))
     wheels = _resolve(["nbexec-tiny"], source)
+    assert len(os.listdir("/proc/self/fd")) == descriptors, "the resolution left descriptors open"
+    assert [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("nbexec-pip-")] == []
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
     assert {(w.name, w.version) for w in wheels} == {("nbexec-tiny", "1.0"), ("nbexec-dep", "2.0")}
     served = index.root / "simple" / "nbexec-tiny" / "nbexec_tiny-1.0-py3-none-any.whl"
     tiny = next(w for w in wheels if w.name == "nbexec-tiny")

@@ -79,7 +79,9 @@ def fetch(requirements: list[str], pip_args: list[str], confinement: Confinement
     python = interpreter(confinement.python, account)
     scratch = _scratch(account)
     try:
-        log_path = Path(tempfile.mkstemp(dir=into, suffix=".log")[1])
+        log_fd, log_name = tempfile.mkstemp(dir=into, suffix=".log")
+        os.close(log_fd)
+        log_path = Path(log_name)
         try:
             _run(python, scratch, requirements, pip_args, confinement, account, log_path, deadline)
             return _take(scratch, into, len(requirements), confinement.max_bytes)
