@@ -19,13 +19,16 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 
-def make_wheel(folder: Path, name: str, version: str, code: str, requires: tuple[str, ...] = ()) -> Path:
-    """A pure-Python wheel of project ``name`` whose package (``name`` with _ for -) runs ``code`` on import."""
+def make_wheel(folder: Path, name: str, version: str, code: str, requires: tuple[str, ...] = (),
+               extras: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel of project ``name`` whose package (``name`` with _ for -) runs ``code`` on import;
+    ``extras`` are declared (Provides-Extra), ``requires`` are its Requires-Dist lines."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = {
         f"{dist}/__init__.py": code,
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                            + "".join(f"Provides-Extra: {e}\n" for e in extras)
                             + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: nbexec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -74,10 +77,11 @@ class Index:
         self.url = f"{self.base}/simple"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def add(self, name: str, version: str, code: str, requires: tuple[str, ...] = ()) -> Path:
+    def add(self, name: str, version: str, code: str, requires: tuple[str, ...] = (),
+            extras: tuple[str, ...] = ()) -> Path:
         folder = self.root / "simple" / canonicalize_name(name)
         folder.mkdir(exist_ok=True)
-        wheel = make_wheel(folder, name, version, code, requires)
+        wheel = make_wheel(folder, name, version, code, requires, extras)
         self._page(folder)
         return wheel
 

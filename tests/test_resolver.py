@@ -28,8 +28,9 @@ ANY = Policy("any")
 class Index:
     """A scripted index: project -> version -> dependency lines; records every round asked of it."""
 
-    def __init__(self, projects: dict[str, dict[str, tuple[str, ...]]]) -> None:
+    def __init__(self, projects: dict[str, dict[str, tuple[str, ...]]], extras: tuple[str, ...] = ()) -> None:
         self.projects = projects
+        self.extras = frozenset(extras)  # every project declares these
         self.rounds: list[list[str]] = []
 
     def fetch(self, lines: list[str]) -> list[resolver.Fetched]:
@@ -43,7 +44,8 @@ class Index:
                 raise PackageError(f"no version of {line}")
             best = max(versions, key=Version)
             found.append(resolver.Fetched(f"{requirement.name.replace('-', '_')}-{best}-py3-none-any.whl",
-                                          requirement.name, best, self.projects[requirement.name][best]))
+                                          requirement.name, best, self.projects[requirement.name][best],
+                                          self.extras))
         return found
 
 
@@ -65,10 +67,11 @@ def test_a_tighter_requirement_found_later_fetches_again_and_the_old_version_is_
 
 
 def test_cycles_extras_and_markers() -> None:
-    index = Index({"a": {"1": ("b", "e ; extra == 'more'", "old ; python_version < '3'")}, "b": {"1": ("a",)},
-                   "e": {"1": ()}})
-    assert _resolve(index, "a") == [("a", "1"), ("b", "1")]
-    assert _resolve(index, "a[more]") == [("a", "1"), ("b", "1"), ("e", "1")]
+    projects = {"a": {"1": ("b", "e ; extra == 'more'", "old ; python_version < '3'")}, "b": {"1": ("a",)},
+                "e": {"1": ()}}
+    assert _resolve(Index(projects, extras=("more",)), "a") == [("a", "1"), ("b", "1")]
+    assert _resolve(Index(projects, extras=("more",)), "a[More]") == [("a", "1"), ("b", "1"), ("e", "1")]
+    assert _resolve(Index(projects), "a[more]") == [("a", "1"), ("b", "1")]  # an extra a does not declare: ignored
 
 
 @pytest.mark.parametrize(("line", "refused_because"), [
@@ -111,6 +114,7 @@ def test_a_fetch_that_brings_something_else_is_refused() -> None:
     ("Name: a\nVersion: not-a-version\n", "not what its file name says"),
     ("Version: 1\n", "not what its file name says"),
     ("Name: a\nVersion: 1\n" + "Requires-Dist: b\n" * 1001, "1,001 dependencies"),
+    ("Name: a\nVersion: 1\n" + "Provides-Extra: b\n" * 1001, "1,001 dependencies or extras"),
 ])
 def test_metadata_must_match_the_file_name(text: str, problem: str | None) -> None:
     if problem is None:

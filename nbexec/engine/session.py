@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -234,11 +235,15 @@ class Session(reaper.SessionBase):
                         cell["id"] = uuid.uuid4().hex[:8]
                 self.notebook.cells.extend(nb.cells)
             # One time limit for the run: the host's package work counts inside it, the cells get what is left.
-            deadline = time.monotonic() + (timeout or self.config.timeout)
+            limit = timeout or self.config.timeout
+            deadline = time.monotonic() + limit
             with installs.prepared(sandbox, self.notebook, self.config, requested=packages,
                                    first_index=index, deadline=deadline) as installed:
-                run = self._run_cells(sandbox, index, started, deadline - time.monotonic(), on_output)
-            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed)))
+                left = math.floor((deadline - time.monotonic()) * 10) / 10 if installed else limit
+                run = self._run_cells(sandbox, index, started, left, on_output)
+            notes = run.notes + ((f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; "
+                                  f"the cells had the rest",) if installed and left < limit else ())
+            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed), notes=notes))
 
     def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float,
                    on_output: OutputCallback | None) -> collect.Run:

@@ -33,12 +33,14 @@ MAX_REQUIRES = 1000  # dependency lines one wheel may declare
 
 @dataclass(frozen=True)
 class Fetched:
-    """One wheel a round brought: its file name, project (normalised), version and declared dependencies."""
+    """One wheel a round brought: its file name, project (normalised), version, declared dependencies and the
+    extras it declares (normalised; an extra asked for that it does not declare is ignored, as pip does)."""
 
     filename: str
     name: str
     version: str
     requires: tuple[str, ...]
+    extras: frozenset[str] = frozenset()
 
 
 Fetch = Callable[[list[str]], list[Fetched]]
@@ -73,10 +75,11 @@ def read_metadata(filename: str, text: str) -> Fetched:
         raise PackageError(f"{filename} says it is {said_name[:100]!r} {said_version[:50]!r} in its metadata, "
                            "not what its file name says; it was not used")
     requires = tuple(str(line) for line in headers.get_all("Requires-Dist") or [])
-    if len(requires) > MAX_REQUIRES:
-        raise PackageError(f"{filename} declares {len(requires):,} dependencies, more than the {MAX_REQUIRES} "
-                           "nbexec reads; it was not used")
-    return Fetched(filename, name, str(version), requires)
+    extras = [str(extra).strip() for extra in headers.get_all("Provides-Extra") or []]
+    if len(requires) > MAX_REQUIRES or len(extras) > MAX_REQUIRES:
+        raise PackageError(f"{filename} declares {max(len(requires), len(extras)):,} dependencies or extras, more "
+                           f"than the {MAX_REQUIRES} nbexec reads; it was not used")
+    return Fetched(filename, name, str(version), requires, frozenset(canonicalize_name(e) for e in extras))
 
 
 def resolve(roots: Sequence[Requirement], policy: Policy, environment: dict[str, str], fetch: Fetch, *,
@@ -141,6 +144,7 @@ def _demands(roots: Sequence[Requirement], chosen: dict[str, Fetched], policy: P
 def _dependencies(found: Fetched, extras: set[str], policy: Policy, environment: dict[str, str]) -> list[Requirement]:
     """The dependencies of ``found`` the sandbox would install (markers evaluated, with ``extras``), each judged."""
     parent = f"{found.name} {found.version}"
+    extras = extras & found.extras
     wanted = []
     for line in found.requires:
         try:
