@@ -69,6 +69,17 @@ class Downloaded:
     path: Path
 
 
+@dataclass(frozen=True)
+class _Child:
+    """One run of the child program: the Python, the account it runs as (None: nbexec's own), its scratch folder,
+    and the host's file that keeps its output."""
+
+    python: str
+    account: tuple[int, int] | None
+    scratch: Path
+    log: Path
+
+
 def fetch(requirements: list[str], pip_args: list[str], confinement: Confinement, into: Path, *,
           deadline: float) -> list[Downloaded]:
     """Download a wheel for each of ``requirements`` (``name<specifier>`` lines) into ``into`` (a private folder
@@ -81,12 +92,12 @@ def fetch(requirements: list[str], pip_args: list[str], confinement: Confinement
     try:
         log_fd, log_name = tempfile.mkstemp(dir=into, suffix=".log")
         os.close(log_fd)
-        log_path = Path(log_name)
+        child = _Child(python, account, scratch, Path(log_name))
         try:
-            _run(python, scratch, requirements, pip_args, confinement, account, log_path, deadline)
+            _run(child, [*pip_args, "--", *requirements], confinement, deadline)
             return _take(scratch, into, len(requirements), confinement.max_bytes)
         finally:
-            log_path.unlink(missing_ok=True)
+            child.log.unlink(missing_ok=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links the child made are removed, not followed
 
@@ -151,29 +162,31 @@ def _scratch(account: tuple[int, int] | None) -> Path:
     return scratch
 
 
-def _run(python: str, scratch: Path, requirements: list[str], pip_args: list[str], confinement: Confinement,
-         account: tuple[int, int] | None, log_path: Path, deadline: float) -> None:
-    dest = scratch / "dest"
+def _run(child: _Child, words: list[str], confinement: Confinement, deadline: float) -> None:
+    """Run pip in the child with ``words`` (where from, for which interpreter, and what); PackageError unless it
+    finished well."""
+    dest = child.scratch / "dest"
     args = ["download", "--isolated", "--no-deps", "--only-binary=:all:", "--no-input", "--disable-pip-version-check",
-            "--progress-bar", "off", "--no-cache-dir", "--dest", str(dest), *pip_args, "--", *requirements]
-    spec = {"pip": args, "dest": str(dest), "report": str(scratch / "report.json"), "memory": confinement.memory,
-            "cpu": CPU_SECONDS, "file_size": confinement.max_bytes and confinement.max_bytes + 64 * 1024,
-            "metadata_cap": METADATA_CAP}
+            "--progress-bar", "off", "--no-cache-dir", "--dest", str(dest), *words]
+    spec = {"pip": args, "dest": str(dest), "report": str(child.scratch / "report.json"),
+            "memory": confinement.memory, "cpu": CPU_SECONDS, "metadata_cap": METADATA_CAP,
+            "file_size": confinement.max_bytes and confinement.max_bytes + 64 * 1024}
     source = resources.files("nbexec").joinpath("packages/pipchild.py").read_text("utf-8")
     # Only what nbexec sets: no host variable (PIP_*, proxies aside) changes what is resolved.
-    env = {"PATH": os.defpath, "TMPDIR": str(scratch / "tmp"), "HOME": str(scratch), "LC_ALL": "C.UTF-8",
+    env = {"PATH": os.defpath, "TMPDIR": str(child.scratch / "tmp"), "HOME": str(child.scratch), "LC_ALL": "C.UTF-8",
            **{k: v for k, v in os.environ.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy")}}
-    user, group, groups = _as(account)
-    with open(log_path, "wb") as log:
+    user, group, groups = _as(child.account)
+    with open(child.log, "wb") as log:
         try:
-            process = subprocess.Popen([python, "-I", "-c", source, json.dumps(spec)], stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, env=env, cwd=scratch, umask=0o077,
-                                       start_new_session=True, user=user, group=group, extra_groups=groups)
+            process = subprocess.Popen([child.python, "-I", "-c", source, json.dumps(spec)],
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       cwd=child.scratch, umask=0o077, start_new_session=True, user=user,
+                                       group=group, extra_groups=groups)
         except OSError as exc:
-            raise PackageError(f"the host could not start its resolver ({python}): {exc}") from exc
-        problem = _watch(process, scratch, confinement.max_bytes, deadline)
+            raise PackageError(f"the host could not start its resolver ({child.python}): {exc}") from exc
+        problem = _watch(process, child.scratch, confinement.max_bytes, deadline)
     if problem is None and process.returncode != 0:
-        problem = _failure(process.returncode, _tail(log_path), confinement)
+        problem = _failure(process.returncode, _tail(child.log), confinement)
     if problem is not None:
         raise problem
 

@@ -186,7 +186,10 @@ def resolve(requirements: list[str], policy: Policy, target: Target, budget: Bud
         return cached
     try:
         _remembered(root, key)
-        wheels = _resolve_now(root, requirements, policy, target, budget, deadline)
+        fetch, fetched = _fetcher(root, target, budget, deadline)
+        chosen = resolver.resolve([Requirement(text) for text in requirements], policy, target.markers(), fetch,
+                                  max_rounds=budget.source.max_count + 2)
+        wheels = [fetched[found.filename] for found in chosen]
     except PackageLimitError:
         budget.fail()
         raise
@@ -198,8 +201,9 @@ def resolve(requirements: list[str], policy: Policy, target: Target, budget: Bud
     return wheels
 
 
-def _resolve_now(root: Path, requirements: list[str], policy: Policy, target: Target, budget: Budget,
-                 deadline: float) -> list[Wheel]:
+def _fetcher(root: Path, target: Target, budget: Budget, deadline: float) -> tuple[resolver.Fetch, dict[str, Wheel]]:
+    """The resolver's fetch: one round of the confined pip, within the budget, each wheel kept in the blobs and
+    charged as it comes; and the wheels fetched so far, by file name."""
     fetched: dict[str, Wheel] = {}
 
     def fetch(lines: list[str]) -> list[resolver.Fetched]:
@@ -220,9 +224,7 @@ def _resolve_now(root: Path, requirements: list[str], policy: Policy, target: Ta
                 item.path.unlink(missing_ok=True)
         return found
 
-    roots = [Requirement(text) for text in requirements]
-    chosen = resolver.resolve(roots, policy, target.markers(), fetch, max_rounds=budget.source.max_count + 2)
-    return [fetched[found.filename] for found in chosen]
+    return fetch, fetched
 
 
 def _keep(root: Path, item: hostpip.Downloaded, described: resolver.Fetched) -> Wheel:
