@@ -3,8 +3,9 @@
     python benchmarks/packages.py                                   # a tiny wheel on a loopback index
     python benchmarks/packages.py --index file:///srv/pypi/simple --package humanize --package polars
 
-Rows: the host's resolution alone (pip download vs. the cache), Session.install in a started sandbox (cold,
-warm, and again in the same sandbox), and execute_notebook from the warm pool without and with the package.
+Rows: the host's resolution alone (the confined pip, one round per level of dependencies, vs. the cache; on the
+default index also a chain of three wheels, three rounds), Session.install in a started sandbox (cold, warm, and
+again in the same sandbox), and execute_notebook from the warm pool without and with the package.
 """
 
 from __future__ import annotations
@@ -42,15 +43,19 @@ def _fresh(config: nbexec.SandboxConfig, root: Path) -> nbexec.SandboxConfig:
     return config.replace(package_cache=tempfile.mkdtemp(dir=root))
 
 
-def _host_rows(config: nbexec.SandboxConfig, root: Path, wanted: list[str], samples: int) -> list[str]:
+def _host_rows(config: nbexec.SandboxConfig, root: Path, wanted: list[str], samples: int, label: str = "") -> list[str]:
     target = wheelhouse.Target(python="3.11", machine="x86_64", glibc="2.36")
-    constraints = packages.Policy.of(config).constraints()
-    cold = _timed(lambda: wheelhouse.resolve(wanted, constraints, target, packages.source_of(_fresh(config, root))),
-                  samples)
+    policy = packages.Policy.of(config)
+
+    def resolve(source: wheelhouse.Source) -> None:
+        wheelhouse.resolve(wanted, policy, target, wheelhouse.Budget(source), deadline=time.monotonic() + 300)
+
+    cold = _timed(lambda: resolve(packages.source_of(_fresh(config, root))), samples)
     source = packages.source_of(config)
-    wheelhouse.resolve(wanted, constraints, target, source)
-    warm = _timed(lambda: wheelhouse.resolve(wanted, constraints, target, source), samples)
-    return [_row("host resolve, cold (pip download)", cold), _row("host resolve, warm (cache)", warm)]
+    resolve(source)
+    warm = _timed(lambda: resolve(source), samples)
+    return [_row(f"host resolve{label}, cold (confined pip, a round per level)", cold),
+            _row(f"host resolve{label}, warm (cache)", warm)]
 
 
 def _install_rows(config: nbexec.SandboxConfig, root: Path, wanted: list[str], samples: int) -> list[str]:
@@ -93,14 +98,18 @@ def main() -> None:
     if args.index is None:
         served = Index(root / "index")
         served.add("nbexec-tiny", "1.0", "VALUE = 42\n")
+        served.add("nbexec-chain", "1.0", "A = 1\n", requires=("nbexec-chain-b",))
+        served.add("nbexec-chain-b", "1.0", "B = 1\n", requires=("nbexec-chain-c",))
+        served.add("nbexec-chain-c", "1.0", "C = 1\n")
     wanted = args.package or ["nbexec-tiny"]
     config = nbexec.from_env(pool_size=0, warm_imports=(), timeout=300, packages="any",
                              package_index=args.index or (served.url if served else None),
                              package_cache=str(root / "cache"))
     print(f"packages: {', '.join(wanted)}; index: {config.package_index}\n")
     print("| step | samples | median ms | max ms |\n|---|---|---|---|")
-    for row in (_host_rows(config, root, wanted, args.samples) + _install_rows(config, root, wanted, args.samples)
-                + _execute_rows(config, wanted, args.samples)):
+    chain = _host_rows(config, root, ["nbexec-chain"], args.samples, ", a chain of 3") if served else []
+    for row in (_host_rows(config, root, wanted, args.samples) + chain
+                + _install_rows(config, root, wanted, args.samples) + _execute_rows(config, wanted, args.samples)):
         print(row, flush=True)
     if served is not None:
         served.close()

@@ -179,6 +179,14 @@ class SandboxConfig:
         "Bytes of wheels one execution may be provided, all its requests together; a download past it is stopped."))
     package_cache: str | None = field(default=None, metadata=_doc(
         "Host folder (0700) that caches wheels by sha256 (default: <tmp>/nbexec-wheels-<uid>)."))
+    package_resolver_user: str = field(default="nobody", metadata=_doc(
+        "The account (name or uid) the host's pip runs as when nbexec runs as root; never root. It needs to read "
+        "a folder package_index and the Python that runs pip, and nothing of nbexec's."))
+    package_resolver_python: str | None = field(default=None, metadata=_doc(
+        "The Python (with pip) that runs the host's pip (default: nbexec's own, else /usr/local/bin/python3 or "
+        "/usr/bin/python3, the first package_resolver_user can run)."))
+    package_resolver_memory: str = field(default="512m", metadata=_doc(
+        "Address-space cap of the host's pip (RLIMIT_AS, enforced by the kernel); past it the request fails."))
 
     # -- network="allowlist" (see nbexec.egress): HTTP(S) to listed hosts through a proxy on the host --
     allowed_hosts: tuple[str, ...] = field(default=(), metadata=_doc(
@@ -240,6 +248,12 @@ class SandboxConfig:
         object.__setattr__(self, "allowed_packages", tuple(self.allowed_packages))
         if self.package_cache is not None:
             object.__setattr__(self, "package_cache", os.path.abspath(self.package_cache))
+        if self.package_resolver_user.strip() in ("", "root", "0"):
+            raise ConfigError(f"package_resolver_user must be an unprivileged account, got "
+                              f"{self.package_resolver_user!r}")
+        if parse_size(self.package_resolver_memory) < 128 * 1024**2:
+            raise ConfigError(f"package_resolver_memory {self.package_resolver_memory!r} is too small: pip needs "
+                              "at least 128m")
 
     def _check_network(self) -> None:
         if self.network not in (False, True, "allowlist"):

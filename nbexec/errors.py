@@ -21,6 +21,8 @@
     ├── FileTransferError        an upload or download into /mnt/data was refused
     │   └── FileTooLargeError        the file is over the cap (max_data, or the caller's); nothing was read (HTTP 413)
     ├── PackageError             packages could not be resolved or provided (reported in results, raised elsewhere)
+    │   ├── PackageRefusedError      the policy refused a dependency (a direct reference, one off the allowlist)
+    │   └── PackageLimitError        the execution's package budget or time limit ran out (not remembered)
     └── StorageError             an artifact store failed (reported per file in results, raised elsewhere)
 """
 
@@ -118,6 +120,16 @@ class FileTooLargeError(FileTransferError):
 
 class PackageError(NbexecError):
     """Packages asked for could not be resolved, downloaded or provided to the sandbox."""
+
+
+class PackageRefusedError(PackageError):
+    """The package policy refused something the resolution reached (a direct reference, a dependency that is not
+    on the allowlist); nothing of the request was provided."""
+
+
+class PackageLimitError(PackageError):
+    """The execution's package budget (max_packages, max_package_download) or its time limit ran out; another
+    execution may fit, so the failure is not remembered."""
 
 
 class StorageError(NbexecError):

@@ -8,7 +8,8 @@
 #                             # Chromium with its driver for the playground's browser test
 #
 # apt packages, each only when missing: docker.io (and debootstrap where no registry answers), python3-venv,
-# ca-certificates; with --test also nodejs, npm, chromium and chromium-driver (Debian's; Ubuntu ships Chromium
+# ca-certificates, python3-pip (as root, when the unprivileged user that runs the host's pip can run no Python
+# with pip); with --test also nodejs, npm, chromium and chromium-driver (Debian's; Ubuntu ships Chromium
 # as a snap instead). Node and Chromium are never needed to run code, only for the tests.
 #
 # Environment: NBEXEC_IMAGE (tag to build), NBEXEC_CA_BUNDLE (CA file for pip inside the build; defaults to
@@ -102,6 +103,18 @@ ensure_image() {
     .venv/bin/nbexec doctor
 }
 
+ensure_resolver_python() {
+    # As root, nbexec runs the host's pip as nobody (nbexec/packages/hostpip.py) with a Python that user can run:
+    # the venv's own when it lives somewhere others can read, else the system's python3, which then needs pip.
+    [ "$(id -u)" -eq 0 ] || return 0
+    local python
+    for python in "$PWD/.venv/bin/python" /usr/local/bin/python3 /usr/bin/python3; do
+        if [ -x "$python" ] && su nobody -s /bin/sh -c "'$python' -I -c 'import pip._internal.cli.main'" \
+                >/dev/null 2>&1; then return 0; fi
+    done
+    apt_install python3-pip
+}
+
 ensure_test_tools() {
     # Azurite (Microsoft's Azure Storage emulator, from npm) for the Azure upload tests, and TypeScript for the
     # TypeScript example's test; kept in .tools/, at the versions scripts/test-tools/package-lock.json pins (a fresh
@@ -122,5 +135,6 @@ ensure_browser() {
 ensure_base_packages
 ensure_docker
 ensure_venv
+ensure_resolver_python
 ensure_image
 if [ "$WITH_TESTS" = 1 ]; then ensure_test_tools; ensure_browser; fi

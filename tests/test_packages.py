@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,11 @@ from .conftest import IMAGE
 from .pyindex import Index
 
 TARGET = wheelhouse.Target(python="3.11", machine="x86_64", glibc="2.36")
+ANY = packages.Policy("any")
+
+
+def _resolve(wanted: list[str], source: wheelhouse.Source) -> list[wheelhouse.Wheel]:
+    return wheelhouse.resolve(wanted, ANY, TARGET, wheelhouse.Budget(source), deadline=time.monotonic() + 120)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,8 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
 
 def _config(index: Index, cache: Path, **changes: object) -> nbexec.SandboxConfig:
     values: dict[str, object] = {"image": IMAGE, "pool_size": 0, "warm_imports": (), "timeout": 90,
-                                 "package_index": index.url, "allowed_packages": ("nbexec-tiny", "nbexec-big"),
+                                 "package_index": index.url,
+                                 "allowed_packages": ("nbexec-tiny", "nbexec-dep", "nbexec-big"),
                                  "package_cache": str(cache)}
     values.update(changes)
     return nbexec.SandboxConfig(**values)  # type: ignore[arg-type]
@@ -101,8 +109,11 @@ def test_operator_entries_extend_the_list_and_bound_versions() -> None:
 
 def test_resolve_downloads_wheels_once_and_serves_them_from_the_cache(index: Index, tmp_path: Path) -> None:
     source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=10, cache=tmp_path / "cache")
-    before = len(index.requests)
-    wheels = wheelhouse.resolve(["nbexec-tiny"], [], TARGET, source)
+    before, descriptors = len(index.requests), len(os.listdir("/proc/self/fd"))
+    wheels = _resolve(["nbexec-tiny"], source)
+    assert len(os.listdir("/proc/self/fd")) == descriptors, "the resolution left descriptors open"
+    assert [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("nbexec-pip-")] == []
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
     assert {(w.name, w.version) for w in wheels} == {("nbexec-tiny", "1.0"), ("nbexec-dep", "2.0")}
     served = index.root / "simple" / "nbexec-tiny" / "nbexec_tiny-1.0-py3-none-any.whl"
     tiny = next(w for w in wheels if w.name == "nbexec-tiny")
@@ -111,14 +122,14 @@ def test_resolve_downloads_wheels_once_and_serves_them_from_the_cache(index: Ind
     assert os.stat(tmp_path / "cache").st_mode & 0o777 == 0o700
     asked = len(index.requests)
     assert asked > before
-    assert wheelhouse.resolve(["nbexec-tiny"], [], TARGET, source) == wheels
+    assert _resolve(["nbexec-tiny"], source) == wheels
     assert len(index.requests) == asked, "the second resolution went to the index"
 
 
 def test_a_download_past_the_byte_cap_is_stopped_and_nothing_is_kept(index: Index, tmp_path: Path) -> None:
     source = wheelhouse.Source(index=index.url, max_bytes=50_000, max_count=10, cache=tmp_path / "cache")
     with pytest.raises(PackageError, match="cap"):
-        wheelhouse.resolve(["nbexec-big"], [], TARGET, source)
+        _resolve(["nbexec-big"], source)
     assert os.listdir(tmp_path / "cache" / "blobs") == []
     assert os.listdir(tmp_path / "cache" / "resolved") == []
 
@@ -126,12 +137,12 @@ def test_a_download_past_the_byte_cap_is_stopped_and_nothing_is_kept(index: Inde
 def test_too_many_distributions_are_refused(index: Index, tmp_path: Path) -> None:
     source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=1, cache=tmp_path / "cache")
     with pytest.raises(PackageError, match="max_packages"):
-        wheelhouse.resolve(["nbexec-tiny"], [], TARGET, source)
+        _resolve(["nbexec-tiny"], source)
 
 
 def test_a_tampered_cache_file_is_never_linked(index: Index, tmp_path: Path) -> None:
     source = wheelhouse.Source(index=index.url, max_bytes=10**7, max_count=10, cache=tmp_path / "cache")
-    wheels = wheelhouse.resolve(["nbexec-dep"], [], TARGET, source)
+    wheels = _resolve(["nbexec-dep"], source)
     blob = tmp_path / "cache" / "blobs" / wheels[0].sha256
     blob.write_bytes(b"not the wheel")
     (tmp_path / "out").mkdir()
@@ -212,7 +223,7 @@ def test_nbexec_run_with_package_and_a_pip_line(index: Index, tmp_path: Path, cl
     script = tmp_path / "script.py"
     script.write_text("%pip install nbexec-tiny\nimport nbexec_tiny\nprint('tiny', nbexec_tiny.VALUE)\n")
     env = {**os.environ, "NBEXEC_IMAGE": IMAGE, "NBEXEC_PACKAGE_INDEX": index.url,
-           "NBEXEC_ALLOWED_PACKAGES": "nbexec-tiny", "NBEXEC_PACKAGE_CACHE": str(tmp_path / "cache"),
+           "NBEXEC_ALLOWED_PACKAGES": "nbexec-tiny,nbexec-dep", "NBEXEC_PACKAGE_CACHE": str(tmp_path / "cache"),
            "NBEXEC_WARM_IMPORTS": ""}
     done = subprocess.run([sys.executable, "-m", "nbexec.cli", "run", str(script), "--json", "--package",
                            "evil-pkg", "--output-dir", str(tmp_path / "out")],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from nbexec import packages as installs
 from nbexec.config import SandboxConfig
 from nbexec.errors import FileTooLargeError, FileTransferError, SessionClosedError, SessionDeadError
 from nbexec.files import artifacts, folders, space, transfer
-from nbexec.result import ExecutionResult, File, Package
+from nbexec.result import CellError, ExecutionResult, File, Package
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
 from nbexec.stores.storage import ArtifactStore, LocalStore
@@ -35,6 +36,8 @@ from .reaper import close_all, reap
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 20 * 60.0
+_NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole time limit, so no cell ran. Ask for "
+                 "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
 class Session(reaper.SessionBase):
@@ -252,17 +255,26 @@ class Session(reaper.SessionBase):
                     if cell.get("id") in taken:
                         cell["id"] = uuid.uuid4().hex[:8]
                 self.notebook.cells.extend(nb.cells)
+            # One time limit for the run: the host's package work counts inside it, the cells get what is left.
+            limit = timeout or self.config.timeout
+            deadline = time.monotonic() + limit
             with installs.prepared(sandbox, self.notebook, self.config, requested=packages,
-                                   first_index=index) as installed:
-                run = self._run_cells(sandbox, index, started, timeout, on_output)
-            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed)))
+                                   first_index=index, deadline=deadline) as installed:
+                left = math.floor((deadline - time.monotonic()) * 10) / 10 if installed else limit
+                run = self._run_cells(sandbox, index, started, left, on_output)
+            notes = run.notes + ((f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; "
+                                  f"the cells had the rest",) if installed and left < limit else ())
+            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed), notes=notes))
 
-    def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float | None,
+    def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float,
                    on_output: OutputCallback | None) -> collect.Run:
         began = time.monotonic()
-        error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
-                                          first_index=index, on_output=on_output, displays=self._displays,
-                                          widget_state=self._widgets)
+        if timeout > 0:
+            error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
+                                              first_index=index, on_output=on_output, displays=self._displays,
+                                              widget_state=self._widgets)
+        else:  # providing the packages took the whole time limit: no cell starts
+            error, dropped = CellError("TimeoutError", _NO_TIME_LEFT, (), "timeout", index), 0
         ran = time.monotonic()
         self.last_activity = ran
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"

@@ -3,10 +3,13 @@
 1. What is asked: ``packages=[...]`` of the call, and the pip lines of the cells about to run. `scan` is an
    honest syntax scan of lines that start with ``%pip install``, ``!pip install`` or ``!python -m pip install``
    (nothing else is read; it is no security filter: the sandbox's isolation is).
-2. `Policy.check`: a refused requirement is never downloaded; for this run its pip line is replaced by one
-   that prints which package was refused, why, and what is allowed (the saved notebook keeps the original).
-3. The host resolves the rest with its own pip, wheels only, for the sandbox's interpreter (`wheelhouse`),
-   and links the wheels into the sandbox's /mnt/wheels (a read-only mount every sandbox gets at start).
+2. `Policy.check` (`policy`): a refused requirement is never downloaded; for this run its pip line is replaced
+   by one that prints which package was refused, why, and what is allowed (the saved notebook keeps the original).
+3. The host resolves the rest for the sandbox's interpreter (`wheelhouse`): breadth-first (`resolver`), every
+   dependency judged by the same policy before it is fetched, over rounds of its own pip confined to named wheels
+   (`hostpip`, unprivileged and under kernel limits), so no code of a package runs on the host. It links the
+   wheels into the sandbox's /mnt/wheels (a read-only mount every sandbox gets at start). All of it counts
+   inside the execution's time limit, and against its package budget, failures included.
 4. Inside, `nbexec.packages.wheelinstall` (sent into the kernel once per sandbox) unpacks the resolution into
    /mnt/packages: an in-memory filesystem of the sandbox (tmp_size bytes, counted against its memory, gone with
    it; mounted exec, unlike /tmp, so native extensions load; not /mnt/data, whose files are results). No pip
@@ -23,23 +26,27 @@ import contextlib
 import json
 import re
 import shlex
+import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from nbformat import NotebookNode
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from nbexec.config import SandboxConfig, parse_size
-from nbexec.errors import PackageError
+from nbexec.errors import PackageError, PackageLimitError, PackageRefusedError
 from nbexec.result import Package
 from nbexec.sandbox.docker.container import PACKAGES_MOUNT, WHEELS_MOUNT, Sandbox
 
-from . import wheelhouse
+from . import hostpip, wheelhouse
+from .policy import Policy, shipped
+
+__all__ = ["PipLine", "Policy", "installer_call", "notes", "prepared", "scan", "shipped", "source_of"]
 
 PREFIX = PACKAGES_MOUNT
 _PIP_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:%|!\s*)?(?:pip3?|python3?\s+-m\s+pip)\s+install(?P<args>(?:\s.*)?)$")
@@ -66,59 +73,9 @@ exec(compile(INSTALLER, "<nbexec-wheels>", "exec"), module.__dict__)
 sys.modules["_nbexec_wheels"] = module
 importlib.invalidate_caches()
 """
-_TARGET = ("__import__('json').dumps(['%d.%d' % __import__('sys').version_info[:2], __import__('platform').machine(),"
-           " __import__('os').confstr('CS_GNU_LIBC_VERSION') or ''])")
+_TARGET = ("__import__('json').dumps(['%d.%d.%d' % __import__('sys').version_info[:3], "
+           "__import__('platform').machine(), __import__('os').confstr('CS_GNU_LIBC_VERSION') or ''])")
 _targets: weakref.WeakKeyDictionary[Sandbox, wheelhouse.Target] = weakref.WeakKeyDictionary()
-
-
-def shipped() -> list[str]:
-    """The requirement lines of the allowlist that ships with nbexec (nbexec/data/allowed-packages.txt)."""
-    text = resources.files("nbexec").joinpath("data/allowed-packages.txt").read_text("utf-8")
-    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Which requirements may be installed: ``mode`` allowlist, any or off; ``allowed`` maps a project name
-    (normalised) to its version constraint ("" for any version)."""
-
-    mode: str
-    allowed: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, config: SandboxConfig) -> Policy:
-        allowed: dict[str, str] = {}
-        for line in [*shipped(), *config.allowed_packages]:
-            try:
-                requirement = Requirement(line)
-            except InvalidRequirement as exc:
-                raise PackageError(f"the allowlist entry {line!r} is not a requirement: {exc}") from None
-            allowed[canonicalize_name(requirement.name)] = str(requirement.specifier)
-        return cls(config.packages, allowed)
-
-    def check(self, text: str) -> tuple[Requirement | None, str | None]:
-        """The parsed requirement and None, or None and why it is refused."""
-        if self.mode == "off":
-            return None, "package installs are turned off on this nbexec (NBEXEC_PACKAGES=off)"
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
-            return None, "it is not a valid requirement (use a project name, optionally with a version: name==1.2)"
-        if requirement.url:
-            return None, "only names from the package index can be installed (no URLs, paths or editable installs)"
-        if self.mode == "allowlist" and canonicalize_name(requirement.name) not in self.allowed:
-            examples = ", ".join(sorted(self.allowed)[:12])
-            return None, (f"{requirement.name} is not on this nbexec's allowlist of packages ({len(self.allowed)} "
-                          f"common data, science, plotting, file-format and text libraries, e.g. {examples}, ...); "
-                          "the operator can extend it (NBEXEC_ALLOWED_PACKAGES) or allow any wheel "
-                          "(NBEXEC_PACKAGES=any)")
-        return requirement, None
-
-    def constraints(self) -> list[str]:
-        """The allowlist's version constraints, which bound dependencies too (none in mode any)."""
-        if self.mode != "allowlist":
-            return []
-        return [f"{name}{spec}" for name, spec in sorted(self.allowed.items()) if spec]
 
 
 @dataclass(frozen=True)
@@ -168,16 +125,21 @@ def _split_words(words: list[str]) -> tuple[list[str], list[str]]:
 
 
 def source_of(config: SandboxConfig) -> wheelhouse.Source:
+    confinement = hostpip.Confinement(user=config.package_resolver_user, python=config.package_resolver_python,
+                                      memory=parse_size(config.package_resolver_memory))
     return wheelhouse.Source(index=config.package_index, max_bytes=parse_size(config.max_package_download),
                              max_count=config.max_packages,
-                             cache=Path(config.package_cache) if config.package_cache else None)
+                             cache=Path(config.package_cache) if config.package_cache else None,
+                             confinement=confinement)
 
 
 @contextlib.contextmanager
 def prepared(sandbox: Any, nb: NotebookNode, config: SandboxConfig, *, requested: Sequence[str] = (),
-             first_index: int = 0) -> Iterator[list[Package]]:
+             first_index: int = 0, deadline: float | None = None) -> Iterator[list[Package]]:
     """Provide what the call asks for and the pip lines of cells ``first_index``... ask for; yield the records.
     ``sandbox`` is a local one (`nbexec.sandbox.docker.container.Sandbox`: its kernel and working folder are used).
+    Everything here, the host's pip included, ends by ``deadline`` (time.monotonic(); default: ``config.timeout``
+    from now): the execution's time limit, which the caller's cells share.
 
     Refused pip lines are rewritten for the run and restored after it; the records are added to the notebook's
     metadata (``nbexec.packages``). Without packages asked for, this does nothing (no call into the sandbox)."""
@@ -188,7 +150,9 @@ def prepared(sandbox: Any, nb: NotebookNode, config: SandboxConfig, *, requested
     originals: dict[int, str] = {}
     try:
         if requested or lines:
-            _provide(sandbox, nb, config, list(requested), lines, records, originals)
+            ends = time.monotonic() + config.timeout if deadline is None else deadline
+            _provide(_Request(sandbox, config, Policy.of(config), wheelhouse.Budget(source_of(config)), ends),
+                     nb, list(requested), lines, records, originals)
         yield records
     finally:
         for index, source in originals.items():
@@ -203,40 +167,57 @@ def notes(records: Sequence[Package]) -> list[str]:
     return [f"package {r.name} was {r.status}: {r.reason}" for r in records if r.status in ("refused", "failed")]
 
 
-def _provide(sandbox: Sandbox, nb: NotebookNode, config: SandboxConfig, requested: list[str], lines: list[PipLine],
+@dataclass(frozen=True)
+class _Request:
+    """What every request of one execution shares: its sandbox, config, policy, budget and deadline."""
+
+    sandbox: Sandbox
+    config: SandboxConfig
+    policy: Policy
+    budget: wheelhouse.Budget  # the caps hold for all of the execution's requests together, failures included
+    deadline: float  # time.monotonic(): the execution's time limit
+
+    def left(self, most: float) -> float:
+        """Seconds a step in the sandbox may take: ``most``, within the deadline; PackageLimitError past it."""
+        left = min(most, self.deadline - time.monotonic())
+        if left <= 0:
+            raise PackageLimitError("the execution's time limit ran out before it could be provided")
+        return left
+
+
+def _provide(request: _Request, nb: NotebookNode, requested: list[str], lines: list[PipLine],
              records: list[Package], originals: dict[int, str]) -> None:
-    policy = Policy.of(config)
-    budget = wheelhouse.Budget(source_of(config))  # the caps hold for all of the execution's requests together
     if requested:  # each on its own: the allowed ones are installed, the refused ones reported
-        allowed = [text for text in requested if policy.check(text)[1] is None]
-        _refusals(policy, [text for text in requested if text not in allowed], records)
-        _provide_one(sandbox, config, policy, budget, allowed, records, install=True)
+        allowed = [text for text in requested if request.policy.check(text)[1] is None]
+        _refusals(request.policy, [text for text in requested if text not in allowed], records)
+        _provide_one(request, allowed, records, install=True)
     for line in lines:
-        replacement = _provide_one(sandbox, config, policy, budget, list(line.requirements), records,
-                                   install=False, plain=not line.skipped)
+        replacement = _provide_one(request, list(line.requirements), records, install=False, plain=not line.skipped)
         if replacement:
             _rewrite(nb, line, replacement, originals)
 
 
-def _provide_one(sandbox: Sandbox, config: SandboxConfig, policy: Policy, budget: wheelhouse.Budget, texts: list[str],
-                 records: list[Package], *, install: bool, plain: bool = False) -> str | None:
+def _provide_one(request: _Request, texts: list[str], records: list[Package], *, install: bool,
+                 plain: bool = False) -> str | None:
     """Check, resolve, link (and with ``install``, install) one request. For a pip line: the code that replaces
     it for this run (a message saying why nothing was provided, or, for a ``plain`` line, the installer that
     needs no pip), or None (the line runs pip as written)."""
-    refusals = _refusals(policy, texts, records)
+    refusals = _refusals(request.policy, texts, records)
     if refusals:
         return _say("nbexec refused to install " + "; ".join(refusals) + ". Nothing from this request was installed.")
     if not texts:
         return None
+    sandbox = request.sandbox
     try:
-        target = _target(sandbox, config)
-        source = budget.remaining()
-        wheels = wheelhouse.resolve(texts, policy.constraints(), target, source)
-        budget.charge(wheels)
-        wheelhouse.link(wheels, sandbox.workdir / "wheels", source)
+        target = _target(sandbox, request.left(request.config.startup_timeout))
+        wheels = wheelhouse.resolve(texts, request.policy, target, request.budget, deadline=request.deadline)
+        wheelhouse.link(wheels, sandbox.workdir / "wheels", request.budget.source)
         asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:
-            _run_hidden(sandbox, installer_call(texts, wheels, asked), config.timeout)
+            _run_hidden(sandbox, installer_call(texts, wheels, asked), request.left(request.config.timeout))
+    except PackageRefusedError as exc:
+        records.extend(Package(name=text, status="refused", reason=str(exc)) for text in texts)
+        return _say(f"nbexec refused to install {', '.join(texts)}: {exc}. Nothing from this request was installed.")
     except PackageError as exc:
         records.extend(Package(name=text, status="failed", reason=str(exc)) for text in texts)
         return _say(f"nbexec could not provide {', '.join(texts)}: {exc}")
@@ -278,22 +259,22 @@ def _rewrite(nb: NotebookNode, line: PipLine, code: str, originals: dict[int, st
     cell.source = "\n".join(lines)
 
 
-def _target(sandbox: Sandbox, config: SandboxConfig) -> wheelhouse.Target:
+def _target(sandbox: Sandbox, timeout: float) -> wheelhouse.Target:
     """Set the kernel up for offline installs (once per sandbox) and learn its interpreter and platform."""
     known = _targets.get(sandbox)
     if known is not None:
         return known
     installer = resources.files("nbexec").joinpath("packages/wheelinstall.py").read_text("utf-8")
     setup = f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{'INSTALLER': {installer!r}}})"
-    content = _run_hidden(sandbox, setup,
-                          config.startup_timeout, expressions={"target": _TARGET})
+    content = _run_hidden(sandbox, setup, timeout, expressions={"target": _TARGET})
     try:
         shown = content["user_expressions"]["target"]["data"]["text/plain"]
         if not isinstance(shown, str) or len(shown) > 256:  # size before parse: earlier code may shape the reply
             raise ValueError("an oversized description")
-        python, machine, libc = json.loads(ast.literal_eval(shown))
+        full, machine, libc = json.loads(ast.literal_eval(shown))
         glibc = libc.split()[1] if isinstance(libc, str) and libc.startswith("glibc ") else None
-        target = wheelhouse.Target(python=str(python), machine=str(machine), glibc=glibc)
+        python = ".".join(str(full).split(".")[:2])
+        target = wheelhouse.Target(python=python, machine=str(machine), glibc=glibc, python_full=str(full))
     except (KeyError, TypeError, ValueError, SyntaxError, IndexError) as exc:
         raise PackageError("the sandbox did not describe its interpreter") from exc
     _targets[sandbox] = target

@@ -1,10 +1,14 @@
-"""The host-side wheelhouse: resolve requirements to wheels with the host's pip, cache them by sha256, link them.
+"""The host-side wheelhouse: resolve requirements to wheels, cache them by sha256, link them into sandboxes.
 
-The host runs ``pip download --only-binary=:all:`` (never a source build) for the sandbox's interpreter and
-platform, into a private folder of its own; a running download is stopped once its files pass the byte cap.
-Wheels are kept as ``blobs/<sha256>`` and a resolution (requirements + target + index -> wheels) as
-``resolved/<key>.json``, so a second request for the same thing runs no pip at all. Wheels are handed to a
-sandbox as hard links (or copies) in its read-only /mnt/wheels folder, each checked against its sha256 first.
+A resolution is `resolver.resolve` (breadth-first, every dependency judged by the policy before it is fetched)
+over rounds of the confined host pip (`hostpip.fetch`: named wheels only, never a build), for the sandbox's
+interpreter and platform. Wheels are kept as ``blobs/<sha256>``, a resolution (requirements + policy + target +
+index -> wheels) as ``resolved/<key>.json`` for a day, and a failed one as ``failed/<key>.json`` for
+``FAILURE_TTL`` seconds, so asking again soon runs no pip at all. Wheels are handed to a sandbox as hard links (or
+copies) in its read-only /mnt/wheels folder, each checked against its sha256 first.
+
+One execution's requests share a `Budget`: ``max_packages`` distributions (every wheel fetched counts, and every
+failed request counts as one) and ``max_package_download`` bytes, checked before each round of pip.
 """
 
 from __future__ import annotations
@@ -14,40 +18,44 @@ import hashlib
 import json
 import os
 import re
-import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-from nbexec.errors import PackageError
+from nbexec.errors import PackageError, PackageLimitError, PackageRefusedError
 from nbexec.files.folders import DIR_FLAGS, private_root
 
+from . import hostpip, resolver
+from .policy import Policy
+
 RESOLUTION_TTL = 24 * 3600.0  # seconds a resolution of unpinned requirements is reused before pip runs again
-DOWNLOAD_TIME_LIMIT = 300.0  # seconds one pip download may take
-_POLL = 0.1
+FAILURE_TTL = 300.0  # seconds a failed resolution is remembered (asked again sooner, it fails without pip)
 _VERSION = re.compile(r"^3\.\d{1,2}$")
+_FULL_VERSION = re.compile(r"^3\.\d{1,2}\.\d{1,3}$")
 _MACHINE = re.compile(r"^[a-z0-9_]{1,32}$")
 _GLIBC = re.compile(r"^2\.\d{1,3}$")
 
 
 @dataclass(frozen=True)
 class Target:
-    """The sandbox interpreter wheels are chosen for: Python X.Y, the machine, and its glibc (None: unknown)."""
+    """The sandbox interpreter wheels are chosen for: Python X.Y (and X.Y.Z when known), the machine, and its
+    glibc (None: unknown)."""
 
     python: str
     machine: str
     glibc: str | None
+    python_full: str | None = None
 
     def __post_init__(self) -> None:
         if not _VERSION.match(self.python) or not _MACHINE.match(self.machine) \
-                or (self.glibc is not None and not _GLIBC.match(self.glibc)):
+                or (self.glibc is not None and not _GLIBC.match(self.glibc)) \
+                or (self.python_full is not None and not (_FULL_VERSION.match(self.python_full)
+                                                          and self.python_full.startswith(self.python + "."))):
             raise PackageError(f"the sandbox described its interpreter oddly: {self!r}")
 
     def pip_args(self) -> list[str]:
@@ -59,6 +67,14 @@ class Target:
         platforms += [f"{alias}_{self.machine}" for alias in ("manylinux2014", "manylinux2010", "manylinux1")]
         return ["--python-version", self.python, "--implementation", "cp", "--abi", f"cp{nodot}",
                 *(arg for platform in platforms for arg in ("--platform", platform))]
+
+    def markers(self) -> dict[str, str]:
+        """The environment markers of the sandbox's interpreter (PEP 508), for judging dependencies."""
+        full = self.python_full or f"{self.python}.0"
+        return {"implementation_name": "cpython", "implementation_version": full, "os_name": "posix",
+                "platform_machine": self.machine, "platform_python_implementation": "CPython",
+                "platform_release": "", "platform_system": "Linux", "platform_version": "",
+                "python_full_version": full, "python_version": self.python, "sys_platform": "linux"}
 
 
 @dataclass(frozen=True)
@@ -74,12 +90,13 @@ class Wheel:
 
 @dataclass(frozen=True)
 class Source:
-    """Where wheels come from and what one resolution may cost."""
+    """Where wheels come from, what one execution may take, and how the host's pip is confined."""
 
     index: str  # an index URL (PEP 503 simple API), or a local folder of wheels
     max_bytes: int
     max_count: int
     cache: Path | None = None  # default: <tmp>/nbexec-wheels-<uid>
+    confinement: hostpip.Confinement = field(default_factory=hostpip.Confinement)
 
     def pip_args(self) -> list[str]:
         if "://" in self.index:
@@ -89,34 +106,52 @@ class Source:
 
 @dataclass
 class Budget:
-    """What one execution was provided so far, against its caps: ``source.max_count`` distributions and
-    ``source.max_bytes`` bytes of wheels (0: no byte cap), summed over all its requests (a wheel counts once)."""
+    """What one execution has taken so far, against its caps: ``source.max_count`` distributions and
+    ``source.max_bytes`` bytes of wheels (0: no byte cap), summed over all its requests. Every wheel fetched or
+    provided counts once (by sha256), and every failed request counts as one distribution."""
 
     source: Source
-    provided: dict[str, int] = field(default_factory=dict)  # sha256 -> size
+    charged: dict[str, Wheel] = field(default_factory=dict)  # sha256 -> wheel
+    failures: int = 0
+
+    def used(self) -> tuple[int, int]:
+        return len(self.charged) + self.failures, sum(w.size for w in self.charged.values())
 
     def remaining(self) -> Source:
-        """The source for the next request, its download capped by what is left; PackageError when nothing is."""
-        used = sum(self.provided.values())
-        if len(self.provided) >= self.source.max_count or (self.source.max_bytes and used >= self.source.max_bytes):
-            raise PackageError(f"this execution already has {len(self.provided)} distributions ({used:,} bytes), "
-                               "its cap (max_packages, max_package_download)")
-        return replace(self.source, max_bytes=self.source.max_bytes and self.source.max_bytes - used)
+        """The source for the next round, its download capped by what is left; PackageLimitError when nothing is."""
+        count, size = self.used()
+        if count >= self.source.max_count or (self.source.max_bytes and size >= self.source.max_bytes):
+            raise PackageLimitError(f"this execution already used {count} of its {self.source.max_count} "
+                                    f"distributions ({size:,} bytes; failed requests count too), its cap "
+                                    "(max_packages, max_package_download)")
+        return replace(self.source, max_bytes=self.source.max_bytes and self.source.max_bytes - size)
+
+    def check_more(self, names: list[str]) -> None:
+        """Refuse, before anything is fetched, a round that would pass ``max_packages`` with ``names``."""
+        have = {w.name for w in self.charged.values()}
+        count = self.used()[0] + len([n for n in names if n not in have])
+        if count > self.source.max_count:
+            raise PackageLimitError(f"it needs more distributions than this execution has left: {count} of "
+                                    f"{self.source.max_count} (max_packages); nothing more was downloaded")
 
     def charge(self, wheels: list[Wheel]) -> None:
-        new = {w.sha256: w.size for w in wheels if w.sha256 not in self.provided}
-        count, size = len(self.provided) + len(new), sum(self.provided.values()) + sum(new.values())
+        new = {w.sha256: w for w in wheels if w.sha256 not in self.charged}
+        count, size = self.used()
+        count, size = count + len(new), size + sum(w.size for w in new.values())
         if count > self.source.max_count:
-            raise PackageError(f"it would bring this execution to {count} distributions, more than the "
-                               f"{self.source.max_count} allowed (max_packages)")
+            raise PackageLimitError(f"it would bring this execution to {count} distributions, more than the "
+                                    f"{self.source.max_count} allowed (max_packages)")
         if self.source.max_bytes and size > self.source.max_bytes:
-            raise PackageError(f"it would bring this execution to {size:,} bytes of wheels, more than the "
-                               f"{self.source.max_bytes:,} allowed (max_package_download)")
-        self.provided.update(new)
+            raise PackageLimitError(f"it would bring this execution to {size:,} bytes of wheels, more than the "
+                                    f"{self.source.max_bytes:,} allowed (max_package_download)")
+        self.charged.update(new)
+
+    def fail(self) -> None:
+        self.failures += 1
 
 
 def cache_root(source: Source) -> Path:
-    """The wheelhouse folder (0700, ours), with its blobs/, resolved/ and tmp/ sub-folders."""
+    """The wheelhouse folder (0700, ours), with its blobs/, resolved/, failed/ and tmp/ sub-folders."""
     if source.cache is None:
         root = private_root("nbexec-wheels")
     else:
@@ -130,33 +165,75 @@ def cache_root(source: Source) -> Path:
                 raise PackageError(f"the wheel cache {root} must be a folder of yours, not writable by others")
         finally:
             os.close(fd)
-    for name in ("blobs", "resolved", "tmp"):
+    for name in ("blobs", "resolved", "failed", "tmp"):
         with contextlib.suppress(FileExistsError):
             os.mkdir(root / name, 0o700)
     return root
 
 
-def resolve(requirements: list[str], constraints: list[str], target: Target, source: Source) -> list[Wheel]:
-    """The wheels that satisfy ``requirements`` for ``target``: from the cache, else downloaded now."""
-    root = cache_root(source)
-    key = hashlib.sha256(json.dumps([sorted(requirements), sorted(constraints), asdict(target),
-                                     source.index]).encode()).hexdigest()  # the caps are checked by a Budget
+def resolve(requirements: list[str], policy: Policy, target: Target, budget: Budget, *,
+            deadline: float) -> list[Wheel]:
+    """The wheels that satisfy ``requirements`` (each already allowed by ``policy``) and their dependencies for
+    ``target``: from the cache, else resolved now, charged to ``budget``. PackageRefusedError when the policy
+    refuses a dependency, PackageLimitError when the budget or the ``deadline`` (time.monotonic()) runs out."""
+    root = cache_root(budget.source)
+    key = hashlib.sha256(json.dumps([sorted(requirements), policy.key(), asdict(target),
+                                     budget.source.index]).encode()).hexdigest()
+    budget.remaining()
     cached = _cached(root, key)
     if cached is not None:
+        budget.charge(cached)
         return cached
-    with tempfile.TemporaryDirectory(dir=root / "tmp") as scratch:
-        wheels = _download(Path(scratch), requirements, constraints, target, source)
-        for wheel, path in wheels:
-            blob = root / "blobs" / wheel.sha256
-            if not blob.exists():
-                os.chmod(path, 0o644)  # the sandbox user reads the linked file through /mnt/wheels
-                os.replace(path, blob)
-        found = [wheel for wheel, _ in wheels]
-        record = root / "resolved" / f"{key}.json"
-        temporary = record.with_suffix(".tmp")
-        temporary.write_text(json.dumps([asdict(w) for w in found]))
-        os.replace(temporary, record)
-    return found
+    try:
+        _remembered(root, key)
+        fetch, fetched = _fetcher(root, target, budget, deadline)
+        chosen = resolver.resolve([Requirement(text) for text in requirements], policy, target.markers(), fetch,
+                                  max_rounds=budget.source.max_count + 2)
+        wheels = [fetched[found.filename] for found in chosen]
+    except PackageLimitError:
+        budget.fail()
+        raise
+    except PackageError as exc:
+        budget.fail()  # a failure counts too: a cell of failing pip lines runs out of its budget
+        _remember(root, key, exc)
+        raise
+    _write(root / "resolved" / f"{key}.json", [asdict(w) for w in wheels])
+    return wheels
+
+
+def _fetcher(root: Path, target: Target, budget: Budget, deadline: float) -> tuple[resolver.Fetch, dict[str, Wheel]]:
+    """The resolver's fetch: one round of the confined pip, within the budget, each wheel kept in the blobs and
+    charged as it comes; and the wheels fetched so far, by file name."""
+    fetched: dict[str, Wheel] = {}
+
+    def fetch(lines: list[str]) -> list[resolver.Fetched]:
+        budget.check_more([canonicalize_name(Requirement(line).name) for line in lines])
+        source = budget.remaining()
+        items = hostpip.fetch(lines, [*source.pip_args(), *target.pip_args()],
+                              replace(source.confinement, max_bytes=source.max_bytes), root / "tmp", deadline=deadline)
+        found = []
+        try:
+            for item in items:
+                described = resolver.read_metadata(item.filename, item.metadata)
+                wheel = _keep(root, item, described)
+                budget.charge([wheel])
+                fetched[wheel.filename] = wheel
+                found.append(described)
+        finally:
+            for item in items:  # the copies not kept (a refusal midway)
+                item.path.unlink(missing_ok=True)
+        return found
+
+    return fetch, fetched
+
+
+def _keep(root: Path, item: hostpip.Downloaded, described: resolver.Fetched) -> Wheel:
+    """Move the host's checked copy of a wheel into the blobs (the sandbox user reads it through a link)."""
+    blob = root / "blobs" / item.sha256
+    if not blob.exists():
+        os.chmod(item.path, 0o644)
+        os.replace(item.path, blob)
+    return Wheel(described.name, described.version, item.filename, item.sha256, item.size)
 
 
 def _cached(root: Path, key: str) -> list[Wheel] | None:
@@ -172,90 +249,33 @@ def _cached(root: Path, key: str) -> list[Wheel] | None:
     return None
 
 
-def _download(scratch: Path, requirements: list[str], constraints: list[str], target: Target,
-              source: Source) -> list[tuple[Wheel, Path]]:
-    dest, temp = scratch / "wheels", scratch / "pip-tmp"
-    dest.mkdir()
-    temp.mkdir()
-    constraint_file = scratch / "constraints.txt"
-    constraint_file.write_text("".join(f"{c}\n" for c in constraints))
-    args = [sys.executable, "-m", "pip", "download", "--isolated", "--only-binary=:all:", "--no-input",
-            "--disable-pip-version-check", "--progress-bar", "off", "--no-cache-dir", "--dest", str(dest),
-            "--constraint", str(constraint_file), *source.pip_args(), *target.pip_args(), "--", *requirements]
-    # Only what nbexec sets: no host variable (PIP_*, proxies aside) changes what is resolved.
-    env = {"PATH": os.defpath, "TMPDIR": str(temp), "HOME": str(scratch),
-           **{k: v for k, v in os.environ.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy")}}
-    log_path = scratch / "pip.log"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=scratch,
-                                   preexec_fn=_file_size_limit(source.max_bytes))
-        problem = _watch(process, scratch, source.max_bytes)
-    too_large = process.returncode != 0 and "File too large" in log_path.read_text("utf-8", "replace")
-    if problem is None and (too_large or (source.max_bytes and _tree_size(scratch) > source.max_bytes)):
-        # a file stopped at the kernel's file size limit (EFBIG), or the total grew past the cap between two looks
-        problem = f"the download passed the {source.max_bytes:,}-byte cap (max_package_download)"
-    if problem is None and process.returncode != 0:
-        problem = "pip could not resolve it: " + _tail(log_path)
-    if problem is not None:
-        raise PackageError(problem)
-    return _collect(dest, source)
+def _remembered(root: Path, key: str) -> None:
+    """Raise again a failure of the last ``FAILURE_TTL`` seconds for the same resolution (no pip runs)."""
+    record = root / "failed" / f"{key}.json"
+    try:
+        age = time.time() - record.stat().st_mtime
+        if age > FAILURE_TTL:
+            return
+        kind, message = json.loads(record.read_text())
+    except (OSError, ValueError, TypeError):
+        return
+    error = PackageRefusedError if kind == "refused" else PackageError
+    raise error(f"{str(message)[:2000]} (remembered from {age:.0f} s ago; nbexec asks the index again after "
+                f"{FAILURE_TTL:g} s)")
 
 
-def _file_size_limit(max_bytes: int) -> Callable[[], None] | None:
-    """pip's files can never grow past the cap (RLIMIT_FSIZE, enforced by the kernel); the total is watched."""
-    if not max_bytes:
-        return None
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes + 64 * 1024, max_bytes + 64 * 1024))
+def _remember(root: Path, key: str, exc: PackageError) -> None:
+    if "(remembered from" not in str(exc):
+        _write(root / "failed" / f"{key}.json",
+               ["refused" if isinstance(exc, PackageRefusedError) else "failed", str(exc)[:2000]])
 
 
-def _watch(process: subprocess.Popen[bytes], folder: Path, max_bytes: int) -> str | None:
-    """Wait for pip; stop it past the byte cap or the time limit and say why (None: it finished)."""
-    give_up = time.monotonic() + DOWNLOAD_TIME_LIMIT
-    while True:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(_POLL)
-            return None
-        if max_bytes and _tree_size(folder) > max_bytes:
-            problem = f"the download passed the {max_bytes:,}-byte cap (max_package_download), so it was stopped"
-        elif time.monotonic() > give_up:
-            problem = f"the download took longer than {DOWNLOAD_TIME_LIMIT:g} s, so it was stopped"
-        else:
-            continue
-        process.kill()
-        process.wait()
-        return problem
-
-
-def _tree_size(folder: Path) -> int:
-    total = 0
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(parent, name)).st_size
-    return total
-
-
-def _tail(log_path: Path) -> str:
-    lines = [line for line in log_path.read_text("utf-8", "replace").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR")] or lines[-3:]
-    return " ".join(errors)[-1500:] or "no output"
-
-
-def _collect(dest: Path, source: Source) -> list[tuple[Wheel, Path]]:
-    found: list[tuple[Wheel, Path]] = []
-    entries = sorted(os.listdir(dest))
-    if len(entries) > source.max_count:
-        raise PackageError(f"it needs {len(entries)} distributions, more than the {source.max_count} allowed per "
-                           "execution (max_packages)")
-    for filename in entries:
-        path = dest / filename
-        try:
-            name, version, _, _ = parse_wheel_filename(filename)
-        except InvalidWheelFilename:
-            raise PackageError(f"pip fetched {filename!r}, which is not a wheel; nothing was kept") from None
-        found.append((Wheel(canonicalize_name(name), str(version), filename, _sha256(path),
-                            os.lstat(path).st_size), path))
-    return found
+def _write(record: Path, value: object) -> None:
+    """Replace ``record`` atomically (threads and processes may write the same one at once)."""
+    fd, temporary = tempfile.mkstemp(dir=record.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(value, handle)
+    os.replace(temporary, record)
 
 
 def _sha256(path: Path) -> str:
@@ -294,3 +314,4 @@ def _copy(blob: Path, name: str, dir_fd: int) -> None:
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
         with os.fdopen(out, "wb") as dst:
             shutil.copyfileobj(src, dst)
+
