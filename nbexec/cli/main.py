@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from nbexec import __version__
-from nbexec.config import SandboxConfig, describe, from_env
+from nbexec.config import MIN_TOKEN_CHARS, SandboxConfig, describe, from_env
 from nbexec.errors import ConfigError, NbexecError, NotebookError
 from nbexec.notebook.outputs import clean
 from nbexec.stores.storage import from_env as store_from_env
@@ -287,10 +287,16 @@ def mcp_command(transport: str, host: str, port: int, token_file: Path | None, m
 
 
 def _tokens(token_file: Path | None) -> tuple[bytes, ...]:
-    """Bearer tokens from NBEXEC_API_TOKENS and a token file, as bytes (what is compared on the wire)."""
+    """Bearer tokens from NBEXEC_API_TOKENS and a token file, as bytes (what is compared on the wire); a usage
+    error when one is shorter than MIN_TOKEN_CHARS characters."""
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
     if token_file:
         tokens += [line.strip() for line in token_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    short = sum(len(t) < MIN_TOKEN_CHARS for t in tokens)
+    if short:
+        fail(f"{short} of the bearer tokens (--token-file, NBEXEC_API_TOKENS) are shorter than {MIN_TOKEN_CHARS} "
+             "characters: give only long random ones (python -c 'import secrets; print(secrets.token_urlsafe(32))')",
+             EXIT_USAGE, False)
     return tuple(t.encode("utf-8") for t in tokens)
 
 
