@@ -43,10 +43,12 @@ def load(folder: Path | None = None) -> list[str]:
 
 def _read(folder: Path) -> str | None:
     path = folder / NAME
-    try:
-        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # O_PATH: a folder you may enter but not list still works, as before
+        folder_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
     except OSError as exc:
-        raise ConfigError(f"cannot read the folder {folder}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot open the folder {folder}: {exc.strerror}") from exc
     try:
         fd = os.open(NAME, _READ, dir_fd=folder_fd)
     except FileNotFoundError:
