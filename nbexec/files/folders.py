@@ -135,8 +135,9 @@ class OutputFolder:
 
     def child(self, name: str) -> OutputFolder:
         """The sub-folder ``name``, made when missing; it must be a real folder of ours. Before the sandbox's
-        files get a ``data`` sub-folder, this folder is marked as holding them (`mark`)."""
-        if name == DATA:
+        files get a ``data`` sub-folder, this folder is marked as holding them (`mark`), unless a folder above
+        already is (a sandbox's own sub-folder named data gets no mark)."""
+        if name == DATA and marked(self.path) is None:
             mark(self.fd)
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, self.dir_mode, dir_fd=self.fd)

@@ -16,6 +16,7 @@ import base64
 import html
 import http.server
 import json
+import os
 import shutil
 import socketserver
 import threading
@@ -107,7 +108,9 @@ def _browser() -> Any:
                      "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    return webdriver.Chrome(options=options, service=Service(DRIVER))
+    # The browser's profile and its sockets go to /tmp: under a long TMPDIR (the mutation runner's scratch copies)
+    # a socket address would overflow and Chromium would not start.
+    return webdriver.Chrome(options=options, service=Service(DRIVER, env={**os.environ, "TMPDIR": "/tmp"}))
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +293,8 @@ def test_the_report_carries_a_strict_content_security_policy(hostile_run: Hostil
     class First(HTMLParser):
         def __init__(self) -> None:
             super().__init__()
-            self.in_head, self.first = False, None
+            self.in_head = False
+            self.first: tuple[str, dict[str, str | None]] | None = None
 
         def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
             if self.in_head and self.first is None:

@@ -201,6 +201,20 @@ def test_a_env_copied_out_of_a_sandbox_is_never_loaded(cleanup_ledger: None, tmp
     assert "nbexec output folder" in later.stderr and ".env" in later.stderr, later.stderr
 
 
+def test_only_a_folder_that_receives_sandbox_files_is_marked(tmp_path: Path) -> None:
+    """The output folder is marked when its data folder is made (not when it is made: an unused one stays empty),
+    and a sandbox's own sub-folder named data gets no stray mark among its files."""
+    from nbexec.files.folders import MARK, OutputFolder, make_output_dir
+
+    used, unused = (make_output_dir(tmp_path / name, may_exist=False) for name in ("used", "unused"))
+    with OutputFolder.open(used) as out, out.child("data") as data, data.child("data"):
+        pass
+    with OutputFolder.open(unused) as out, out.child("images"):
+        pass
+    assert (used / MARK).is_file() and not (used / "data" / MARK).exists()
+    assert sorted(os.listdir(unused)) == ["images"]
+
+
 # -- the loader, shape by shape ------------------------------------------------------------------------------------
 
 def _other_group() -> int:
@@ -353,7 +367,7 @@ def test_every_service_refuses_short_bearer_tokens(tmp_path: Path, command: list
             short = UNICODE_SHORT if UNICODE_SHORT in str(env) else SHORT
             path = "/mcp" if command[0] == "mcp" else "/v1/sessions"
             answer = httpx.post(f"http://127.0.0.1:{port}{path}", timeout=30, json={}, headers={
-                "Authorization": b"Bearer " + short.encode(), "Accept": "application/json, text/event-stream"})
+                b"Authorization": b"Bearer " + short.encode(), b"Accept": b"application/json, text/event-stream"})
             pytest.fail(f"{' '.join(args)} started with a short token and answered it {answer.status_code} "
                         "(401 would have refused it)")
     finally:
