@@ -26,6 +26,7 @@ _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # tools that keep uids in a signed 32-bit integer still work.
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_SPAN = 140_000_000
+MIN_TOKEN_CHARS = 16  # every bearer token nbexec accepts or sends (serve, router, node token, MCP over HTTP)
 SANDBOX_SOURCES = ("local",)  # the places sandboxes come from (nbexec.sandbox.source.for_config)
 _ids_lock = threading.Lock()
 _ids_given: set[int] = set()

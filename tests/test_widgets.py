@@ -74,8 +74,8 @@ GOOD: list[tuple[str, Script, Callable[[dict[str, Any]], bool]]] = [
      lambda m: m["m1"]["state"]["value"] == 3),
     ("update-of-an-unopened-comm-ignored", [("comm_open", opened("m1")), ("comm_msg", updated("m9", {"value": 1}))],
      lambda m: list(m) == ["m1"]),
-    ("an-empty-module-version", [("comm_open", opened("m1", {**SLIDER, "_model_module_version": ""}))],
-     lambda m: m["m1"]["model_module_version"] == ""),
+    ("an-empty-view-version", [("comm_open", opened("m1", {**SLIDER, "_view_module_version": ""}))],
+     lambda m: m["m1"]["state"]["_view_module_version"] == ""),  # a model without a view (see viewer.widget_state)
     ("a-model-without-a-name-is-left-out", [("comm_open", opened("m1")), ("comm_open", opened("m2", {"x": 1}))],
      lambda m: list(m) == ["m1"]),
     ("buffers-base64", [("comm_open", Framed(opened("m1", paths=[["data"]]), [b"\x00\x01\xff"])),

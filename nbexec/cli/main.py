@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from nbexec import __version__
-from nbexec.config import SandboxConfig, describe, from_env
+from nbexec.config import MIN_TOKEN_CHARS, SandboxConfig, describe, from_env
 from nbexec.errors import ConfigError, NbexecError, NotebookError
 from nbexec.notebook.outputs import clean
 from nbexec.stores.storage import from_env as store_from_env
@@ -269,7 +269,7 @@ def _show_failures(items: list[Any], painter: terminal.Painter) -> None:
 def mcp_command(transport: str, host: str, port: int, token_file: Path | None, max_sessions: int,
                 **options: Any) -> None:
     """Serve the execute_python tool over MCP (stdio by default); state is kept per client session."""
-    tokens = _tokens(token_file)
+    tokens = _tokens(token_file, checked=transport == "streamable-http")
     if transport == "streamable-http" and not tokens and not _loopback(host):
         fail(f"--host {host} is not a loopback address: give bearer tokens with --token-file or "
               "NBEXEC_API_TOKENS (or bind 127.0.0.1)", EXIT_USAGE, False)
@@ -286,11 +286,17 @@ def mcp_command(transport: str, host: str, port: int, token_file: Path | None, m
                      max_sessions=max_sessions)
 
 
-def _tokens(token_file: Path | None) -> tuple[bytes, ...]:
-    """Bearer tokens from NBEXEC_API_TOKENS and a token file, as bytes (what is compared on the wire)."""
+def _tokens(token_file: Path | None, *, checked: bool = True) -> tuple[bytes, ...]:
+    """Bearer tokens from NBEXEC_API_TOKENS and a token file, as bytes (what is compared on the wire); when they
+    will be ``checked`` (a service on the network), a usage error if one is shorter than MIN_TOKEN_CHARS."""
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
     if token_file:
         tokens += [line.strip() for line in token_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    short = sum(len(t) < MIN_TOKEN_CHARS for t in tokens)
+    if short and checked:
+        fail(f"{short} of the bearer tokens (--token-file, NBEXEC_API_TOKENS) are shorter than {MIN_TOKEN_CHARS} "
+             "characters: give only long random ones (python -c 'import secrets; print(secrets.token_urlsafe(32))')",
+             EXIT_USAGE, False)
     return tuple(t.encode("utf-8") for t in tokens)
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import nbformat
 
+from nbexec.notebook import viewer
+
 from .batch import Item
 
 _INVALID_XML = dict.fromkeys(c for c in range(32) if c not in (9, 10, 13))
@@ -49,25 +51,46 @@ def junit_xml(items: list[Item], path: Path, *, suite: str = "nbexec") -> None:
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
+# The report page: nbconvert's lab page without its scripts (require.js, MathJax, mermaid, the widget manager, all
+# from CDNs), under a Content-Security-Policy placed first in <head> so it covers every later element.
+_PAGE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head -%}
+<meta http-equiv="Content-Security-Policy" content="POLICY">
+<meta name="referrer" content="no-referrer">
+<meta http-equiv="x-dns-prefetch-control" content="off">
+<link rel="icon" href="data:,">
+{{ super() }}
+{%- endblock html_head -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+""".replace("POLICY", viewer.REPORT_POLICY)
+
+
 def html(items: list[Item], folder: Path) -> list[Path]:
     """An HTML render (images embedded) of each executed notebook; returns the files written.
 
-    Outputs are the sandbox's markup: nbconvert's SanitizeHTML (bleach) escapes unsafe tags, drops event
-    handlers and javascript: links from HTML and Markdown, and removes JavaScript, SVG and other active outputs.
+    Everything in the notebook is the sandbox's (or its author's): the page is made from `viewer.report_copy`
+    (sources and text, markup and raster image outputs; no metadata, no widget state), nbconvert's SanitizeHTML
+    (bleach) escapes unsafe tags and drops event handlers and javascript: links from HTML and Markdown, and the
+    page runs no script and loads nothing but its own inline styles and data: images (`viewer.REPORT_POLICY`).
     """
+    from jinja2 import DictLoader
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors.sanitize import SanitizeHTML
 
-    exporter = HTMLExporter()
+    exporter = HTMLExporter(extra_loaders=[DictLoader({"nbexec-report.html.j2": _PAGE})],
+                            template_file="nbexec-report.html.j2", embed_images=False)
     exporter.register_preprocessor(SanitizeHTML(tags=sorted(_TAGS), attributes=_ATTRIBUTES), enabled=True)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for item in items:
         if item.result is None or not item.result.notebook_path:
             continue
-        nb = nbformat.read(item.result.notebook_path, as_version=4)
-        body, _ = exporter.from_notebook_node(nb)
         target = folder / f"{Path(item.result.output_dir).name}.html"
+        nb = viewer.report_copy(nbformat.read(item.result.notebook_path, as_version=4))
+        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": target.stem}})
         target.write_text(body, encoding="utf-8")
         written.append(target)
     return written

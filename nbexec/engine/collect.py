@@ -75,8 +75,8 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     ours: frozenset[str] = getattr(sandbox, "input_links", frozenset())
     skipped = [s for s in found.skipped if s.name not in ours or "link" not in s.reason]
     path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
-    return Gathered(tuple(flat), images, found.files, skipped, notes + found.notes + traffic_notes, error,
-                    str(path), connections)
+    return Gathered(tuple(flat), images, found.files, skipped,
+                    notes + sandbox.input_notes() + found.notes + traffic_notes, error, str(path), connections)
 
 
 def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder, store: ArtifactStore, *,

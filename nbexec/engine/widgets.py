@@ -2,7 +2,9 @@
 (NotebookClient.handle_comm_msg, _serialize_widget_state, set_widgets_metadata): every ``comm_open`` for the
 ``jupyter.widget`` target starts a model and every ``comm_msg`` with method "update" merges into it; at the end of a
 run the models go to ``notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]``, so a notebook
-viewer can draw the widget views kept in the outputs.
+viewer can draw the widget views kept in the outputs. A viewer loads the module each model names: only models
+`nbexec.notebook.viewer.widget_state` allows are saved (pinned @jupyter-widgets modules, markup as text), and a
+state the notebook came with is held to the same rule.
 
 Every message is hostile: its raw size is charged against the run's display allowance before it is parsed, the
 models are capped in number and the state kept in bytes, ids and model names must be short strings, and binary
@@ -20,11 +22,12 @@ from nbformat import NotebookNode
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import ProtocolError
+from nbexec.notebook import viewer
 from nbexec.sandbox.messages import Message
 
 KINDS = frozenset({"comm_open", "comm_msg"})
 TARGET = "jupyter.widget"
-MIME = "application/vnd.jupyter.widget-state+json"
+MIME = viewer.WIDGET_STATE
 MAX_NAME = 256  # characters of a model id, model name, module or version (ipywidgets uses 32-hex ids)
 _NAMES = ("_model_name", "_model_module", "_model_module_version")
 
@@ -66,7 +69,8 @@ class WidgetState:
         return notes
 
     def save(self, nb: NotebookNode) -> None:
-        """Write the models into ``nb.metadata.widgets`` (removed when the state was dropped)."""
+        """Write the viewable models into ``nb.metadata.widgets`` (removed when the state was dropped); a state
+        the notebook already held (its input's) is held to the same rule when this run made none."""
         widgets = nb.metadata.get("widgets")
         if self.dropped:
             if isinstance(widgets, dict):
@@ -74,8 +78,10 @@ class WidgetState:
                 if not widgets:
                     del nb.metadata["widgets"]
             return
-        if not self.models:
-            return  # as nbclient: a run without widgets leaves the metadata as it was
+        if not self.models:  # as nbclient: a run without widgets leaves the metadata as it was, but viewable
+            if widgets is not None:
+                self._write(nb, widgets.get(MIME) if isinstance(widgets, dict) else None)
+            return
         state = {}
         for model_id, values in self.models.items():
             if "_model_name" not in values:  # opened but never described: nothing a viewer could draw
@@ -85,7 +91,15 @@ class WidgetState:
             if self.buffers.get(model_id):
                 entry["buffers"] = list(self.buffers[model_id].values())
             state[model_id] = entry
-        nb.metadata["widgets"] = {MIME: {"version_major": 2, "version_minor": 0, "state": state}}
+        self._write(nb, {"version_major": 2, "version_minor": 0, "state": state})
+
+    def _write(self, nb: NotebookNode, saved: Any) -> None:
+        kept, notes = viewer.widget_state(saved)
+        self.notes.extend(notes)
+        if kept["state"]:
+            nb.metadata["widgets"] = {MIME: kept}
+        else:
+            nb.metadata.pop("widgets", None)
 
     def _drop(self, reason: str) -> None:
         self.dropped = reason

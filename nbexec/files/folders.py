@@ -4,6 +4,10 @@ Every folder nbexec makes is created with mode 0700 (its files 0600); one that a
 descriptor opened with O_NOFOLLOW before it is used: a real folder, owned by this uid, not writable by group or
 others. An output folder is opened once and every later write goes through that descriptor (``openat``-style), so
 no component of its path can be swapped for a link between two writes.
+
+A folder that receives a sandbox's files (an output folder, before its ``data`` sub-folder is made; a sandbox's
+working folder) carries `MARK`: whatever lies below it came from a sandbox, and `nbexec.cli.envfile` never loads
+a `.env` from there.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from nbexec.config import host_from_env
 from nbexec.errors import ConfigError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+MARK = ".nbexec-sandbox-files"  # in a folder whose contents came out of a sandbox (see the module docstring)
+DATA = "data"  # the sub-folder of an output folder that receives the sandbox's files
+_MARK_TEXT = b"nbexec copied files out of a sandbox below this folder; it never loads a .env from here.\n"
 
 
 def _uid() -> int:
@@ -127,7 +134,11 @@ class OutputFolder:
         return cls(path, _open_checked(path, what="output folder"))
 
     def child(self, name: str) -> OutputFolder:
-        """The sub-folder ``name``, made when missing; it must be a real folder of ours."""
+        """The sub-folder ``name``, made when missing; it must be a real folder of ours. Before the sandbox's
+        files get a ``data`` sub-folder, this folder is marked as holding them (`mark`), unless a folder above
+        already is (a sandbox's own sub-folder named data gets no mark)."""
+        if name == DATA and marked(self.path) is None:
+            mark(self.fd)
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, self.dir_mode, dir_fd=self.fd)
         return OutputFolder(self.path / name, _open_checked(name, dir_fd=self.fd, what=f"folder {self.path / name}"))
@@ -156,6 +167,26 @@ class OutputFolder:
 
     def __repr__(self) -> str:
         return f"<OutputFolder {self.path} fd={self.fd}>"
+
+
+def mark(folder: int | Path) -> None:
+    """Leave `MARK` in ``folder`` (a descriptor or a path made by nbexec): what lies below came from a sandbox."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(MARK if isinstance(folder, int) else Path(folder) / MARK, flags, 0o600,
+                     dir_fd=folder if isinstance(folder, int) else None)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, _MARK_TEXT)
+    finally:
+        os.close(fd)
+
+
+def marked(folder: Path) -> Path | None:
+    """The folder at or above ``folder`` (its real path) that carries `MARK`, or None."""
+    real = folder.resolve()
+    return next((place for place in (real, *real.parents) if os.path.lexists(place / MARK)), None)
 
 
 def older_than(seconds: float) -> list[Path]:

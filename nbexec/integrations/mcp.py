@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from nbexec.config import SandboxConfig
+from nbexec.config import MIN_TOKEN_CHARS, SandboxConfig
 from nbexec.engine import session
 from nbexec.engine.session import Session, SessionManager
-from nbexec.errors import NbexecError
+from nbexec.errors import ConfigError, NbexecError
 from nbexec.files import artifacts
 from nbexec.result import ExecutionResult
 from nbexec.sandbox.docker import pool
@@ -230,6 +230,11 @@ class BearerGate:
     """
 
     def __init__(self, app: Any, tokens: tuple[bytes, ...]) -> None:
+        short = [t for t in tokens if len(t.decode("utf-8", "replace")) < MIN_TOKEN_CHARS]
+        if short:
+            raise ConfigError(f"{len(short)} of the bearer tokens are shorter than {MIN_TOKEN_CHARS} characters; "
+                              "give only long random ones (python -c 'import secrets; print(secrets.token_urlsafe(32)"
+                              ")')")
         self.app = app
         self.tokens = tokens
 

@@ -11,8 +11,9 @@ pooled sandbox when the config has a pool) or "session" (kept for many runs).
 live on another machine implements it over the network: kernel operations (``run``, ``interrupt``,
 ``kernel_lost``), its life (``state``, ``seems_alive``, ``freeze``, ``kill``, ``destroy``) and its /mnt/data
 (``put_file``, ``snapshot`` into an output folder held open here, ``open_file`` for streaming, ``list_files``,
-``data_notes``). Every byte a handle returns came from the sandbox and is treated as hostile by the engine; a
-remote handle must keep the same limits (``config``'s output budget, max_data, max_files) on its side of the wire.
+``data_notes``), and what of /mnt/input it withheld (``input_notes``). Every byte a handle returns came from the
+sandbox and is treated as hostile by the engine; a remote handle must keep the same limits (``config``'s output
+budget, max_data, max_files) on its side of the wire.
 
 ``run`` hands each output message to the engine as a `messages.Message` (its size known, its content still raw
 bytes), so the engine charges the output budget before anything is parsed; a remote handle builds them from what
@@ -89,6 +90,9 @@ class SandboxHandle(Protocol):
 
     def data_notes(self) -> tuple[list[str], bool]:
         """Notes on /mnt/data running full, and whether that stopped the sandbox."""
+
+    def input_notes(self) -> list[str]:
+        """Notes on what of the input folder was withheld from the sandbox (nbexec's own settings files)."""
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """Egress connections since the last call (network="allowlist"), and notes on what was capped."""

@@ -234,22 +234,23 @@ def test_non_loopback_host_without_tokens_refuses_to_start(docker_ready: None, t
 
 
 def test_tokens_are_checked_before_the_mcp_app(docker_ready: None, tmp: Path) -> None:
-    (tmp / "tokens").write_text("first-token\nsecond-token\n")
+    (tmp / "tokens").write_text("first-token-0123456789\nsecond-token-0123456789\n")
     server = _start_http(tmp, "--token-file", str(tmp / "tokens"))
     try:
         initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}}
         headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
         statuses = {}
-        for name, auth in [("none", None), ("wrong", b"Bearer wrong-token"), ("prefix", b"Bearer first"),
-                           ("non-ascii", "Bearer fïrst-token".encode()), ("basic", b"Basic Zmlyc3QtdG9rZW4=")]:
+        for name, auth in [("none", None), ("wrong", b"Bearer wrong-token-0123456789"),
+                           ("prefix", b"Bearer first-token"), ("non-ascii", "Bearer fïrst-token-0123456789".encode()),
+                           ("basic", b"Basic Zmlyc3QtdG9rZW4tMDEyMzQ1Njc4OQ==")]:
             extra = {"Authorization": auth} if auth else {}
             reply = httpx.post(server.url, json=initialize, headers={**headers, **extra}, timeout=30)
             statuses[name] = reply.status_code
         assert statuses == dict.fromkeys(statuses, 401)
 
         async def allowed() -> str:
-            async with _client(server.url, "second-token") as client:
+            async with _client(server.url, "second-token-0123456789") as client:
                 return _text(await client.call_tool("execute_python", {"code": "print(6 * 7)"}))
 
         text = anyio.run(allowed)
@@ -259,16 +260,17 @@ def test_tokens_are_checked_before_the_mcp_app(docker_ready: None, tmp: Path) ->
 
 
 def test_a_session_id_is_bound_to_the_token_that_opened_it(docker_ready: None, tmp: Path) -> None:
-    (tmp / "tokens").write_text("alice-token\nmallory-token\n")
+    (tmp / "tokens").write_text("alice-token-0123456789\nmallory-token-0123456789\n")
     server = _start_http(tmp, "--token-file", str(tmp / "tokens"))
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     try:
-        opened = httpx.post(server.url, headers={**headers, "Authorization": "Bearer alice-token"}, timeout=30, json={
+        alice, mallory = "Bearer alice-token-0123456789", "Bearer mallory-token-0123456789"
+        opened = httpx.post(server.url, headers={**headers, "Authorization": alice}, timeout=30, json={
             "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}})
         session_id = opened.headers["mcp-session-id"]
         stolen = httpx.post(server.url, timeout=30, json={"jsonrpc": "2.0", "id": 2, "method": "resources/list"},
-                            headers={**headers, "Authorization": "Bearer mallory-token", "mcp-session-id": session_id,
+                            headers={**headers, "Authorization": mallory, "mcp-session-id": session_id,
                                      "mcp-protocol-version": "2025-06-18"})
         assert stolen.status_code == 404
     finally:

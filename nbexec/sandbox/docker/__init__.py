@@ -3,6 +3,7 @@
     container  one throwaway container with a ready IPython kernel (`Sandbox`, the local SandboxHandle)
     pool       warm pools per container shape, background teardown
     datafs     /mnt/data as a filesystem of fixed size, and its snapshot
+    inputmount /mnt/input without nbexec's own settings files (.env and its kin), laid over with empty mounts
     workdir    a sandbox's working folder on the host: removed safely, swept when its process is gone
     egress     the allowlist wiring of one container: its host proxy, the mount, the in-sandbox forwarder
     daemon     the Docker engine: connect, translate errors, sweep what nbexec left

@@ -28,11 +28,11 @@ import docker.types
 from nbexec.config import SandboxConfig, running_as_root
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import artifacts, space, transfer
-from nbexec.files.folders import OutputFolder, work_root
+from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
 from nbexec.sandbox import kernel
 
-from . import daemon, datafs, egress
+from . import daemon, datafs, egress, inputmount
 from .workdir import WORKDIR_PREFIX, remove_stale_workdirs, remove_tree
 
 __all__ = ["WORKDIR_PREFIX", "ContainerState", "Sandbox", "remove_stale_workdirs", "remove_tree", "work_root"]
@@ -71,6 +71,8 @@ class Sandbox:
         self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
         self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
         self.input_links: frozenset[str] = frozenset()  # names in data_dir nbexec linked to /mnt/input
+        self._input_masks: list[docker.types.Mount] = []  # empty stand-ins over nbexec's settings files in it
+        self._input_notes: list[str] = []
         self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
         self.freezer: datafs.Freezer | None = None
         self.container: Any = None
@@ -116,6 +118,7 @@ class Sandbox:
         return sandbox
 
     def _prepare_folders(self) -> None:
+        mark(self.workdir)  # /mnt/data lives below: never a place nbexec loads a .env from
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
                 "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
@@ -130,6 +133,8 @@ class Sandbox:
         os.chmod(conn, 0o400)
         (self.workdir / "wheels").mkdir(mode=0o755)  # packages: empty until the host links wheels in
         self._make_data_fs()
+        if self.config.input_dir:  # nbexec's own settings files (.env ...) are never shown: see inputmount
+            self._input_masks, self._input_notes = inputmount.prepare(self.config.input_dir, self.workdir, INPUT_MOUNT)
         if self.config.input_dir and self.config.link_input:
             self._link_input(self.config.input_dir)
 
@@ -222,6 +227,7 @@ class Sandbox:
         }
         if config.runtime:
             options["runtime"] = config.runtime
+        options["mounts"] += self._input_masks  # over nbexec's settings files in /mnt/input (see inputmount)
         if config.network == "allowlist":  # still no interface: HTTP(S) through the host's proxy
             options["mounts"].append(egress.mount(self.workdir))
             options["environment"].update(egress.ENVIRONMENT)
@@ -333,6 +339,10 @@ class Sandbox:
         """nbexec's notes on /mnt/data running out of space or inodes, and whether that stopped the sandbox
         (the sampled fallback, when nbexec cannot mount a filesystem of fixed size)."""
         return datafs.report(self.data_dir, mounted=self.data_fs, watch=self.data_watch, cap=self.config.max_data)
+
+    def input_notes(self) -> list[str]:
+        """nbexec's notes on what of the input folder it withheld from the sandbox (its own settings files)."""
+        return list(self._input_notes)
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The egress connections since the last call and notes on what was capped; none without a proxy."""
