@@ -56,9 +56,9 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
            known: artifacts.Known | None = None) -> Gathered:
     """Save the run's images, copy /mnt/data to ``folder``/data (``known``: a session's memory of earlier copies),
     and write the notebook as ``notebook_name`` (replaced atomically), all through the folder's descriptor."""
-    flat = outputs.flatten(nb, run.first_cell)
-    images = transfer.save_images(list(outputs.images(flat)), folder)
     cap, config = sandbox.config.max_data_bytes, sandbox.config
+    flat = outputs.flatten(nb, run.first_cell)
+    images, image_notes = transfer.save_images(outputs.images(flat), folder, max_bytes=config.max_display_bytes)
     with folder.child("data") as target:
         found = sandbox.snapshot(target, artifacts.Limits(max_file=cap, max_total=cap, max_files=config.max_files),
                                  known)
@@ -69,8 +69,8 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     ours: frozenset[str] = getattr(sandbox, "input_links", frozenset())
     skipped = [s for s in found.skipped if s.name not in ours or "link" not in s.reason]
     path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
-    return Gathered(tuple(flat), images, found.files, skipped, notes + found.notes + traffic_notes, error,
-                    str(path), connections)
+    return Gathered(tuple(flat), images, found.files, skipped, notes + found.notes + traffic_notes + image_notes,
+                    error, str(path), connections)
 
 
 def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder, store: ArtifactStore, *,

@@ -28,8 +28,8 @@ from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import cells, collect, reaper, widgets
-from .cells import OutputCallback
+from . import budget, cells, collect, reaper, widgets
+from .budget import OutputCallback
 from .reaper import close_all, reap
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Session(reaper.SessionBase):
         self.store: ArtifactStore = store if store is not None else LocalStore()
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
         self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
-        self._displays: cells.Displays = {}  # display ids of every run, so an update reaches earlier cells
+        self._displays: budget.Displays = {}  # display ids of every run, so an update reaches earlier cells
         self._widgets = widgets.WidgetState()  # widget models of every run, so an update reaches earlier ones
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -242,6 +242,9 @@ class Session(reaper.SessionBase):
         error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
                                           first_index=index, on_output=on_output, displays=self._displays,
                                           widget_state=self._widgets)
+        # However long the session lives, its notebook stays within one run's budgets (the oldest outputs go first).
+        kept = budget.keep_recent(self.notebook, index, self.config.max_output_bytes + self.config.max_display_bytes,
+                                  self._displays)
         ran = time.monotonic()
         self.last_activity = ran
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
@@ -254,7 +257,8 @@ class Session(reaper.SessionBase):
                 and not sandbox.state().running:
             self._dead_reason = error.evalue
         return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
-                           started=started, timings=timings, notes=tuple(self._widgets.take_notes()))
+                           started=started, timings=timings,
+                           notes=tuple(self._widgets.take_notes()) + ((kept,) if kept else ()))
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None
