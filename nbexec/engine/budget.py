@@ -96,13 +96,7 @@ class CellState:
                 return self._drop(msg.size, text=True)
             self._add_stream(msg.content())
         elif kind == "error":
-            if (self.error is not None or self.expected) and (budget.text < msg.size or budget.outputs <= 0):
-                return self._drop(msg.size, text=True, output=True)
-            budget.text -= msg.size
-            budget.outputs -= 1
-            node = _error_output(msg.content())
-            self.error = self.error or node
-            self._append(node)
+            self._add_error(msg)
         elif kind == "clear_output":
             if budget.text < msg.size:
                 return self._drop(msg.size, text=True)
@@ -118,6 +112,18 @@ class CellState:
                 return self._drop(msg.size, text=False, output=True)
             budget.display -= msg.size
             self._add_display(kind, msg.content())
+        return None
+
+    def _add_error(self, msg: Message) -> None:
+        budget = self.budget
+        if (self.error is not None or self.expected) and (budget.text < msg.size or budget.outputs <= 0):
+            return self._drop(msg.size, text=True, output=True)
+        budget.text -= msg.size
+        budget.outputs -= 1
+        node = _error_output(msg.content())
+        if self.error is None:
+            self.error = node
+        self._append(node)
         return None
 
     def drop_frame(self, size: int) -> None:

@@ -1,8 +1,8 @@
 """Rewrite `sandbox:/mnt/data/<x>` and `/mnt/data/<x>` references to produced files into their links. Pure.
 
 Linear in the text whatever it holds: each reference is looked up once, trailing punctuation by the lengths the
-produced names end with (never one character at a time), and the rewritten text grows by at most the text's own
-length (a reference costs a dozen characters, its URL may cost hundreds; references past that stay as written).
+produced names end with (never one character at a time), and the rewritten text grows by at most its own length
+plus 1 MiB (a reference costs a dozen characters, its URL may cost hundreds; references past that stay as written).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 _REFERENCE = re.compile(r"(?:sandbox:)?/mnt/data/([^\s()\[\]<>\"'`]+)")
 _TRAILING = ".,;:!?"
+GROWTH = 1024 * 1024  # characters a text may grow by beyond its own length (a thousand files' long SAS links)
 
 
 def url_map(result: Any) -> dict[str, str]:
@@ -64,7 +65,7 @@ def rewrite(text: str, urls: Mapping[str, str] | Any) -> str:
     if not mapping or "/mnt/data/" not in text:
         return text
     index = _Index(mapping)
-    room = [len(text)]  # characters the rewritten text may still grow by
+    room = [len(text) + GROWTH]  # characters the rewritten text may still grow by
 
     def replace(match: re.Match[str]) -> str:
         found = index.lookup(match.group(1))

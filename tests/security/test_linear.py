@@ -112,11 +112,12 @@ def test_linear_time(shape: Callable[[], Any]) -> None:
 
 
 def test_link_rewriting_is_bounded_in_size() -> None:
-    """A reference costs a dozen characters and its URL hundreds: the rewritten text stays within twice the
-    text (references past that are left as they are)."""
+    """A reference costs a dozen characters and its URL hundreds: the rewritten text grows by at most its own
+    length plus 1 MiB (references past that are left as they are); a short text still gets its long links."""
     text = REFERENCE * (MIB // len(REFERENCE))
     rewritten = links.rewrite(text, URLS)
-    assert URLS["a"] in rewritten and len(rewritten) <= 2 * len(text), len(rewritten)
+    assert URLS["a"] in rewritten and len(rewritten) <= 2 * len(text) + links.GROWTH, len(rewritten)
+    assert links.rewrite("see /mnt/data/a!", URLS) == f"see {URLS['a']}!"
 
 
 def test_link_rewriting_keeps_its_meaning() -> None:

@@ -287,7 +287,7 @@ def test_an_update_in_a_later_run_is_charged_to_that_run(kernel: Callable[..., K
 
 def test_streams_cost_what_they_take_in_json(kernel: Callable[..., Kernel]) -> None:
     """A control character is one byte of text and six in the notebook's JSON: it is charged six."""
-    fake = kernel({"a": Plan([stream("\x00" * 200_000)])})
+    fake = kernel({"a": Plan([stream("\x00" * 100_000)])})  # 600 KB of JSON: under the frame limit
     nb = v4.new_notebook(cells=[cell("a")])
     cells.run_cells(Sandbox(fake, BUDGET), nb, BUDGET)
     assert kept_bytes(nb) <= 64 * 1024 + 1024, kept_bytes(nb)
@@ -306,3 +306,14 @@ def test_a_sessions_notebook_keeps_its_latest_budget(kernel: Callable[..., Kerne
     assert "dropped from the session's notebook" in nb.cells[0].outputs[0].text
     assert len(displays["d"]) < 6
 
+
+
+def test_expected_errors_stay_within_the_budget(kernel: Callable[..., Kernel]) -> None:
+    """`raises-exception` cells whose errors only the reply describes: their errors do not end the run, so they are
+    kept within the budget like any output (only the error that ends a run is kept whatever it costs)."""
+    reply = dict(ERROR_REPLY, evalue="v" * 60_000)
+    fake = kernel({"a": Plan([], reply=reply), "b": Plan([stream("after")])})
+    nb = v4.new_notebook(cells=[cell("a", EXPECTED) for _ in range(4)] + [cell("b")])
+    error, _ = cells.run_cells(Sandbox(fake, SMALL), nb, SMALL)
+    assert error is None and fake.asked == ["a"] * 4 + ["b"]
+    assert kept_bytes(nb) <= SMALL.max_output_bytes + 4096, kept_bytes(nb)
