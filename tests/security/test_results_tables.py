@@ -287,7 +287,7 @@ def test_an_update_in_a_later_run_is_charged_to_that_run(kernel: Callable[..., K
 
 def test_streams_cost_what_they_take_in_json(kernel: Callable[..., Kernel]) -> None:
     """A control character is one byte of text and six in the notebook's JSON: it is charged six."""
-    fake = kernel({"a": Plan([stream("\x00" * 100_000)])})  # 600 KB of JSON: under the frame limit
+    fake = kernel({"a": Plan([stream("\x00" * 5000)] * 20)})  # each 30 KB of JSON, 5,000 bytes of text
     nb = v4.new_notebook(cells=[cell("a")])
     cells.run_cells(Sandbox(fake, BUDGET), nb, BUDGET)
     assert kept_bytes(nb) <= 64 * 1024 + 1024, kept_bytes(nb)
