@@ -138,7 +138,7 @@ def kernel(tmp_path: Path) -> Iterator[Callable[..., Kernel]]:
         item.close()
 
 
-SMALL = SandboxConfig(timeout=20, interrupt_grace=1, max_output="64k", max_outputs=5)
+SMALL = SandboxConfig(timeout=20, interrupt_grace=1, max_output="64k", max_display="1m", max_outputs=5)
 TRACEBACK = ["Traceback (most recent call last)", "Cell In[1], line 2", "KeyError: 'boom'"]
 ERROR = ("error", {"ename": "KeyError", "evalue": "'boom'", "traceback": TRACEBACK})
 ERROR_REPLY = {"status": "error", "execution_count": 1, "ename": "KeyError", "evalue": "'boom'",
@@ -196,6 +196,22 @@ DROPS: list[Row] = [
      ("KeyError", 0)),
     ("expected-error-over-the-frame-limit", {"a": Plan([HUGE_ERROR], reply=HUGE_REPLY), "b": Plan([stream("on")])},
      [cell("a", EXPECTED), cell("b")], None, (None, None)),
+    ("no-reply-kernel-asked", {"a": Plan([stream("x")], reply=None)}, [cell("a")], PROBE_RAISED, ("KeyError", 0)),
+    ("error-after-a-clear-output-flood", {"a": Plan([("clear_output", {"wait": True})] * 4000 + [ERROR])},
+     [cell("a")], None, ("KeyError", 0)),
+    ("error-after-the-display-budget", {"a": Plan([("display_data", {"data": {"image/png": "p" * 900_000},
+                                                                    "metadata": {}})] * 2 + [ERROR])},
+     [cell("a")], None, ("KeyError", 0)),
+    ("error-after-a-dropped-update", {"a": Plan([("display_data", {"data": {"text/plain": "d"}, "metadata": {},
+                                                                   "transient": {"display_id": "d"}})] * 3
+                                                + [("update_display_data", {"data": {"text/plain": "u" * 40_000},
+                                                    "metadata": {}, "transient": {"display_id": "d"}}), ERROR])},
+     [cell("a")], None, ("KeyError", 0)),
+    ("error-after-dropped-widget-messages", {"a": Plan([("comm_open", {"comm_id": "c", "target_name": "jupyter.widget",
+                                                                       "data": {"state": {"x": "w" * 900_000}}})] * 2
+                                                       + [ERROR])}, [cell("a")], None, ("KeyError", 0)),
+    ("error-then-a-malformed-message", {"a": Plan([ERROR, ("stream", b"[1, 2]")])}, [cell("a")], None,
+     ("ProtocolError", 0)),
 ]
 
 
