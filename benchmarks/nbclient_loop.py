@@ -21,7 +21,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from nbclient import NotebookClient
 
 import nbexec
-from nbexec.engine import cells
+from nbexec.engine import budget, cells
 from nbexec.sandbox.docker import pool
 
 PRINT = "print(12345*54321)"
@@ -66,7 +66,7 @@ def main() -> None:
 
         def with_nbexec(code: str) -> Any:
             cell = nbformat.v4.new_code_cell(code)
-            cells.run_cell(sandbox, cell, 0, deadline=time.monotonic() + 60, budget=cells.Budget.from_config(config))
+            cells.run_cell(sandbox, cell, 0, deadline=time.monotonic() + 60, budget=budget.Budget.from_config(config))
             return cell
 
         report("nbclient", with_nbclient)

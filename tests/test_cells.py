@@ -16,7 +16,7 @@ import zmq
 from nbformat import NotebookNode, v4
 
 from nbexec import SandboxConfig
-from nbexec.engine import cells
+from nbexec.engine import budget, cells
 from nbexec.result import CellError
 from nbexec.sandbox.docker.container import ContainerState
 from nbexec.sandbox.kernel import Execution, Message
@@ -143,7 +143,7 @@ def scripted(tmp_path: Path) -> Iterator[Callable[..., ScriptedKernel]]:
 
 
 def run(kernel: ScriptedKernel, nb: NotebookNode, first: int = 0,
-        displays: cells.Displays | None = None) -> CellError | None:
+        displays: budget.Displays | None = None) -> CellError | None:
     error, _ = cells.run_cells(FakeSandbox(kernel), nb, FakeSandbox(kernel).config, first_index=first,
                                 displays=displays)
     return error

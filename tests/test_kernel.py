@@ -22,8 +22,7 @@ import zmq
 from jupyter_client.session import Session
 from nbformat import NotebookNode
 
-from nbexec.engine import cells
-from nbexec.engine.cells import Budget
+from nbexec.engine.budget import MAX_ERROR, Budget, CellState
 from nbexec.errors import NbexecError, ProtocolError
 from nbexec.notebook import outputs
 from nbexec.sandbox import kernel as kernel_protocol
@@ -306,10 +305,11 @@ def msg(kind: str, content: Any) -> Message:
 
 def run(messages: list[Message], budget: Budget) -> tuple[NotebookNode, Execution]:
     cell = NotebookNode(cell_type="code", source="", outputs=[], metadata={})
-    state = cells._CellState(cell, 0, budget, None)
+    state = CellState(cell, 0, budget, None)
     outcome = Execution()
     for message in messages:
         kernel_protocol.dispatch(message, outcome, state.add)
+    state.finish()  # as run_cell does: merged stream pieces are joined once
     budget.finish(1000, 10)
     return cell, outcome
 
@@ -368,7 +368,7 @@ BUDGET_CASES: list[tuple[str, list[Message], Judge]] = [
     ("first-error-kept-and-trimmed", [error(300, 10000)],
      lambda c, b, o: o.status == "error" and c.outputs[0].traceback[-1] == "last"
      and "traceback lines" in "".join(c.outputs[0].traceback)
-     and len("".join(c.outputs[0].traceback)) <= cells.MAX_ERROR),
+     and len("".join(c.outputs[0].traceback)) <= MAX_ERROR),
     ("later-errors-over-the-budget-dropped", [error(), error(100, 100)],
      lambda c, b, o: sum(x.output_type == "error" for x in c.outputs) == 1 and b.dropped_text > 0),
     ("output-count-cap", [display(1)] * 15,

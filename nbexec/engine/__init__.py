@@ -2,7 +2,8 @@
 
     session   Session: the only code that runs cells and builds results (local or any other source)
     execute   execute_notebook(): a throwaway Session, as nbclient's execute() wraps NotebookClient
-    cells     the cell loop (tags, deadlines, failures) and kernel messages turned into outputs within budget
+    cells     the cell loop (tags, deadlines, failures)
+    budget    kernel messages turned into outputs within the output allowance, the failure kept whatever it cost
     widgets   widget models from the kernel's comm messages, within the budget, saved in the notebook (pure)
     collect   what a run left turned into one ExecutionResult: images, /mnt/data, uploads, links
     manager   SessionManager: sessions by id, with a cap

@@ -2,7 +2,7 @@
 
 Everything the result says comes from the kernel protocol's replies and from the sandbox's own view of itself,
 never from anything the code could print or write. The wire protocol is spoken by `sandbox.kernel`; this module
-keeps the cell loop (tags, deadlines, failures) and the output rules (nbclient's process_message and
+keeps the cell loop (tags, deadlines, failures); `budget` keeps the output rules (nbclient's process_message and
 _update_display_id, for the kinds nbexec keeps).
 
 Why not nbclient's NotebookClient: it was measured driving the same sandbox kernel (benchmarks/nbclient_loop.py,
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from nbformat import NotebookNode, from_dict
 
@@ -31,225 +29,24 @@ from nbexec.errors import ProtocolError
 from nbexec.notebook import outputs
 from nbexec.result import CellError
 from nbexec.sandbox.kernel import Execution
-from nbexec.sandbox.messages import Message
 from nbexec.sandbox.source import SandboxHandle
 
 from . import widgets
+from .budget import Budget, CellState, Displays, OutputCallback, tags
 
 log = logging.getLogger(__name__)
-
-OutputCallback = Callable[[int, NotebookNode], None]
-Displays = dict[str, list[NotebookNode]]  # display id -> the outputs that show it (update_display_data)
-MAX_ERROR = 1024 * 1024  # bytes of an error's name + value + traceback kept; the rest is trimmed with a marker
-
-
-@dataclass
-class Budget:
-    """What is left of the execution's output allowance (bytes and outputs), and what was dropped."""
-
-    text: int
-    display: int
-    outputs: int
-    dropped_text: int = 0
-    dropped_display: int = 0
-    dropped_outputs: int = 0
-    dropped_frames: int = 0  # messages streamed past unread: larger than the whole allowance
-    errors: int = 0
-    markers: list[NotebookNode] = field(default_factory=list)
-
-    @classmethod
-    def from_config(cls, config: SandboxConfig) -> Budget:
-        return cls(text=config.max_output_bytes, display=config.max_display_bytes, outputs=config.max_outputs)
-
-    @property
-    def dropped(self) -> int:
-        return self.dropped_text + self.dropped_display
-
-    def finish(self, text_limit: int, output_limit: int = 0) -> None:
-        """Write the final counts into the truncation markers."""
-        for marker in self.markers:
-            marker["text"] = _marker_text(text_limit, self.dropped, output_limit, self.dropped_outputs)
-            if self.dropped_frames:
-                marker["text"] = marker["text"][:-2] + (
-                    f"; {self.dropped_frames:,} messages larger than the whole output allowance dropped]\n")
-
-
-def _marker_text(limit: int, dropped: int, output_limit: int = 0, dropped_outputs: int = 0) -> str:
-    text = f"\n[nbexec: output truncated at the {limit:,}-byte limit; {dropped:,} bytes dropped"
-    if dropped_outputs:
-        text += f"; {dropped_outputs:,} outputs dropped past the {output_limit:,}-output limit"
-    return text + "]\n"
 
 
 @dataclass
 class CellOutcome:
-    """How one cell ended. ``status`` is ok, error, timeout, oom, died, limit or protocol."""
+    """How one cell ended. ``status`` is ok, error, timeout, oom, died, limit or protocol; ``error`` is the error
+    output that ended it (status error)."""
 
     status: str
     execution_count: int | None = None
     duration_s: float = 0.0
     message: str = ""
-
-
-class _CellState:
-    """Outputs of the running cell: each message charged by its raw size before it is parsed, then stream
-    merging, clear_output and display updates (nbclient's process_message, for the kinds nbexec keeps)."""
-
-    def __init__(self, cell: NotebookNode, index: int, budget: Budget, on_output: OutputCallback | None,
-                 displays: Displays | None = None, widget_state: widgets.WidgetState | None = None) -> None:
-        self.cell, self.index, self.budget, self.on_output = cell, index, budget, on_output
-        self.clear_pending = False
-        self.displays: Displays = {} if displays is None else displays
-        self.widgets = widget_state
-
-    def add(self, msg: Message) -> None:
-        """Keep what fits of one output message; raises ProtocolError for a malformed one."""
-        kind, budget = msg.msg_type, self.budget
-        if kind in widgets.KINDS:  # charged against the display allowance, by its raw size, before parsing
-            budget.display -= self.widgets.add(msg, budget.display) if self.widgets is not None else 0
-            return None
-        if not msg.complete:
-            return self.drop_frame(msg.size)
-        if kind == "stream":
-            if budget.text <= 0:
-                return self._drop(msg.size, text=True)
-            self._add_stream(msg.content())
-        elif kind == "error":
-            # The first error is always kept (trimmed): it is what the result reports.
-            if budget.errors and (budget.text < msg.size or budget.outputs <= 0):
-                return self._drop(msg.size, text=True, output=True)
-            budget.errors += 1
-            budget.text -= msg.size
-            budget.outputs -= 1
-            self._append(_error_output(msg.content()))
-        elif kind == "clear_output":
-            if budget.text < msg.size:
-                return self._drop(msg.size, text=True)
-            budget.text -= msg.size
-            self._clear(msg.content())
-        elif budget.display < msg.size:
-            return self._drop(msg.size, text=False, output=kind != "update_display_data")
-        elif kind == "update_display_data":
-            budget.display -= msg.size
-            self._update(msg.content())
-        else:  # display_data, execute_result
-            if budget.outputs <= 0:
-                return self._drop(msg.size, text=False, output=True)
-            budget.display -= msg.size
-            self._add_display(kind, msg.content())
-        return None
-
-    def drop_frame(self, size: int) -> None:
-        """Count a message over the frame limit (``size`` bytes, streamed past unread)."""
-        self.budget.dropped_frames += 1
-        self._drop(size, text=False)
-
-    def _drop(self, size: int, *, text: bool, output: bool = False) -> None:
-        if text:
-            self.budget.dropped_text += size
-        else:
-            self.budget.dropped_display += size
-        self.budget.dropped_outputs += output
-        self._ensure_marker()
-
-    def _clear(self, content: dict[str, Any]) -> None:
-        if content.get("wait"):
-            self.clear_pending = True
-        else:
-            self.cell.outputs = []
-
-    def _update(self, content: dict[str, Any]) -> None:
-        data, metadata = _bundle(content)
-        for output in self.displays.get(_display_id(content) or "", []):
-            output["data"], output["metadata"] = data, metadata
-
-    def _add_display(self, kind: str, content: dict[str, Any]) -> None:
-        data, metadata = _bundle(content)
-        output: dict[str, Any] = {"output_type": kind, "data": data, "metadata": metadata}
-        if kind == "execute_result":
-            count = content.get("execution_count")
-            output["execution_count"] = count if isinstance(count, int) else None
-        text_size = sum(len(str(v)) for k, v in data.items() if k.startswith("text/") and k != "text/html")
-        if text_size > self.budget.text:  # the text of rich outputs counts against the text allowance too
-            return self._drop(text_size, text=True, output=True)
-        self.budget.text -= text_size
-        self.budget.outputs -= 1
-        node = from_dict(output)
-        display_id = _display_id(content)
-        if display_id:
-            self.displays.setdefault(display_id, []).append(node)
-        self._append(node)
-        return None
-
-    def _append(self, output: NotebookNode) -> None:
-        if self.clear_pending:
-            self.cell.outputs, self.clear_pending = [], False
-        self.cell.outputs.append(output)
-        if self.on_output is not None:
-            self.on_output(self.index, output)
-
-    def _add_stream(self, content: dict[str, Any]) -> None:
-        name, text = content.get("name"), content.get("text")
-        if not isinstance(name, str) or not isinstance(text, str):
-            raise ProtocolError("a stream message without a string name and text")
-        size = len(text.encode("utf-8"))
-        over = 0
-        if size > self.budget.text:
-            kept = text.encode("utf-8")[: self.budget.text].decode("utf-8", "ignore")
-            over, text, size = size - len(kept.encode("utf-8")), kept, len(kept.encode("utf-8"))
-        self.budget.text -= size
-        if text:
-            self._keep_stream(name, text, size)
-        if over:
-            self._drop(over, text=True)
-
-    def _keep_stream(self, name: str, text: str, size: int) -> None:
-        if self.clear_pending:
-            self.cell.outputs, self.clear_pending = [], False
-        outputs = self.cell.outputs
-        last = outputs[-1] if outputs else None
-        if last is not None and last.get("output_type") == "stream" and last["name"] == name \
-                and not any(last is marker for marker in self.budget.markers):
-            last["text"] += text
-        elif self.budget.outputs <= 0:
-            self._drop(size, text=True, output=True)
-            return
-        else:
-            self.budget.outputs -= 1
-            outputs.append(NotebookNode(output_type="stream", name=name, text=text))
-        if self.on_output is not None:
-            self.on_output(self.index, NotebookNode(output_type="stream", name=name, text=text))
-
-    def _ensure_marker(self) -> None:
-        """Put one truncation marker (filled in at the end) in this cell's outputs."""
-        if any(marker is output for marker in self.budget.markers for output in self.cell.outputs):
-            return
-        marker = NotebookNode(output_type="stream", name="stderr", text="")
-        self.budget.markers.append(marker)
-        self.cell.outputs.append(marker)
-
-
-def _bundle(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    data, metadata = content.get("data", {}), content.get("metadata", {})
-    if not isinstance(data, dict) or not isinstance(metadata, dict):
-        raise ProtocolError("a display message whose data or metadata is not a JSON object")
-    return data, metadata
-
-
-def _display_id(content: dict[str, Any]) -> str | None:
-    # `transient` may be missing or null (nbclient keeps the same scar); anything else odd is ignored too.
-    transient = content.get("transient")
-    display_id = transient.get("display_id") if isinstance(transient, dict) else None
-    return display_id if isinstance(display_id, str) else None
-
-
-def _error_output(content: dict[str, Any]) -> NotebookNode:
-    ename, evalue, traceback = content.get("ename", ""), content.get("evalue", ""), content.get("traceback", [])
-    if not isinstance(ename, str) or not isinstance(evalue, str) or not isinstance(traceback, list) \
-            or not all(isinstance(line, str) for line in traceback):
-        raise ProtocolError("an error message whose ename, evalue or traceback has the wrong type")
-    ename, evalue, lines = outputs.trim_error(ename, evalue, traceback, MAX_ERROR)
-    return from_dict({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": lines})
+    error: NotebookNode | None = None
 
 
 def run_cell(sandbox: SandboxHandle, cell: NotebookNode, index: int, *, deadline: float, budget: Budget,
@@ -260,13 +57,17 @@ def run_cell(sandbox: SandboxHandle, cell: NotebookNode, index: int, *, deadline
     earlier cells and widget models."""
     started = time.monotonic()
     cell.outputs = []
-    state = _CellState(cell, index, budget, on_output, displays, widget_state)
+    state = CellState(cell, index, budget, on_output, displays, widget_state)
     try:
         run = sandbox.run(cell.source, deadline=deadline, on_output=state.add)
         outcome = _outcome(sandbox, run)
+        if outcome.status == "error" and not state.expected:  # an expected error is kept only within the budget
+            outcome.error = state.failure(run)
     except ProtocolError as exc:
         outcome = _misbehaved(sandbox, exc)
         run = None
+    finally:
+        state.finish()
     outcome.duration_s = time.monotonic() - started
     cell.execution_count = outcome.execution_count
     if run is not None and run.timing:
@@ -324,11 +125,6 @@ _KIND = {"timeout": "timeout", "oom": "oom", "died": "kernel_died", "limit": "li
 _NAMES = {"oom": "MemoryError", "died": "DeadKernelError", "limit": "DataLimitError", "protocol": "ProtocolError"}
 
 
-def _tags(cell: NotebookNode) -> list[str]:
-    tags = cell.get("metadata", {}).get("tags", [])
-    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
-
-
 def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, first_index: int = 0,
               on_output: OutputCallback | None = None, displays: Displays | None = None,
               widget_state: widgets.WidgetState | None = None) -> tuple[CellError | None, int]:
@@ -344,16 +140,16 @@ def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *
     error: CellError | None = None
     for index in range(first_index, len(nb.cells)):
         cell = nb.cells[index]
-        if cell.cell_type != "code" or not cell.source.strip() or "skip-execution" in _tags(cell):
+        if cell.cell_type != "code" or not cell.source.strip() or "skip-execution" in tags(cell):
             continue
         cell_limit = min(config.cell_timeout or config.timeout, config.timeout)
         cell_deadline = min(deadline, time.monotonic() + cell_limit)
         outcome = run_cell(sandbox, cell, index, deadline=cell_deadline, budget=budget, on_output=on_output,
                            displays=displays, widget_state=widget_state)
-        if outcome.status == "error" and "raises-exception" in _tags(cell):
+        if outcome.status == "error" and "raises-exception" in tags(cell):
             continue
-        if outcome.status == "error":
-            error = outputs.first_error([{"cell_index": index, **o} for o in cell.outputs])
+        if outcome.status == "error":  # the error output that ended it, kept whatever the caps dropped
+            error = outputs.first_error([{"cell_index": index, **(outcome.error or {})}])
             break
         if outcome.status != "ok":
             limit = cell_limit if cell_deadline < deadline else config.timeout

@@ -65,7 +65,8 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     """Save the run's images, copy /mnt/data to ``folder``/data (``known``: a session's memory of earlier copies),
     and write the notebook as ``notebook_name`` (replaced atomically), all through the folder's descriptor."""
     flat = outputs.flatten(nb, run.first_cell)
-    images = transfer.save_images(list(outputs.images(flat)), folder)
+    images, image_notes = transfer.save_images(outputs.images(flat), folder,
+                                               max_bytes=sandbox.config.max_display_bytes)
     with folder.child("data") as target:
         found = sandbox.snapshot(target, limits(sandbox.config), known)
     notes, stopped = sandbox.data_notes()
@@ -76,7 +77,8 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     skipped = [s for s in found.skipped if s.name not in ours or "link" not in s.reason]
     path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
     return Gathered(tuple(flat), images, found.files, skipped,
-                    notes + sandbox.input_notes() + found.notes + traffic_notes, error, str(path), connections)
+                    notes + sandbox.input_notes() + found.notes + traffic_notes + image_notes, error, str(path),
+                    connections)
 
 
 def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder, store: ArtifactStore, *,

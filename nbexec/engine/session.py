@@ -29,8 +29,8 @@ from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import cells, collect, reaper, widgets
-from .cells import OutputCallback
+from . import budget, cells, collect, reaper, widgets
+from .budget import OutputCallback
 from .reaper import close_all, reap
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Session(reaper.SessionBase):
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
         self._copied: artifacts.Known = {}  # files of /mnt/data copied to output_dir/data: only changes are copied
         self._hashed: artifacts.Known = {}  # files of /mnt/data hashed by listings: only changes are hashed again
-        self._displays: cells.Displays = {}  # display ids of every run, so an update reaches earlier cells
+        self._displays: budget.Displays = {}  # display ids of every run, so an update reaches earlier cells
         self._widgets = widgets.WidgetState()  # widget models of every run, so an update reaches earlier ones
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -275,6 +275,9 @@ class Session(reaper.SessionBase):
                                               widget_state=self._widgets)
         else:  # providing the packages took the whole time limit: no cell starts
             error, dropped = CellError("TimeoutError", _NO_TIME_LEFT, (), "timeout", index), 0
+        # However long the session lives, its notebook stays within one run's budgets (the oldest outputs go first).
+        kept = budget.keep_recent(self.notebook, index, self.config.max_output_bytes + self.config.max_display_bytes,
+                                  self._displays)
         ran = time.monotonic()
         self.last_activity = ran
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
@@ -287,7 +290,8 @@ class Session(reaper.SessionBase):
                 and not sandbox.state().running:
             self._dead_reason = error.evalue
         return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
-                           started=started, timings=timings, notes=tuple(self._widgets.take_notes()))
+                           started=started, timings=timings,
+                           notes=tuple(self._widgets.take_notes()) + ((kept,) if kept else ()))
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -55,19 +57,32 @@ def open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:
         fd = child
     return fd
 
-def save_images(images: list[ImageData], folder: OutputFolder) -> list[Image]:
-    """Write image outputs into ``folder``/images; names are made here, never taken from the code."""
-    if not images:
-        return []
-    saved = []
+def save_images(images: Iterable[ImageData], folder: OutputFolder, *,
+                max_bytes: int = 0) -> tuple[list[Image], list[str]]:
+    """Write image outputs into ``folder``/images as ``images`` yields them (one decoded image held at a time);
+    names are made here, never taken from the code. The same bytes shown again (a display update reaching many
+    outputs) are written once and listed again with that file. Past ``max_bytes`` of distinct images in total
+    (0: no cap) the rest are not saved: the images listed are always the first ones, and a note says so."""
+    saved: list[Image] = []
+    written: dict[bytes, tuple[Path, int]] = {}  # sha256 -> the file that holds those bytes, its size
     counts: dict[int, int] = {}
-    with folder.child("images") as images_dir:
+    total = 0
+    with contextlib.ExitStack() as stack:
+        target: OutputFolder | None = None
         for image in images:
-            counts[image.cell_index] = counts.get(image.cell_index, 0) + 1
-            name = f"cell{image.cell_index}-{counts[image.cell_index]}.{image.extension}"
-            path = write_new(images_dir, name, image.content)
-            saved.append(Image(image.mime, str(path), image.cell_index, len(image.content)))
-    return saved
+            digest = hashlib.sha256(image.content).digest()
+            if digest not in written:
+                if max_bytes and total + len(image.content) > max_bytes:
+                    return saved, [f"images past {max_bytes:,} bytes in total (the max_display cap) were not saved; "
+                                   f"the first {len(saved):,} were"]
+                target = target or stack.enter_context(folder.child("images"))
+                counts[image.cell_index] = counts.get(image.cell_index, 0) + 1
+                name = f"cell{image.cell_index}-{counts[image.cell_index]}.{image.extension}"
+                written[digest] = (write_new(target, name, image.content), len(image.content))
+                total += len(image.content)
+            path, size = written[digest]
+            saved.append(Image(image.mime, str(path), image.cell_index, size))
+    return saved, []
 
 
 def write_new(folder: OutputFolder, name: str, content: bytes) -> Path:

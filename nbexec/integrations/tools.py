@@ -146,23 +146,37 @@ def truncate(text: str, budget: int) -> str:
     return head + marker.format(len(text) - len(head) - len(tail)) + tail
 
 
-def render_for_llm(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET) -> str:
-    """Compact text for the model: output, the error with the user's frames and a hint, files and images."""
+def _error_part(result: ExecutionResult) -> str:
+    error = result.error
+    assert error is not None
+    trace = clean("\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}")
+    return f"Error ({error.kind}): {clean(error.ename)}\n{trace}\n{_hint(result)}"
+
+
+def _listing(result: ExecutionResult) -> str:
     parts = []
-    text = clean(result.text).strip("\n")
-    if text:
-        parts.append(text)
-    if result.error is not None:
-        error = result.error
-        trace = clean("\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}")
-        parts.append(f"Error ({error.kind}):\n{trace}\n{_hint(result)}")
     if result.files:
         parts.append("Files in /mnt/data:\n" + "\n".join(
             f"- {clean(f.name)} ({f.size:,} bytes): {clean(f.url or f.path)}" for f in result.files))
     if result.images:
         parts.append("Images shown to the user:\n" + "\n".join(
             f"- {clean(Path(i.path).name)}: {clean(i.url or i.path)}" for i in result.images))
-    body = "\n\n".join(parts) or "(no output)"
+    return "\n\n".join(parts)
+
+
+def render_for_llm(result: ExecutionResult, *, budget: int = DEFAULT_BUDGET) -> str:
+    """Compact text for the model: output, the error with the user's frames and a hint, files and images.
+
+    The error (up to half of ``budget``: its head, with the kind and name, and its tail, with the last frame and
+    the hint) and the listings (up to a quarter) are given their room first, so no amount of output pushes the
+    failure out of what the model reads."""
+    error = truncate(_error_part(result), budget // 2) if result.error is not None else ""
+    listing = truncate(_listing(result), budget // 4)
+    after = "\n\n".join(part for part in (error, listing) if part)
+    text = clean(result.text).strip("\n")
+    room = budget - len(after) - (2 if after else 0)
+    parts = [truncate(text, room)] if text and room > 0 else []
+    body = "\n\n".join(parts + ([after] if after else [])) or "(no output)"
     return truncate(body, budget)
 
 

@@ -15,10 +15,12 @@ from nbexec.result import CellError
 
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "image/gif": "gif"}
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_MAX_ERROR_LINE = 64 * 1024  # bytes of one traceback line or of an error's value
 # Any terminal control left after the escapes: C0 but tab and newline, DEL, C1, and lone surrogates (which no
 # UTF-8 encoder accepts). \r is handled first: as a line break, so progress lines stay readable.
-_MAX_ERROR_LINE = 64 * 1024  # bytes of one traceback line or of an error's value
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROLS = (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))
+# One pass in C (str.translate), where a regex with a function per match cost 0.4 s of CPU per MiB of controls.
+_SHOWN = {**{c: f"\\x{c:02x}" for c in _CONTROLS}, **{c: "\ufffd" for c in range(0xD800, 0xE000)}}
 
 
 def strip_ansi(text: str) -> str:
@@ -29,7 +31,7 @@ def strip_ansi(text: str) -> str:
 def clean(text: str) -> str:
     """Text safe to show on a terminal: escapes removed, other control characters made visible (``\\x07``)."""
     text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else "\ufffd", text)
+    return text.translate(_SHOWN)
 
 
 def _text(value: Any) -> str:

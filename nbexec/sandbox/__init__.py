@@ -5,6 +5,7 @@
     pool       warm pools per container shape, background teardown (behind source.LocalSource)
     kernel     the host's one kernel client: handshake, execute loop, interrupt, warm imports; one receive path
     messages   a kernel message as kept (sized, content unparsed until asked) and the one hostile-JSON parser
+    lasterror  asking a kernel how its last cell ended, when its own messages were too large to keep (pure)
     zmtp       the ZeroMQ wire protocol under it
     workdir    a sandbox's working folder on the host: removed safely, swept when its process is gone
     datafs     /mnt/data as a filesystem of fixed size, and its snapshot

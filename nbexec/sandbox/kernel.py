@@ -26,7 +26,8 @@ from typing import Any
 
 from nbexec.errors import ProtocolError
 
-from . import zmtp
+from . import lasterror, zmtp
+from .lasterror import LastError
 from .messages import Message, parse
 
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
@@ -40,6 +41,8 @@ _CHANNELS = (("shell", "DEALER"), ("iopub", "SUB"), ("control", "DEALER"))
 _POLL = 0.25  # seconds between checks of the deadline while a cell is silent
 _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
+_REPLY_AFTER_IDLE = 5.0  # seconds to wait for the shell reply once iopub is idle (the reply says how the cell ended)
+_ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data",
                           "clear_output"})
 COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
@@ -50,12 +53,20 @@ class Execution:
     """How one execute_request ended. ``status``: ok, error (the code raised), timeout (past the deadline;
     ``stop`` is "interrupted" or "killed") or gone (the sandbox stopped under it). ``timing`` holds nbclient's
     ``cell.metadata.execution`` keys (iopub.status.busy, iopub.execute_input, shell.execute_reply,
-    iopub.status.idle), stamped by the host's clock when each message arrived."""
+    iopub.status.idle), stamped by the host's clock when each message arrived.
+
+    The status is "error" when an error message arrived *or* the execute_reply said so: either is enough, and
+    neither is lost to a cap (an error message past the frame limit still counts by its header). When no error
+    message could be read whole, ``error`` holds what the reply, or the kernel asked afterwards, said of it."""
 
     status: str = "ok"
     execution_count: int | None = None
     stop: str = ""
     timing: dict[str, str] = field(default_factory=dict)
+    reply: str = ""  # the execute_reply's status (ok, error); "" when none could be read
+    errors_read: int = 0  # error messages handed on whole
+    errors_dropped: int = 0  # bytes of error messages past the frame limit (read past unkept)
+    error: LastError | None = None
 
     def stamp(self, key: str) -> None:
         self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -196,21 +207,59 @@ class KernelClient:
                     run.status = "gone"
                     return run
         if replied is None:
-            with contextlib.suppress(ProtocolError):  # the outputs are complete; a bad reply changes nothing
-                self._reply(msg_id, run, 1.0)
+            with contextlib.suppress(ProtocolError):  # a bad reply tells nothing: the kernel is asked below
+                self._reply(msg_id, run, max(_IDLE_AFTER_REPLY, min(_REPLY_AFTER_IDLE, deadline - time.monotonic())))
+        self._conclude(run, deadline)
         return run
 
+    def _conclude(self, run: Execution, deadline: float) -> None:
+        """Settle the status from the reply, and ask the kernel what its messages could not say: whether the
+        cell raised (its reply was unreadable) or what it raised (the error message was too large to keep)."""
+        if run.reply == "error":
+            run.status = "error"
+        unknown = run.reply not in ("ok", "error") and run.status == "ok"
+        if not unknown and (run.status != "error" or run.errors_read or run.error is not None):
+            return
+        asked = self.last_error(max(1.0, min(_ASK_WAIT, deadline - time.monotonic())))
+        if asked is not None and asked.raised:
+            run.status, run.error = "error", asked
+
     def _reply(self, msg_id: str, run: Execution, timeout: float) -> bool:
-        """Read the cell's shell reply (so the next cell's is not mistaken for it); False when none came."""
+        """Read the cell's shell reply (so the next cell's is not mistaken for it): its status, the error it
+        describes, and the execution count when no execute_input gave it; False when none came."""
         reply = self.recv("shell", timeout, parent=msg_id)
         if reply is None:
             return False
         run.stamp("shell.execute_reply")
+        try:  # past its limit, or malformed, a reply says nothing: the kernel is asked instead
+            content = reply.content(MAX_CONTROL)
+        except ProtocolError:
+            return True
         if run.execution_count is None:  # no execute_input seen: the reply carries the count too
-            with contextlib.suppress(ProtocolError):
-                count = reply.content(MAX_CONTROL).get("execution_count")
-                run.execution_count = count if isinstance(count, int) else None
+            count = content.get("execution_count")
+            run.execution_count = count if isinstance(count, int) else None
+        status = content.get("status")
+        run.reply = "ok" if status == "ok" else "error" if isinstance(status, str) else ""
+        if run.reply == "error":
+            run.error = lasterror.from_reply(content)
         return True
+
+    def last_error(self, timeout: float) -> LastError | None:
+        """Ask the kernel how its last cell ended (see `lasterror`); None when it does not say within ``timeout``
+        or says nothing readable. What the request publishes is drained. Raises ProtocolError as `recv` does."""
+        msg_id = self.execute(lasterror.CODE, silent=True, store_history=False, stop_on_error=False,
+                              expressions={lasterror.KEY: lasterror.EXPRESSION})
+        reply = self.recv("shell", timeout, parent=msg_id)
+        if reply is None:
+            return None
+        end = time.monotonic() + min(timeout, 2.0)
+        while (msg := self.recv("iopub", max(0.0, end - time.monotonic()), parent=msg_id)) is not None:
+            if msg.msg_type == "status" and msg.content(MAX_CONTROL).get("execution_state") == "idle":
+                break
+        try:
+            return lasterror.read(reply.content(MAX_CONTROL))
+        except ProtocolError:  # past its limit or malformed: the kernel said nothing readable
+            return None
 
     def _stop(self, msg_id: str, run: Execution, grace: float, on_output: Callable[[Message], None],
               kill: Callable[[], None]) -> Execution:
@@ -319,8 +368,10 @@ def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None])
         count = msg.content(MAX_CONTROL).get("execution_count")
         run.execution_count = count if isinstance(count, int) else None
     elif kind in OUTPUT_KINDS or kind in COMM_KINDS:
-        if kind == "error":
+        if kind == "error":  # known by its header: an error past the frame limit still fails the cell
             run.status = "error"
+            run.errors_read += msg.complete
+            run.errors_dropped += 0 if msg.complete else msg.size
         on_output(msg)
     return False
 

@@ -75,6 +75,7 @@ class _Job:
     budget: list[int]
     already: MutableMapping[str, str] | None
     uploads: list[Upload]
+    images: dict[str, Image] = dataclasses.field(default_factory=dict)  # path -> as stored: one file, one upload
 
     def file(self, item: File) -> File:
         local = self.store.local_url(Path(item.path))
@@ -103,6 +104,13 @@ class _Job:
         return dataclasses.replace(item, url=url)
 
     def image(self, image: Image) -> Image:
+        """Store an image file once, however many outputs show it (`transfer.save_images` shares the file)."""
+        if image.path in self.images:
+            return dataclasses.replace(image, url=self.images[image.path].url)
+        self.images[image.path] = stored = self._image(image)
+        return stored
+
+    def _image(self, image: Image) -> Image:
         path = Path(image.path)
         label = f"images/{path.name}"
         local = self.store.local_url(path)

@@ -14,7 +14,7 @@ import hashlib
 import mimetypes
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,12 @@ from nbformat import NotebookNode
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
-from nbexec.engine.cells import OutputCallback
+from nbexec.engine.budget import MAX_ERROR, OutputCallback
 from nbexec.errors import FileTransferError, NodeLostError, NodeUnavailableError
-from nbexec.files import artifacts
+from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.notebook import outputs
-from nbexec.result import CellError, ExecutionResult, File, SkippedFile, Upload
+from nbexec.result import ERROR_KINDS, CellError, ExecutionResult, File, SkippedFile, Upload
 
 from .nodes import NodeClient
 
@@ -73,11 +73,8 @@ class Run:
             index = self.local(output.get("cell_index", 0))
             plain = {k: v for k, v in output.items() if k != "cell_index"}
             self.nb.cells[index].outputs.append(nbformat.from_dict(plain))
-        error = result.get("error")
-        if error:
-            self.error = CellError(str(error["ename"]), str(error["evalue"]), tuple(error.get("traceback", ())),
-                                   str(error.get("kind", "exception")),
-                                   self.local(error["cell_index"]) if error.get("cell_index") is not None else None)
+        failed = _node_error(result, self.local)
+        self.error = failed if failed is not None else self.error
         self.truncated += int(result.get("truncated_bytes", 0))
         self.notes += [str(n) for n in result.get("notes", [])]
         self.files = list(result.get("files", []))
@@ -88,6 +85,34 @@ class Run:
 
     def remaining(self) -> float:
         return max(0.001, self.deadline - time.monotonic())
+
+
+def _node_error(result: dict[str, Any], local: Callable[[Any], int]) -> CellError | None:
+    """The failure a node's result reports, checked like any hostile input: its error (fields of the wrong type
+    made text, trimmed to MAX_ERROR, terminal controls made visible), else the first error among its outputs,
+    else, when it says ``ok`` is not true, a failure that says so. A node's failure is never dropped."""
+    error = result.get("error")
+    if not isinstance(error, dict):
+        shown = result.get("outputs")
+        found = outputs.first_error([o for o in shown if isinstance(o, dict)] if isinstance(shown, list) else [])
+        error = found.to_dict() if found is not None else None
+    if error is None:
+        return None if result.get("ok") is True else CellError(
+            "NodeError", "The node said the run failed without saying why.", (), "exception")
+    lines = error.get("traceback")
+    lines = [str(line) for line in lines] if isinstance(lines, list) else []
+    ename, evalue, lines = outputs.trim_error(str(error.get("ename") or "UnknownError"), str(error.get("evalue", "")),
+                                              lines, MAX_ERROR)
+    kind = error.get("kind") if error.get("kind") in ERROR_KINDS else "exception"
+    index = error.get("cell_index")
+    try:
+        cell = local(index) if index is not None else None
+    except (TypeError, ValueError, FileTransferError):
+        cell = None
+    cleaned = outputs.first_error([{"output_type": "error", "ename": ename, "evalue": evalue, "traceback": lines,
+                                    "cell_index": cell}])
+    assert cleaned is not None
+    return dataclasses.replace(cleaned, kind=str(kind))
 
 
 def one_shot(client: NodeClient, run: Run, files: dict[str, bytes], folder: OutputFolder) -> None:
@@ -229,7 +254,7 @@ def finish(run: Run, execution_id: str, out: Path, folder: OutputFolder, started
     written into ``folder`` (as a new notebook.ipynb, or replacing ``notebook_name``)."""
     flat = outputs.flatten(run.nb, first_cell)
     view = outputs.views(flat)
-    images = artifacts.save_images(list(outputs.images(flat)), folder)
+    images, image_notes = transfer.save_images(outputs.images(flat), folder, max_bytes=run.config.max_display_bytes)
     run.nb.metadata.setdefault("nbexec", {}).update(
         {"execution_id": execution_id, "ok": run.error is None, "node": run.node})
     if notebook_name is None:
@@ -241,8 +266,8 @@ def finish(run: Run, execution_id: str, out: Path, folder: OutputFolder, started
         ok=run.error is None, execution_id=execution_id, stdout=view.stdout, stderr=view.stderr, text=view.text,
         error=run.error, outputs=tuple(flat), images=tuple(images), files=tuple(run.kept),
         skipped_files=tuple(run.skipped), notebook=run.nb, notebook_path=str(path), output_dir=str(out),
-        duration_s=duration, timings={"total_s": duration}, truncated_bytes=run.truncated, notes=tuple(run.notes),
-        node=run.node)
+        duration_s=duration, timings={"total_s": duration}, truncated_bytes=run.truncated,
+        notes=tuple(run.notes + image_notes), node=run.node)
 
 
 def published(result: ExecutionResult, run: Run) -> ExecutionResult:

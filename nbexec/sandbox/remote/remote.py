@@ -23,7 +23,7 @@ from typing import Any
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig, from_env, host_from_env
-from nbexec.engine.cells import OutputCallback
+from nbexec.engine.budget import OutputCallback
 from nbexec.errors import ConfigError, NodeUnavailableError, NotebookError
 from nbexec.files import folders
 from nbexec.result import ExecutionResult

@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
-from nbexec.engine import reaper
-from nbexec.engine.cells import OutputCallback
+from nbexec.engine import budget, reaper
+from nbexec.engine.budget import OutputCallback
 from nbexec.errors import (
     FileTooLargeError,
     FileTransferError,
@@ -154,6 +154,8 @@ class RemoteSession(reaper.SessionBase):
                 raise
             assert self._folder is not None and self.output_dir is not None
             noderun.download(client, run, self._folder, self._known)
+            kept = budget.keep_recent(self.notebook, index, config.max_output_bytes + config.max_display_bytes, {})
+            run.notes += [kept] if kept else []
             result = noderun.finish(run, f"{self.id}-{index}", self.output_dir, self._folder, started,
                                     first_cell=index, notebook_name="session.ipynb")
         published = uploads.publish(result, self.store, already=self._uploaded)
