@@ -3,6 +3,7 @@
     folders    private roots in the temporary folder, output folders held by descriptor, retention
     transfer   one file at a time through directory descriptors: into /mnt/data, out of it, into output folders
     artifacts  what the code left in /mnt/data, collected within the caps
+    inputs     the input folder a notebook brings (its own folder, read-only at /mnt/input)
 
 May import: nbexec's values (config, errors, result) and notebook.outputs. Nothing about sandboxes or the engine.
 """

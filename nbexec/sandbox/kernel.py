@@ -56,6 +56,7 @@ class Execution:
     execution_count: int | None = None
     stop: str = ""
     timing: dict[str, str] = field(default_factory=dict)
+    exit_value: str | None = None  # the cell called exit()/quit(): its argument as SystemExit would show it
 
     def stamp(self, key: str) -> None:
         self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -206,6 +207,7 @@ class KernelClient:
         if reply is None:
             return False
         run.stamp("shell.execute_reply")
+        run.exit_value = _exit_asked(reply)
         if run.execution_count is None:  # no execute_input seen: the reply carries the count too
             with contextlib.suppress(ProtocolError):
                 count = reply.content(MAX_CONTROL).get("execution_count")
@@ -323,6 +325,24 @@ def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None])
             run.status = "error"
         on_output(msg)
     return False
+
+
+def _exit_asked(reply: Message) -> str | None:
+    """What the cell passed to exit() or quit(), when it called one, as SystemExit would show it ("" for none),
+    else None. ipykernel's exit() raises nothing: it puts an `ask_exit` payload in the execute reply (its
+    `keepkernel` is the argument) for the frontend to act on. A reply nbexec cannot read asks for nothing."""
+    if b"ask_exit" not in reply.raw_content:  # most replies: not parsed at all
+        return None
+    try:
+        payloads = reply.content(MAX_CONTROL).get("payload")
+    except ProtocolError:
+        return None
+    asked = [p for p in payloads if isinstance(p, dict) and p.get("source") == "ask_exit"] \
+        if isinstance(payloads, list) else []
+    if not asked:
+        return None
+    value = asked[-1].get("keepkernel")
+    return "" if value is None or value is False else str(value)[:200]
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
