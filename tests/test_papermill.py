@@ -306,3 +306,14 @@ def test_the_api_mounts_nothing_for_code_or_a_notebook_object(config: nbexec.San
     assert code.ok and code.stdout == "False\n"
     loaded = nbexec.execute_notebook(load(notebook), config=config)
     assert not loaded.ok and loaded.error is not None and loaded.error.ename == "FileNotFoundError"
+
+
+def test_a_notebook_of_4_5_without_cell_ids_gets_them_without_a_warning() -> None:
+    """nbformat warns (an error under pytest) and will refuse such notebooks; nbexec gives the missing ids."""
+    cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": "1"},
+             {"cell_type": "markdown", "id": "kept", "metadata": {}, "source": "x"}]
+    nb = nbexec.notebook.from_json(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert nb.cells[1].id == "kept" and isinstance(nb.cells[0].get("id"), str) and nb.cells[0].id != "kept"
+    older = nbexec.notebook.from_json(json.dumps({"cells": cells[:1], "metadata": {}, "nbformat": 4,
+                                                  "nbformat_minor": 4}))
+    assert "id" not in older.cells[0]
