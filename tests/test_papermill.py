@@ -317,3 +317,18 @@ def test_a_notebook_of_4_5_without_cell_ids_gets_them_without_a_warning() -> Non
     older = nbexec.notebook.from_json(json.dumps({"cells": cells[:1], "metadata": {}, "nbformat": 4,
                                                   "nbformat_minor": 4}))
     assert "id" not in older.cells[0]
+
+
+def test_metadata_of_the_wrong_shape_in_an_input_notebook_is_replaced(config: nbexec.SandboxConfig) -> None:
+    """A notebook from a client (the HTTP service takes them) whose nbexec or papermill metadata, or a skipped
+    cell's, has the wrong shape: the run still gives a result, with papermill's metadata written anew."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("print('x')", metadata={"tags": ["skip-execution"], "nbexec": 5,
+                                                          "papermill": [1]}),
+        nbformat.v4.new_code_cell("print('ran')")])
+    nb.metadata.update({"nbexec": "not a mapping", "papermill": {"default_parameters": [1, 2]}})
+    result = nbexec.execute_notebook(nbformat.from_dict(nb), config=config)
+    assert result.ok, result.error
+    assert result.stdout == "ran\n"
+    assert result.notebook.metadata.papermill.default_parameters == {}
+    assert [c.metadata.papermill.status for c in result.notebook.cells] == ["completed", "completed"]

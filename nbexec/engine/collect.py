@@ -80,7 +80,7 @@ def _stamp(nb: NotebookNode, run: Run, error: CellError | None, output_path: str
     """papermill's metadata of this run, beside nbexec's (see `notebook.papermill`)."""
     ended = datetime.datetime.now(datetime.timezone.utc)
     started = ended - datetime.timedelta(seconds=time.monotonic() - run.started)
-    source = nb.metadata.get("nbexec", {}).get("input_path")
+    source = nb.metadata.get("nbexec", {}).get("input_path")  # a mapping: see notebook._finish
     papermill.stamp(nb, first_cell=run.first_cell, stopped_at=error.cell_index if error is not None else run.exit_cell,
                     started=started, ended=ended, input_path=source if isinstance(source, str) else None,
                     output_path=output_path)

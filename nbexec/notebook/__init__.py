@@ -23,6 +23,11 @@ _TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
 
 def _finish(nb: NotebookNode, *, validate: bool = True) -> NotebookNode:
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    # nbexec's own metadata is nbexec's to write: a notebook from a client may carry any value there
+    for holder in (nb, *nb.get("cells", [])):
+        metadata = holder.get("metadata") if isinstance(holder, dict) else None
+        if isinstance(metadata, dict) and not isinstance(metadata.get("nbexec", {}), dict):
+            metadata["nbexec"] = {}
     nb.metadata.setdefault("language_info", {"name": "python"})
     if not validate:
         return nb

@@ -53,10 +53,10 @@ def stamp(nb: NotebookNode, *, first_cell: int, stopped_at: int | None, started:
           ended: datetime.datetime, input_path: str | None, output_path: str | None) -> None:
     """Write papermill's run metadata into ``nb`` (the run covered the cells from ``first_cell``; it stopped in
     cell ``stopped_at``: an error, or an exit papermill also marks failed)."""
-    parameters = nb.metadata.get("nbexec", {}).get("parameters", {})
-    earlier = nb.metadata.get("papermill", {})
+    parameters = _get(nb.metadata, "nbexec", "parameters")
+    defaults = _get(nb.metadata, "papermill", "default_parameters")  # papermill keeps what the input had
     nb.metadata["papermill"] = {
-        "default_parameters": dict(earlier.get("default_parameters") or {}) if isinstance(earlier, Mapping) else {},
+        "default_parameters": dict(defaults) if isinstance(defaults, Mapping) else {},
         "parameters": dict(parameters) if isinstance(parameters, Mapping) else {},
         "environment_variables": {},
         "version": FORMAT_VERSION,
@@ -84,7 +84,7 @@ def _ran(cell: NotebookNode, *, failed: bool) -> dict[str, Any]:
     """A cell the run reached: its times from nbexec's own record of it (the host clock's stamps of the kernel's
     messages and the cell's duration); a cell that was not executed (markdown, skipped) is completed untimed."""
     metadata = cell.get("metadata", {})
-    duration = metadata.get("nbexec", {}).get("duration_s") if cell.get("cell_type") == "code" else None
+    duration = _get(metadata, "nbexec", "duration_s") if cell.get("cell_type") == "code" else None
     if not isinstance(duration, (int, float)):
         return _cell_stamp(FAILED if failed else COMPLETED, exception=failed)
     end = _latest(metadata.get("execution", {}))
@@ -92,6 +92,12 @@ def _ran(cell: NotebookNode, *, failed: bool) -> dict[str, Any]:
     return _cell_stamp(FAILED if failed else COMPLETED, exception=failed,
                        start=None if start is None else start.isoformat(),
                        end=None if end is None else end.isoformat(), duration=round(float(duration), 6))
+
+
+def _get(metadata: Mapping[str, Any], section: str, key: str) -> Any:
+    """``metadata[section][key]``, or None where either is missing or not a mapping (input notebooks carry any)."""
+    holder = metadata.get(section)
+    return holder.get(key) if isinstance(holder, Mapping) else None
 
 
 def _latest(stamps: Any) -> datetime.datetime | None:
