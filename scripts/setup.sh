@@ -7,26 +7,30 @@
 #                             # Node.js and npm, Azurite + TypeScript in .tools/ (scripts/test-tools/), and
 #                             # Chromium with its driver for the playground's browser test
 #
-# apt packages, each only when missing: docker.io (and debootstrap where no registry answers), python3-venv,
-# ca-certificates, python3-pip (as root, when the unprivileged user that runs the host's pip can run no Python
-# with pip); with --test also nodejs, npm, chromium and chromium-driver (Debian's; Ubuntu ships Chromium
-# as a snap instead). Node and Chromium are never needed to run code, only for the tests.
+# apt packages, each only when missing: docker.io (and debootstrap when no registry answers and no base image is
+# here), python3-venv, ca-certificates, python3-pip (as root, when the unprivileged user that runs the host's pip
+# can run no Python with pip); with --test also nodejs, npm, chromium and chromium-driver (Debian's; Ubuntu ships
+# Chromium as a snap instead). Node and Chromium are never needed to run code, only for the tests.
 #
-# Environment: NBEXEC_IMAGE (tag to build), NBEXEC_CA_BUNDLE (CA file for pip inside the build; defaults to
-# the system bundle when it exists), NBEXEC_AIRGAPPED=1 (always build on a debootstrapped Debian base).
+# Environment: NBEXEC_IMAGE (tag to build), NBEXEC_CA_BUNDLE (CA file for pip, here and inside the image build;
+# the build defaults to the system bundle when it exists), NBEXEC_AIRGAPPED=1 (build on a debootstrapped Debian
+# base, never a registry's). Each step stops the script when it fails, with its own error and what to do.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 WITH_TESTS=0
-for arg in "$@"; do
-    case "$arg" in
-        --test) WITH_TESTS=1 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
-    esac
-done
+STEP=""  # the step running now: named when it fails
 
 log() { printf '\n== %s\n' "$*" >&2; }
+
+# Run one step; if it fails, the script stops there (set -e) and on_exit names it under the step's own error.
+step() { STEP="$1"; shift; "$@"; STEP=""; }
+
+on_exit() {
+    local status=$?
+    if [ "$status" -ne 0 ] && [ -n "$STEP" ]; then
+        echo "setup.sh: stopped: $STEP failed (exit $status); its own error is above." >&2
+    fi
+}
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -80,26 +84,54 @@ ensure_venv() {
     local spec=. check="import nbexec"
     if [ "$WITH_TESTS" = 1 ]; then spec='.[test,dev]'; check="import nbexec, pytest"; fi
     log "installing nbexec ($spec) into .venv"
-    .venv/bin/pip install -q -e "$spec" 2>&1 | grep -v "is ignored" || true
-    .venv/bin/python -c "$check" # fail here, not later, when the install broke
+    pip_install -e "$spec"
+    .venv/bin/python -c "$check" # the install said it worked: check it did
 }
 
-have_default_base() {
-    docker image inspect python:3.12-slim >/dev/null 2>&1 || timeout 60 docker pull -q python:3.12-slim >/dev/null 2>&1
+# pip install into .venv; when it fails, pip's own error (and for TLS, what to do) and exit 3.
+pip_install() {
+    local output ca=()
+    # The environment, not --cert: the pip that fetches build dependencies (a child process) reads it too, and
+    # requests lets REQUESTS_CA_BUNDLE (set machine-wide on some systems) win over pip's own setting.
+    if [ -n "${NBEXEC_CA_BUNDLE:-}" ]; then ca=("PIP_CERT=$NBEXEC_CA_BUNDLE" "REQUESTS_CA_BUNDLE=$NBEXEC_CA_BUNDLE"); fi
+    output=$(mktemp)
+    if env "${ca[@]}" .venv/bin/pip install -q "$@" >"$output" 2>&1; then
+        grep -v "is ignored" "$output" >&2 || true
+        rm -f "$output"
+        return 0
+    fi
+    grep -v "is ignored" "$output" >&2 || true
+    if grep -qiE "CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSLError|SSL: " "$output"; then
+        echo "setup.sh: pip could not verify the package index's TLS certificate. Behind a TLS-intercepting" \
+             "proxy (or with a private index), give its CA certificate: NBEXEC_CA_BUNDLE=/path/to/ca.pem" \
+             "scripts/setup.sh (pip here and in the image build use it), or pip's own PIP_CERT=/path/to/ca.pem" \
+             "(--cert); PIP_INDEX_URL names a mirror." >&2
+    fi
+    rm -f "$output"
+    return 3
 }
+
+has_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
 ensure_image() {
-    local args=()
+    # Only what the build will use: a base already here is built on; debootstrap only to make one.
+    local args=() airgapped="${NBEXEC_AIRGAPPED:-}"
     local ca="${NBEXEC_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
     [ -f "$ca" ] && args+=(--ca-bundle "$ca")
-    if [ "${NBEXEC_AIRGAPPED:-}" = 1 ] || ! have_default_base; then
+    if [ "$airgapped" != 1 ] && has_image python:3.12-slim; then
+        log "building the runtime image"
+    elif has_image nbexec-base:bookworm; then
+        args+=(--debootstrap)  # reuses that base: nothing to debootstrap
+        log "building the runtime image on the Debian base made before (nbexec-base:bookworm)"
+    elif [ "$airgapped" != 1 ] && timeout 60 docker pull -q python:3.12-slim >/dev/null 2>&1; then
+        log "building the runtime image"
+    else
         command -v debootstrap >/dev/null || apt_install debootstrap
         args+=(--debootstrap)
         log "no registry: building the runtime image on a debootstrapped Debian base"
-    else
-        log "building the runtime image"
     fi
-    .venv/bin/nbexec image build "${args[@]}" 2>&1 | grep -vE '^ ---> |^Step |Removing intermediate' | tail -5
+    .venv/bin/nbexec image build "${args[@]}" 2>&1 | { grep -vE '^ ---> |^Step |Removing intermediate' || true; } \
+        | tail -5
     .venv/bin/nbexec doctor
 }
 
@@ -124,7 +156,7 @@ ensure_test_tools() {
     log "installing Azurite and TypeScript into .tools/"
     mkdir -p .tools
     cp scripts/test-tools/package.json scripts/test-tools/package-lock.json .tools/
-    npm ci --silent --no-audit --no-fund --prefix .tools >/dev/null
+    npm ci --loglevel=error --no-audit --no-fund --prefix .tools >/dev/null  # errors still reach stderr
 }
 
 ensure_browser() {
@@ -132,9 +164,26 @@ ensure_browser() {
     apt_install chromium chromium-driver
 }
 
-ensure_base_packages
-ensure_docker
-ensure_venv
-ensure_resolver_python
-ensure_image
-if [ "$WITH_TESTS" = 1 ]; then ensure_test_tools; ensure_browser; fi
+main() {
+    for arg in "$@"; do
+        case "$arg" in
+            --test) WITH_TESTS=1 ;;
+            -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+            *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
+        esac
+    done
+    cd "$(dirname "$0")/.."
+    trap on_exit EXIT
+    step "installing the base packages (apt)" ensure_base_packages
+    step "starting the Docker engine" ensure_docker
+    step "installing nbexec into .venv" ensure_venv
+    step "finding a Python the package resolver's user can run" ensure_resolver_python
+    step "building the runtime image" ensure_image
+    if [ "$WITH_TESTS" = 1 ]; then
+        step "installing Azurite and TypeScript (npm)" ensure_test_tools
+        step "installing Chromium and its driver (apt)" ensure_browser
+    fi
+}
+
+# Sourcing the script (tests do) defines its steps without running them.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

@@ -140,3 +140,31 @@ def test_a_long_tmpdir_still_reaches_the_kernel(docker_ready: None, tmp_path: Pa
     done = nbexec("run", "-", "--json", cwd=tmp_path, stdin="print(6 * 7)", env={"TMPDIR": str(deep)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert json.loads(done.stdout)["stdout"] == "42\n"
+
+
+def _quiet_notebook(folder: Path, last: str) -> Path:
+    """An nbformat 4.5 notebook whose cells carry no ids (nbformat warns about those) that prints to both streams."""
+    folder.mkdir()
+    cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+              "source": "import sys\nprint('out')\nprint('err', file=sys.stderr)"},
+             {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": last}]
+    path = folder / "quiet.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+@pytest.mark.parametrize(("last", "code"), [("pass", 0), ("1/0", 1)], ids=["passes", "fails"])
+def test_quiet_prints_only_the_codes_output_and_traceback(cleanup_ledger: None, tmp_path: Path, last: str,
+                                                          code: int) -> None:
+    """`-q` shows what the code printed and its traceback, nothing of nbexec's own: not its warnings (here the one
+    every run gives when nbexec cannot mount /mnt/data's filesystem: no mkfs.ext4 on PATH), nor the warnings of the
+    libraries it uses (nbformat's about missing cell ids)."""
+    notebook = _quiet_notebook(tmp_path / "nb", last)
+    done = nbexec("run", "-q", str(notebook), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == code, done.stderr
+    assert done.stdout == "out\n"
+    if code == 0:
+        assert done.stderr == "err\n"
+    else:
+        assert done.stderr.startswith("err\n") and "ZeroDivisionError" in done.stderr
+        assert all(not line.startswith("nbexec:") and "Warning" not in line for line in done.stderr.splitlines())

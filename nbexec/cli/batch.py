@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from nbexec import notebook
-from nbexec.config import SandboxConfig, host_from_env
+from nbexec.config import SandboxConfig
 from nbexec.engine.execute import execute_notebook
 from nbexec.errors import ConfigError, NbexecError, NotebookError
+from nbexec.files.inputs import with_folder
 from nbexec.notebook import parameters
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
@@ -86,19 +87,6 @@ class BatchOptions:
     store: ArtifactStore | None = None
     packages: tuple[str, ...] = ()  # installed before each file runs (see nbexec.packages)
     mount_folders: bool = False  # each file's folder at /mnt/input, linked from the working folder
-
-
-def with_folder(config: SandboxConfig, path: Path) -> SandboxConfig:
-    """The config with ``path``'s folder as the read-only input folder (its entries linked from the kernel's
-    working folder), unless one is set, the input is stdin, or the folder is the home folder or / (too much to
-    show untrusted code: mount a narrower folder with --mount-input)."""
-    if config.input_dir is not None or str(path) == "-" or host_from_env().nodes:  # nodes mount no host folder
-        return config
-    folder = path.resolve().parent
-    if folder in (Path.home().resolve(), Path(folder.anchor)):
-        log.info("%s lies in %s: its folder is not mounted (use --mount-input)", path, folder)
-        return config
-    return config.replace(input_dir=str(folder), link_input=True)
 
 
 def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path) -> Item:

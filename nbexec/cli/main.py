@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,10 +99,16 @@ def main(verbose: int) -> None:
 @click.option("--upload", type=click.Choice(["azure"]), help="Same as --store azure.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Files run at once, each in its own sandbox.")
-@click.option("-p", "--parameter", "parameter_pairs", nargs=2, multiple=True, metavar="NAME VALUE",
+@click.option("-p", "--parameter", "--parameters", "parameter_pairs", nargs=2, multiple=True, metavar="NAME VALUE",
               help="Inject NAME = VALUE (a Python/YAML literal) after the cell tagged `parameters` (repeatable).")
-@click.option("--parameters-file", type=click.Path(dir_okay=False, path_type=Path),
-              help="YAML mapping of parameters (the -p values win).")
+@click.option("-r", "--parameter-raw", "--parameters_raw", "raw_pairs", nargs=2, multiple=True,
+              metavar="NAME VALUE", help="Inject NAME = VALUE as the string given (repeatable; wins over the others).")
+@click.option("-f", "--parameters-file", "--parameters_file", "parameter_files", multiple=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="A YAML or JSON file of parameters (repeatable).")
+@click.option("-y", "--parameters-yaml", "--parameters_yaml", "yaml_texts", multiple=True, metavar="YAML",
+              help="A YAML mapping of parameters, e.g. 'year: 2025' (repeatable).")
+@click.option("-b", "--parameters-base64", "--parameters_base64", "base64_texts", multiple=True, metavar="BASE64",
+              help="A base64-encoded YAML mapping of parameters (repeatable). Papermill's order: -b, -f, -y, -p, -r.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
 @click.option("--html-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write an HTML render of each executed notebook (images embedded).")
@@ -116,8 +123,7 @@ def main(verbose: int) -> None:
                    "folder, so `open('data.csv')` reads the file next to the notebook (never the home folder or /).")
 @sandbox_options
 def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | None, save_notebook: Path | None,
-        store: str, upload: str | None, jobs: int, parameter_pairs: tuple[tuple[str, str], ...],
-        parameters_file: Path | None, junit_xml: Path | None, html_dir: Path | None, fail_fast: bool,
+        store: str, upload: str | None, jobs: int, junit_xml: Path | None, html_dir: Path | None, fail_fast: bool,
         package_names: tuple[str, ...], input_dir: Path | None, mount_folder: bool, **options: Any) -> None:
     """Run FILE... (.py with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each in a fresh
     sandbox. One file streams what its notebook shows; several print progress, a summary table and the
@@ -127,12 +133,14 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
     from . import batch
 
     shown = _Shown(as_json=as_json, quiet=quiet, painter=terminal.Painter())
+    if quiet:
+        _quiet()
     try:
         single = len(inputs) == 1 and not Path(inputs[0]).is_dir() and not any(c in inputs[0] for c in "*?[") \
             and not (junit_xml or html_dir or fail_fast)
-        values = parameters.load_file(parameters_file) if parameters_file else {}
-        values.update({name: parameters.parse_value(raw) for name, raw in parameter_pairs})
-        parameters.validate(values)
+        values = parameters.gather(base64_texts=options.pop("base64_texts"), files=options.pop("parameter_files"),
+                                   yaml_texts=options.pop("yaml_texts"), pairs=options.pop("parameter_pairs"),
+                                   raw_pairs=options.pop("raw_pairs"))
         fixed: dict[str, Any] = {"pool_size": 0 if single or jobs == 1 else min(jobs, 4)}
         if input_dir:
             fixed["input_dir"] = str(input_dir)
@@ -153,6 +161,15 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
     _run_batch(paths, config, options_, junit_xml, html_dir, shown)
 
 
+def _quiet() -> None:
+    """-q: nothing of nbexec's own on the terminal (its warnings, its libraries' warnings), only what the code
+    printed, its traceback and a failure of nbexec itself (said by `fail`, not logged). -v still logs."""
+    root = logging.getLogger()
+    if root.level >= logging.WARNING:
+        root.setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Shown:
     """How a run shows itself: one JSON object, or text (streamed; quiet: the code's output and errors only)."""
@@ -165,10 +182,9 @@ class _Shown:
 def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Path | None,
                 save_notebook: Path | None, shown: _Shown) -> None:
     from nbexec.engine.execute import execute_notebook
+    from nbexec.files.inputs import with_folder
     from nbexec.notebook import load
     from nbexec.notebook.parameters import inject
-
-    from .batch import with_folder
 
     live = None if shown.as_json else terminal.Live(shown.painter)
     try:

@@ -61,6 +61,8 @@ def run_cell(sandbox: SandboxHandle, cell: NotebookNode, index: int, *, deadline
     try:
         run = sandbox.run(cell.source, deadline=deadline, on_output=state.add)
         outcome = _outcome(sandbox, run)
+        if run.exit_value is not None and outcome.status == "ok":
+            outcome = _asked_to_exit(state, outcome, run.exit_value)
         if outcome.status == "error" and not state.expected:  # an expected error is kept only within the budget
             outcome.error = state.failure(run)
     except ProtocolError as exc:
@@ -73,6 +75,16 @@ def run_cell(sandbox: SandboxHandle, cell: NotebookNode, index: int, *, deadline
     if run is not None and run.timing:
         cell.metadata["execution"] = dict(run.timing)  # nbclient's per-cell timing keys
     cell.metadata.setdefault("nbexec", {})["duration_s"] = round(outcome.duration_s, 6)
+    return outcome
+
+
+def _asked_to_exit(state: CellState, outcome: CellOutcome, value: str) -> CellOutcome:
+    """The cell called exit() or quit(): shown and judged as the SystemExit that sys.exit() raises (its value is
+    at most 200 characters: kept whatever the output budget), so the run ends there as a script's would. The
+    error output is the one `CellState.failure` keeps at the end of the cell."""
+    state.error = (from_dict({"output_type": "error", "ename": "SystemExit", "evalue": value, "traceback": [
+        "The code called exit() or quit(): the run ends here, as with sys.exit().", f"SystemExit: {value}"]}))
+    outcome.status = "error"
     return outcome
 
 

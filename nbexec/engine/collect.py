@@ -8,6 +8,7 @@ methods only, see `sandbox.source.SandboxHandle`) and writes the output folder; 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from nbexec import notebook, packages
 from nbexec.config import SandboxConfig
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
-from nbexec.notebook import links, outputs
+from nbexec.notebook import links, outputs, papermill
 from nbexec.result import CellError, Connection, ExecutionResult, File, Image, Package, SkippedFile
 from nbexec.sandbox.source import SandboxHandle
 from nbexec.stores import uploads
@@ -37,6 +38,7 @@ class Run:
     timings: dict[str, float]
     packages: tuple[Package, ...] = ()  # what the run asked for and what became of it (nbexec.packages)
     notes: tuple[str, ...] = ()  # what the run itself has to say (widget state not saved, ...)
+    exit_cell: int | None = None  # the code ended the run here, successfully (sys.exit(0): see notebook.papermill)
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,21 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     # nbexec's own links to the input folder are not files the code left behind
     ours: frozenset[str] = getattr(sandbox, "input_links", frozenset())
     skipped = [s for s in found.skipped if s.name not in ours or "link" not in s.reason]
+    _stamp(nb, run, error, str(folder.path / notebook_name))
     path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
     return Gathered(tuple(flat), images, found.files, skipped,
                     notes + sandbox.input_notes() + found.notes + traffic_notes + image_notes, error, str(path),
                     connections)
+
+
+def _stamp(nb: NotebookNode, run: Run, error: CellError | None, output_path: str) -> None:
+    """papermill's metadata of this run, beside nbexec's (see `notebook.papermill`)."""
+    ended = datetime.datetime.now(datetime.timezone.utc)
+    started = ended - datetime.timedelta(seconds=time.monotonic() - run.started)
+    source = nb.metadata.get("nbexec", {}).get("input_path")  # a mapping: see notebook._finish
+    papermill.stamp(nb, first_cell=run.first_cell, stopped_at=error.cell_index if error is not None else run.exit_cell,
+                    started=started, ended=ended, input_path=source if isinstance(source, str) else None,
+                    output_path=output_path)
 
 
 def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder, store: ArtifactStore, *,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig, from_env
+from nbexec.files import inputs
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
 
@@ -19,7 +21,7 @@ from .session import Session
 def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
                      output_dir: str | os.PathLike[str] | None = None, on_output: OutputCallback | None = None,
                      store: ArtifactStore | None = None, files: Mapping[str, bytes] | None = None,
-                     packages: Sequence[str] = (), **overrides: Any) -> ExecutionResult:
+                     packages: Sequence[str] = (), mount_folder: bool = True, **overrides: Any) -> ExecutionResult:
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
@@ -31,6 +33,9 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     files where they lie); links to them replace `sandbox:/mnt/data/...` references in the text views.
     ``packages`` (requirements such as "tabulate" or "pyarrow==17.*") are fetched on the host and installed
     offline before the code runs, as the code's own ``%pip install`` lines are (see `nbexec.packages`).
+    A notebook or script given as a path brings its folder, as `nbexec run` does: mounted read-only at
+    /mnt/input, its entries linked from the working folder, so `open('data.csv')` reads the file next to it
+    (never the home folder or /; ``mount_folder=False`` mounts nothing, a config's input_dir wins).
     With NBEXEC_NODES set, the same call runs on a remote node (see `nbexec.sandbox.remote.remote`).
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
     """
@@ -41,6 +46,8 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
                               files=files, packages=packages, **overrides)
     nb = notebook.coerce(source)
     config = (config or from_env()).replace(**overrides)
+    if mount_folder and isinstance(source, os.PathLike):
+        config = inputs.with_folder(config, Path(source))
     session = Session(config, output_dir=None if output_dir is None else os.fspath(output_dir), ttl=None,
                       store=store, one_shot=True)
     try:

@@ -24,6 +24,7 @@ from nbexec import packages as installs
 from nbexec.config import SandboxConfig
 from nbexec.errors import FileTooLargeError, FileTransferError, SessionClosedError, SessionDeadError
 from nbexec.files import artifacts, folders, space, transfer
+from nbexec.notebook import papermill
 from nbexec.result import CellError, ExecutionResult, File, Package
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
@@ -250,11 +251,7 @@ class Session(reaper.SessionBase):
                 if sandbox.language_info:
                     nb.metadata["language_info"] = sandbox.language_info
             else:
-                taken = {c.get("id") for c in self.notebook.cells}
-                for cell in nb.cells:  # the same notebook run twice: cell ids stay unique
-                    if cell.get("id") in taken:
-                        cell["id"] = uuid.uuid4().hex[:8]
-                self.notebook.cells.extend(nb.cells)
+                self.notebook.cells.extend(notebook.fit_cells(self.notebook, nb.cells))
             # One time limit for the run: the host's package work counts inside it, the cells get what is left.
             limit = timeout or self.config.timeout
             deadline = time.monotonic() + limit
@@ -269,6 +266,7 @@ class Session(reaper.SessionBase):
     def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float,
                    on_output: OutputCallback | None) -> collect.Run:
         began = time.monotonic()
+        papermill.start(self.notebook, index)
         if timeout > 0:
             error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
                                               first_index=index, on_output=on_output, displays=self._displays,
@@ -280,6 +278,7 @@ class Session(reaper.SessionBase):
                                   self._displays)
         ran = time.monotonic()
         self.last_activity = ran
+        error, exit_cell, exit_notes = self._clean_exit(error)
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
         self.notebook.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
         timings = {"run_s": ran - began}
@@ -291,7 +290,22 @@ class Session(reaper.SessionBase):
             self._dead_reason = error.evalue
         return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
                            started=started, timings=timings,
-                           notes=tuple(self._widgets.take_notes()) + ((kept,) if kept else ()))
+                           notes=(*self._widgets.take_notes(), *((kept,) if kept else ()), *exit_notes),
+                           exit_cell=exit_cell)
+
+    def _clean_exit(self, error: CellError | None) -> tuple[CellError | None, int | None, tuple[str, ...]]:
+        """A run the code ended with sys.exit(0), SystemExit() or exit() succeeded (papermill's rule): (the error
+        left, the cell it ended in, the note that says so). The exit stays in the notebook, where it happened."""
+        value = papermill.clean_exit(self.notebook, error)
+        self.notebook.metadata.get("nbexec", {}).pop("exit", None)
+        if value is None or error is None or error.cell_index is None:
+            return error, None, ()
+        index, left = error.cell_index, papermill.cells_after(self.notebook, error.cell_index)
+        self.notebook.metadata.setdefault("nbexec", {})["exit"] = {"cell_index": index, "value": value,
+                                                                   "cells_not_run": left}
+        rest = f"{left} cell after it was not run" if left == 1 else f"{left} cells after it were not run"
+        return None, index, (f"The code ended the run at cell {index} with SystemExit({value!r}): a success, as in "
+                             f"papermill; {rest}.",)
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None

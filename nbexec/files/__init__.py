@@ -5,6 +5,7 @@
     artifacts  what the code left in /mnt/data, collected within the caps
     space      the host disk one sandbox may write, admitted before it starts (DiskSpaceError otherwise)
     ledger     the record of disk held for sandboxes, shared by this uid's nbexec processes
+    inputs     the input folder a notebook brings (its own folder, read-only at /mnt/input)
 
 May import: nbexec's values (config, errors, result) and notebook.outputs. Nothing about sandboxes or the engine.
 """

@@ -23,6 +23,11 @@ _TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
 
 def _finish(nb: NotebookNode, *, validate: bool = True) -> NotebookNode:
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    # nbexec's own metadata is nbexec's to write: a notebook from a client may carry any value there
+    for holder in (nb, *nb.get("cells", [])):
+        metadata = holder.get("metadata") if isinstance(holder, dict) else None
+        if isinstance(metadata, dict) and not isinstance(metadata.get("nbexec", {}), dict):
+            metadata["nbexec"] = {}
     nb.metadata.setdefault("language_info", {"name": "python"})
     if not validate:
         return nb
@@ -99,14 +104,56 @@ def from_script(text: str) -> NotebookNode:
 
 
 def from_json(text: str, name: str = "<notebook>") -> NotebookNode:
-    """Parse and validate an .ipynb document."""
+    """Parse and validate an .ipynb document: nbformat 4 keeps its minor version (an older one gets no cell ids,
+    a 4.5 one missing some gets them), nbformat 3 is upgraded (to 4.5, with ids), as papermill reads them."""
     try:
-        nb = nbformat.reads(text, as_version=4)
+        nb = nbformat.reader.reads(text)
+        if nb.get("nbformat") == 3:  # nbformat's own v3 test files may lack it; its converter needs it
+            nb.setdefault("metadata", NotebookNode())
+        nb = nbformat.convert(nb, 4)
     except (json.JSONDecodeError, nbformat.reader.NotJSONError) as exc:
         raise NotebookError(f"{name} is not valid notebook JSON: {exc}") from exc
     except Exception as exc:  # nbformat raises several kinds for malformed documents
         raise NotebookError(f"{name} is not a valid notebook: {exc}") from exc
+    if has_ids(nb):
+        _add_missing_ids(nb.cells)
     return _finish(nb)
+
+
+def has_ids(nb: NotebookNode) -> bool:
+    """Whether ``nb``'s version has cell ids (nbformat 4.5 and later): older ones forbid them."""
+    return (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5)
+
+
+def new_id(taken: set[str]) -> str:
+    """A cell id no cell in ``taken`` has (and now taken)."""
+    while True:
+        cell_id = uuid.uuid4().hex[:8]
+        if cell_id not in taken:
+            taken.add(cell_id)
+            return cell_id
+
+
+def _add_missing_ids(cells: list[NotebookNode]) -> None:
+    """Give each cell without an id a fresh one (what nbformat would do with a warning)."""
+    taken = {c["id"] for c in cells if isinstance(c.get("id"), str)}
+    for cell in cells:
+        if not isinstance(cell.get("id"), str):
+            cell["id"] = new_id(taken)
+
+
+def fit_cells(nb: NotebookNode, cells: list[NotebookNode]) -> list[NotebookNode]:
+    """``cells`` made fit to be appended to ``nb``: without ids below nbformat 4.5, with ids unique in it from 4.5."""
+    if not has_ids(nb):
+        for cell in cells:
+            cell.pop("id", None)
+        return cells
+    taken = {c.get("id") for c in nb.cells if isinstance(c.get("id"), str)}
+    for cell in cells:  # the same notebook run twice: cell ids stay unique
+        if not isinstance(cell.get("id"), str) or cell["id"] in taken:
+            cell["id"] = new_id(taken)
+        taken.add(cell["id"])
+    return cells
 
 
 def _read_text(path: Path) -> str:
@@ -131,8 +178,11 @@ def load(path: str | Path) -> NotebookNode:
     path = Path(path)
     text = _read_text(path)
     if path.suffix == ".ipynb" or (str(path) == "-" and text.lstrip().startswith("{")):
-        return from_json(text, str(path))
-    return from_script(text)
+        nb = from_json(text, str(path))
+    else:
+        nb = from_script(text)
+    nb.metadata.setdefault("nbexec", {})["input_path"] = str(path)  # papermill's input_path (see `papermill`)
+    return nb
 
 
 def coerce(source: Any) -> NotebookNode:

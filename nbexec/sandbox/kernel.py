@@ -67,6 +67,7 @@ class Execution:
     errors_read: int = 0  # error messages handed on whole
     errors_dropped: int = 0  # bytes of error messages past the frame limit (read past unkept)
     error: LastError | None = None
+    exit_value: str | None = None  # the cell called exit()/quit(): its argument as SystemExit would show it
 
     def stamp(self, key: str) -> None:
         self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -231,6 +232,7 @@ class KernelClient:
         if reply is None:
             return False
         run.stamp("shell.execute_reply")
+        run.exit_value = _exit_asked(reply)
         try:  # past its limit, or malformed, a reply says nothing: the kernel is asked instead
             content = reply.content(MAX_CONTROL)
         except ProtocolError:
@@ -374,6 +376,24 @@ def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None])
             run.errors_dropped += 0 if msg.complete else msg.size
         on_output(msg)
     return False
+
+
+def _exit_asked(reply: Message) -> str | None:
+    """What the cell passed to exit() or quit(), when it called one, as SystemExit would show it ("" for none),
+    else None. ipykernel's exit() raises nothing: it puts an `ask_exit` payload in the execute reply (its
+    `keepkernel` is the argument) for the frontend to act on. A reply nbexec cannot read asks for nothing."""
+    if b"ask_exit" not in reply.raw_content:  # most replies: not parsed at all
+        return None
+    try:
+        payloads = reply.content(MAX_CONTROL).get("payload")
+    except ProtocolError:
+        return None
+    asked = [p for p in payloads if isinstance(p, dict) and p.get("source") == "ask_exit"] \
+        if isinstance(payloads, list) else []
+    if not asked:
+        return None
+    value = asked[-1].get("keepkernel")
+    return "" if value is None or value is False else str(value)[:200]
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
