@@ -68,24 +68,30 @@ class Server:
         return [(c.attrs.get("Names") or ["/"])[0] for c in found]
 
 
-def node(index: int, tmp: Path) -> Server:
-    name = f"test{os.getpid()}-n{index}"
+def node(index: int, tmp: Path, *, running: int = 8, sessions: int = 16, timeout: int = 60,
+         tag: str = "n") -> Server:
+    name = f"test{os.getpid()}-{tag}{index}"
     folder = tmp / name
     folder.mkdir(mode=0o755, exist_ok=True)
     folder.chmod(0o755)  # the sandbox user reaches its bind mounts through it
     env = {**os.environ, "TMPDIR": str(folder), "NBEXEC_API_TOKENS": NODE_TOKEN, "NBEXEC_POOL_SIZE": "1",
-           "NBEXEC_WARM_IMPORTS": "", "NBEXEC_TIMEOUT": "60", "NBEXEC_INTERRUPT_GRACE": "2",
+           "NBEXEC_WARM_IMPORTS": "", "NBEXEC_TIMEOUT": str(timeout), "NBEXEC_INTERRUPT_GRACE": "2",
            "PYTHONPATH": str(ROOT)}
     env.pop("NBEXEC_NODES", None)
-    return Server(name, free_port(), env, ["--node-name", name, "--max-running-per-token", "8",
-                                           "--max-sessions-per-token", "16"])
+    return Server(name, free_port(), env, ["--node-name", name, "--max-running-per-token", str(running),
+                                           "--max-sessions-per-token", str(sessions)])
 
 
 def router(nodes: list[Server], port: int | None = None) -> Server:
-    env = {**os.environ, "NBEXEC_API_TOKENS": f"{CLIENT_TOKEN},{OTHER_TOKEN}", "NBEXEC_NODE_TOKEN": NODE_TOKEN,
-           "PYTHONPATH": str(ROOT)}
-    env.pop("NBEXEC_NODES", None)
-    return Server("router", port or free_port(), env, ["--nodes", ",".join(n.url for n in nodes)])
+    return router_at([n.url for n in nodes], port)
+
+
+def router_at(urls: list[str], port: int | None = None, env: dict[str, str] | None = None) -> Server:
+    """A router in front of ``urls`` (entries as --nodes takes them), with the two client tokens."""
+    environ = {**os.environ, "NBEXEC_API_TOKENS": f"{CLIENT_TOKEN},{OTHER_TOKEN}", "NBEXEC_NODE_TOKEN": NODE_TOKEN,
+               "PYTHONPATH": str(ROOT), **(env or {})}
+    environ.pop("NBEXEC_NODES", None)
+    return Server("router", port or free_port(), environ, ["--nodes", ",".join(urls)])
 
 
 def all_up(router_server: Server, count: int) -> bool:
