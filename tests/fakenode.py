@@ -64,7 +64,7 @@ class Behaviour:
     """How the fake node answers. Each field names a mode for one kind of route."""
 
     capacity: str = "honest"  # honest | endless-json
-    run: str = "honest"  # honest | endless-line | tiny-objects | endless-error
+    run: str = "honest"  # honest | endless-line | tiny-objects | endless-error | hold
     session: str = "honest"  # GET /v1/sessions/{id}: honest | endless-json
     download: str = "honest"  # GET .../files/...: honest | endless
     hostile_bytes: int = 256 * MiB  # how much an "endless" answer sends before it gives up
@@ -185,6 +185,14 @@ def _endless(first: bytes, total: int, filler: bytes = b"x") -> Any:
         yield chunk
 
 
+def _held() -> Any:
+    """A run that prints once, then only keeps the stream alive (for two minutes at most)."""
+    yield b'event: output\ndata: {"cell_index": 0, "output_type": "stream", "name": "stdout", "text": "held\\n"}\n\n'
+    for _ in range(600):
+        time.sleep(0.2)
+        yield b": keep-alive\n\n"
+
+
 def _tiny_objects(prefix: bytes, size: int) -> Any:
     """A valid JSON value of ``size`` bytes made of tiny objects: cheap to send, dear to parse (about 20x)."""
     yield prefix + b'{"execution_id": "x", "ok": true, "outputs": ['
@@ -207,6 +215,7 @@ def _hostile(handler: BaseHTTPRequestHandler, node: FakeNode, kind: str, mode: s
         "endless-error": (500, "application/json", lambda: _endless(b'{"detail": "', size)),
         "endless-line": (200, "text/event-stream", lambda: _endless(b"event: result\ndata: ", size)),
         "tiny-objects": (200, "text/event-stream", lambda: _tiny_objects(b"event: result\ndata: ", 6 * MiB)),
+        "hold": (200, "text/event-stream", _held),
     }
     if mode not in answers:
         return False

@@ -11,9 +11,11 @@ from fastapi.responses import StreamingResponse
 
 from nbexec.config import parse_size
 from nbexec.engine.session import Session
+from nbexec.errors import FileTransferError
 from nbexec.files import artifacts
+from nbexec.sandbox.remote import paths
 
-from .runs import Runs, owner
+from .runs import Runs, Shown, owner
 from .schemas import FileListModel, FileModel, StoredModel
 from .tenants import RouteStore, Tenants
 
@@ -28,20 +30,30 @@ def owned(folders: Tenants, who: str, session_id: str) -> Session:
     return session
 
 
+def plain(name: str) -> str:
+    """``name`` when every segment is a plain one (see sandbox.remote.paths); 400 otherwise."""
+    try:
+        paths.check(name)
+    except FileTransferError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    return name
+
+
 def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     cap = parse_size(folders.config.max_data)
 
     @app.get("/v1/sessions/{session_id}/files")
-    async def list_files(session_id: str, who: str = Depends(owner)) -> FileListModel:
+    async def list_files(session_id: str, shown: Shown, who: str = Depends(owner)) -> FileListModel:
         session = owned(folders, who, session_id)
         found = await runs.io(who, session.files)
+        base = f"/v1/sessions/{shown.id(session.id)}"
         return FileListModel(files=[FileModel(name=f.name, size=f.size, mime=f.mime, sha256=f.sha256,
-                                              url=RouteStore.url(f"/v1/sessions/{session.id}", "files", f.name))
-                                    for f in found])
+                                              url=RouteStore.url(base, "files", f.name)) for f in found])
 
     @app.put("/v1/sessions/{session_id}/files/{name:path}", status_code=201)
     async def put_file(session_id: str, name: str, request: Request, who: str = Depends(owner)) -> StoredModel:
         session = owned(folders, who, session_id)
+        plain(name)
         content = await request.body()  # the gateway stops it at --max-body
         try:
             path = await runs.io(who, session.upload, content, name)
@@ -52,6 +64,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     @app.get("/v1/sessions/{session_id}/files/{name:path}", response_class=StreamingResponse, responses={200: DOWNLOAD})
     async def get_file(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         session = owned(folders, who, session_id)  # /mnt/data as it is now, like the listing
+        plain(name)
         return await _download(runs, who, lambda: session.open_file(name, max_bytes=cap))
 
     @app.get("/v1/sessions/{session_id}/images/{name}", response_class=StreamingResponse, responses={200: DOWNLOAD})
@@ -75,6 +88,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
 async def _download_from(runs: Runs, who: str, folder: Path | None, name: str, cap: int) -> StreamingResponse:
     if folder is None:
         raise HTTPException(404, "no such file")
+    plain(name)
     return await _download(runs, who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
 
 

@@ -24,7 +24,18 @@ import pytest
 import nbexec
 
 from ..azurite import free_port
-from ..cluster import CLIENT_TOKEN, NODE_TOKEN, OTHER_TOKEN, Server, client, node, router, router_at, wait_ready
+from ..cluster import (
+    CLIENT_TOKEN,
+    NODE_TOKEN,
+    OTHER_TOKEN,
+    Server,
+    client,
+    node,
+    nodes_up,
+    router,
+    router_at,
+    wait_ready,
+)
 from ..conftest import wait_until
 from ..fakenode import Behaviour, FakeNode, MiB, for_header, public_id, raw_id
 
@@ -51,23 +62,11 @@ def pair(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     front = router([member]).start()
     try:
         wait_ready([member])
-        wait_until(lambda: _nodes_up(front) == 1, 60, "the router never saw its node up", interval=0.2)
+        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw its node up", interval=0.2)
         yield member, front
     finally:
         _stop(front, member)
         wait_until(lambda: not member.containers(), 60, f"{member.name} left containers behind")
-
-
-def _nodes_up(front: Server) -> int:
-    """How many nodes the router sees up (from its operator view; today's router lists them in /readyz)."""
-    try:
-        with client(front, NODE_TOKEN, timeout=5) as operator:
-            detail = operator.get("/v1/nodes")
-        nodes = detail.json()["nodes"] if detail.status_code == 200 else \
-            httpx.get(f"{front.url}/readyz", timeout=5).json()["nodes"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return -1
-    return sum(1 for n in nodes if n["up"])
 
 
 def _raw_request(server: Server, method: str, target: str, token: str, body: bytes = b"") -> tuple[int, bytes]:
@@ -263,14 +262,18 @@ def test_the_node_refuses_a_bad_client_signature(alices_session: tuple[httpx.Cli
 
 # -- per-client caps -------------------------------------------------------------------------------------------
 
-def _stream_first_output(server: Server, path: str, code: str, token: str = CLIENT_TOKEN) -> Any:
+def _stream_first_output(server: Server, path: str, code: str, token: str = CLIENT_TOKEN) -> contextlib.ExitStack:
     """Start a streamed run and read until its first output; return the open stream (close it to leave)."""
-    context = client(server, token, timeout=30).stream("POST", f"{path}?stream=true", json={"code": code})
-    response = context.__enter__()
+    stack = contextlib.ExitStack()
+    http = stack.enter_context(client(server, token, timeout=30))
+    response = stack.enter_context(http.stream("POST", f"{path}?stream=true", json={"code": code}))
     assert response.status_code == 200, response.read()
-    for line in response.iter_lines():
+    lines = response.iter_lines()
+    stack.callback(lines.close)  # referenced until the stack closes: a dropped iterator would close the stream
+    for line in lines:
         if line.startswith("data: ") and "started" in line:
-            return context
+            return stack
+    stack.close()
     raise AssertionError("the run never printed")
 
 
@@ -285,13 +288,10 @@ def test_one_clients_sessions_and_runs_never_use_up_anothers(pair: tuple[Server,
             answer = b.post("/v1/sessions")
             assert answer.status_code == 201, f"B was refused a session because of A's: {answer.text}"
             theirs.append(answer.json()["id"])
-            running = _stream_first_output(front, "/v1/execute", SLEEPER)
-            try:
+            with _stream_first_output(front, "/v1/execute", SLEEPER):
                 assert a.post("/v1/execute", json={"code": "1"}).status_code == 429  # A's one run slot is taken
                 ran = b.post(f"/v1/sessions/{theirs[0]}/execute", json={"code": "print('B runs')"})
                 assert ran.status_code == 200 and ran.json()["stdout"] == "B runs\n", ran.text
-            finally:
-                running.__exit__(None, None, None)
             wait_until(lambda: a.post("/v1/execute", json={"code": "1"}).status_code == 200, 90,
                        "A's run went on after A left")
         finally:
@@ -299,6 +299,41 @@ def test_one_clients_sessions_and_runs_never_use_up_anothers(pair: tuple[Server,
                 a.delete(f"/v1/sessions/{sid}")
             for sid in theirs:
                 b.delete(f"/v1/sessions/{sid}")
+
+
+def test_one_client_holds_at_most_its_calls_through_the_router() -> None:
+    """The router's own cap (calls in flight per client token) is each client's, never shared."""
+    fake = FakeNode(token=NODE_TOKEN, behaviour=Behaviour(run="hold")).start()
+    front = router_at([fake.url], args=("--max-calls-per-token", "2")).start()
+    try:
+        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
+        with client(front) as a, client(front, OTHER_TOKEN) as b:
+            sid, theirs = a.post("/v1/sessions").json()["id"], b.post("/v1/sessions").json()["id"]
+            held = [_stream_held(front, CLIENT_TOKEN) for _ in range(2)]
+            try:
+                assert a.get(f"/v1/sessions/{sid}").status_code == 429  # A's two calls are in flight
+                with _stream_held(front, OTHER_TOKEN):
+                    assert b.get(f"/v1/sessions/{theirs}").status_code == 200  # B's own count
+            finally:
+                for stream in held:
+                    stream.close()
+            wait_until(lambda: a.get(f"/v1/sessions/{sid}").status_code == 200, 30,
+                       "A's calls were not counted off when A left them")
+    finally:
+        _stop(front)
+        fake.close()
+
+
+def _stream_held(front: Server, token: str) -> contextlib.ExitStack:
+    """A streamed run the fake node holds open (its first output read)."""
+    stack = contextlib.ExitStack()
+    http = stack.enter_context(client(front, token, timeout=30))
+    response = stack.enter_context(http.stream("POST", "/v1/execute?stream=true", json={"code": "1"}))
+    assert response.status_code == 200, response.read()
+    lines = response.iter_lines()
+    stack.callback(lines.close)  # referenced until the stack closes: a dropped iterator would close the stream
+    next(line for line in lines if line.startswith("data: "))
+    return stack
 
 
 # -- a client that hangs up interrupts its run --------------------------------------------------------------------
@@ -317,7 +352,7 @@ def test_a_client_that_hangs_up_interrupts_its_run(pair: tuple[Server, Server], 
             path = f"/v1/sessions/{sid}/execute"
         try:
             if kind == "one-shot-streamed":
-                _stream_first_output(server, path, SLEEPER, token).__exit__(None, None, None)
+                _stream_first_output(server, path, SLEEPER, token).close()
             else:
                 with client(server, token, timeout=6) as leaving, pytest.raises(httpx.ReadTimeout):
                     leaving.post(path, json={"code": SLEEPER})  # gives up after 6 s without an answer
@@ -371,10 +406,14 @@ def test_a_node_cannot_take_another_nodes_sessions_by_its_name(pair: tuple[Serve
                     pool_free=-5).start()  # claims the real node's name and instance, and looks busy
     front = router_at([liar.url, member.url]).start()
     try:
-        wait_until(lambda: _nodes_up(front) == 2, 60, "the router never saw both nodes", interval=0.2)
+        wait_until(lambda: nodes_up(front) == 2, 60, "the router never saw both nodes", interval=0.2)
         with client(front) as http:
             sid = http.post("/v1/sessions").json()["id"]
             try:
+                liar.name = sid.split(".")[0]  # now it claims the router's own name for the real node too
+                probes = len([s for s in liar.seen if s.path == "/v1/capacity"])
+                wait_until(lambda: len([s for s in liar.seen if s.path == "/v1/capacity"]) >= probes + 2, 30,
+                           "the router never probed the liar again")
                 ran = http.post(f"/v1/sessions/{sid}/execute", json={"code": "print('code of A: ' + 'x1y2z3')"})
                 assert liar.received(b"x1y2z3") == [], "the liar received the client's code"
                 assert liar.received(raw_id(sid).encode()) == [], "the liar received calls for the session"
@@ -400,7 +439,7 @@ def hostile() -> Iterator[tuple[FakeNode, Server]]:
     fake = FakeNode(token=NODE_TOKEN).start()
     front = router_at([fake.url], env=CAPS).start()
     try:
-        wait_until(lambda: _nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
+        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
         yield fake, front
     finally:
         _stop(front)
@@ -527,8 +566,8 @@ def test_a_route_the_router_never_heard_of_is_forwarded_with_its_checks(hostile:
         sid = a.post("/v1/sessions").json()["id"]
         answer = a.post(f"/v1/sessions/{sid}/brand-new-route")
         assert answer.status_code == 200 and answer.json() == {"route": "brand-new", "method": "POST"}, answer.text
-        seen = [s for s in fake.seen if s.path.endswith("/brand-new-route")]
-        assert [s.path for s in seen] == [f"/v1/sessions/{raw_id(sid)}/brand-new-route"]
+        seen = [s for s in fake.seen if "/brand-new-route" in s.path]
+        assert [s.path.split("?")[0] for s in seen] == [f"/v1/sessions/{raw_id(sid)}/brand-new-route"]
         assert "x-nbexec-for" in seen[0].headers  # signed for the client
         before = len(fake.seen)
         assert b.post(f"/v1/sessions/{sid}/brand-new-route").status_code == 404  # not B's: never sent on

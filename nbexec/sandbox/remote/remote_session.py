@@ -26,7 +26,7 @@ from nbexec.result import CellError, ExecutionResult, File
 from nbexec.stores import uploads
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import noderun
+from . import noderun, paths
 from .nodes import Interrupted, NodeClient
 
 DEFAULT_TTL = 20 * 60.0
@@ -93,6 +93,10 @@ class RemoteSession(reaper.SessionBase):
             assert last is not None
             raise last
 
+    def _route(self) -> str:
+        """This session's route on its node (the node's id travels as one encoded segment)."""
+        return f"/v1/sessions/{paths.encode(str(self._remote))}"
+
     def _usable(self) -> None:
         if self._closed:
             raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
@@ -136,7 +140,7 @@ class RemoteSession(reaper.SessionBase):
             run = noderun.Run(self.notebook, list(range(self._base, index + 1)), config, on_output)
             body = {"code": code, "timeout": run.remaining(), "packages": list(packages)}
             try:
-                run.take(client.run(f"/v1/sessions/{self._remote}/execute", body, run.on_event))
+                run.take(client.run(f"{self._route()}/execute", body, run.on_event))
             except Interrupted:
                 run.error = CellError("KeyboardInterrupt", f"The cell was interrupted: its stream to node {self.node} "
                                       "was closed, and the node interrupted it.", (), "exception", index)
@@ -161,12 +165,13 @@ class RemoteSession(reaper.SessionBase):
         if isinstance(source, bytes) and not name:
             raise FileTransferError("upload(bytes) needs a name")
         name = name or Path(str(source)).name
+        route = paths.encode(name)  # before anything is sent: a name never leaves this session
         with self._lock, self._on_node("take a file") as client:
             if isinstance(source, bytes):
-                client.request("PUT", f"/v1/sessions/{self._remote}/files/{name}", "take a file", content=source)
+                client.request("PUT", f"{self._route()}/files/{route}", "take a file", content=source)
             else:
                 with open(source, "rb") as handle:
-                    client.request("PUT", f"/v1/sessions/{self._remote}/files/{name}", "take a file",
+                    client.request("PUT", f"{self._route()}/files/{route}", "take a file",
                                    content=iter(lambda: handle.read(1 << 20), b""))
         return f"/mnt/data/{name}"
 
@@ -177,8 +182,9 @@ class RemoteSession(reaper.SessionBase):
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, Iterator[bytes]]:
         """/mnt/data/``name`` as it is now on the node: (its size, its chunks), read whole within ``max_bytes``."""
+        route = paths.encode(name)
         with self._lock, self._on_node("send a file") as client:
-            response = client.request("GET", f"/v1/sessions/{self._remote}/files/{name}", "send a file")
+            response = client.request("GET", f"{self._route()}/files/{route}", "send a file")
             content = response.content
         if max_bytes and len(content) > max_bytes:
             raise FileTransferError(f"{name!r} is larger than {max_bytes} bytes")
@@ -187,7 +193,7 @@ class RemoteSession(reaper.SessionBase):
     def files(self) -> list[File]:
         """The regular files now in /mnt/data on the node (``path`` is empty: they are not on this host)."""
         with self._lock, self._on_node("list files") as client:
-            listed = client.request("GET", f"/v1/sessions/{self._remote}/files", "list files").json()["files"]
+            listed = client.request("GET", f"{self._route()}/files", "list files").json()["files"]
         return [File(str(f["name"]), "", int(f["size"]), str(f["mime"]), str(f["sha256"]), f.get("url"))
                 for f in listed]
 
@@ -215,7 +221,7 @@ class RemoteSession(reaper.SessionBase):
     def _end_remote(self) -> None:
         if self._client is not None and self._remote is not None and not self._lost:
             with contextlib.suppress(Exception):
-                self._client.request("DELETE", f"/v1/sessions/{self._remote}", "end a session")
+                self._client.request("DELETE", self._route(), "end a session")
 
     def close(self) -> None:
         """End the session on its node. Idempotent; local files stay unless ``keep_files`` is False."""
