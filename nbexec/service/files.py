@@ -67,6 +67,12 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
         plain(name)
         return await _download(runs, who, lambda: session.open_file(name, max_bytes=cap))
 
+    _image_routes(app, folders, runs, cap)
+
+
+def _image_routes(app: FastAPI, folders: Tenants, runs: Runs, cap: int) -> None:
+    """A session's images, and a one-shot result's files and images."""
+
     @app.get("/v1/sessions/{session_id}/images/{name}", response_class=StreamingResponse, responses={200: DOWNLOAD})
     async def get_session_image(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         folder = folders.session_folder(owned(folders, who, session_id))

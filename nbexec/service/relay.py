@@ -27,9 +27,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.types import Receive
 
 from . import identity, sse, streaming
@@ -73,7 +75,12 @@ class Upstream:
         if self._open:
             self._open = False
             self.relay.release(self.name, self.call.who)
-            await self.response.aclose()
+            with anyio.CancelScope(shield=True):  # even when the client's task is being cancelled: the node must
+                await self.response.aclose()  # see its connection close, which interrupts the run there
+
+    def streamed(self, body: AsyncIterator[bytes], status: int = 200, **options: Any) -> StreamingResponse:
+        """A streamed answer whose end, however it comes (done, cut off, the client gone), closes this upstream."""
+        return StreamingResponse(body, status, background=BackgroundTask(self.close), **options)
 
 
 class Relay:
@@ -123,24 +130,16 @@ class Relay:
             return await self._error(upstream, where)
         if kind == "text/event-stream":
             if upstream.call.stream:
-                return StreamingResponse(self._events(upstream), media_type="text/event-stream",
+                return upstream.streamed(self._events(upstream), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-store", **where})
             return await self._collect(upstream, receive, where)
         if status == 204:
             await upstream.close()
             return Response(status_code=204, headers=where)
         headers = where if kind == "application/json" else {"Content-Disposition": "attachment", **where}
-        return StreamingResponse(self._bytes(upstream), status, headers=headers,
+        return upstream.streamed(self._bytes(upstream), status, headers=headers,
                                  media_type="application/json" if kind == "application/json" else
                                  "application/octet-stream")
-
-    def lost(self, name: str, what: str, session: bool) -> tuple[int, dict[str, Any]]:
-        """The status and body of a call whose node was lost."""
-        if session:
-            return 410, {"detail": f"session lost: node {name} {what}; its kernel state is gone, files already "
-                         "downloaded stay. Start a new session.", "error": "session_lost", "node": name}
-        return 502, {"detail": f"node {name} {what}; the execution was not retried, since it may have run",
-                     "error": "node_lost", "node": name}
 
     async def _error(self, upstream: Upstream, where: dict[str, str]) -> Response:
         """A node's error answer: its status and at most ERROR_BODY bytes of its body."""
@@ -197,7 +196,7 @@ class Relay:
             log.warning("%s", exc)
             if exc.midway:  # mid-event: the client's stream is cut off, nothing invented
                 raise
-            status, body = self.lost(upstream.name, "was lost during the run", upstream.call.session)
+            status, body = lost(upstream.name, "was lost during the run", upstream.call.session)
             yield sse.frame("error", json.dumps({"status": status, **body}).encode())
         finally:
             await upstream.close()
@@ -217,12 +216,11 @@ class Relay:
         except CutOff as exc:
             await upstream.close()
             log.warning("%s", exc)
-            status, body = self.lost(upstream.name, "was lost during the run", upstream.call.session)
-            return JSONResponse(body, status, headers=where)
+            return lost_answer(upstream.name, "was lost during the run", upstream.call.session)
         if kind == "error":
             await upstream.close()
             return _error_event(first, where)
-        return StreamingResponse(self._rest(first, pieces, upstream), media_type="application/json", headers=where)
+        return upstream.streamed(self._rest(first, pieces, upstream), media_type="application/json", headers=where)
 
     async def _rest(self, first: bytes, pieces: AsyncIterator[sse.Piece], upstream: Upstream) -> AsyncIterator[bytes]:
         """The rest of a result event's data, as the body of a non-streaming answer."""
@@ -237,6 +235,20 @@ class Relay:
                     return
         finally:
             await upstream.close()
+
+
+def lost(name: str, what: str, session: bool) -> tuple[int, dict[str, Any]]:
+    """The status and body for a call whose node ``name`` was lost (``what`` says when)."""
+    if session:
+        return 410, {"detail": f"session lost: node {name} {what}; its kernel state is gone, files already "
+                     "downloaded stay. Start a new session.", "error": "session_lost", "node": name}
+    return 502, {"detail": f"node {name} {what}; the execution was not retried, since it may have run",
+                 "error": "node_lost", "node": name}
+
+
+def lost_answer(name: str, what: str, session: bool) -> JSONResponse:
+    status, body = lost(name, what, session)
+    return JSONResponse(body, status, headers={"X-Nbexec-Node": name, **_SAFE})
 
 
 async def _read(response: Any, limit: int) -> bytes:
@@ -271,7 +283,7 @@ def _error_event(data: bytes, where: dict[str, str]) -> Response:
     try:
         body = json.loads(data) if len(data) <= ERROR_BODY else None
         status = int(body.pop("status", 502)) if isinstance(body, dict) else 502
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         body, status = None, 502
     if not isinstance(body, dict) or not 400 <= status < 600:
         return JSONResponse({"detail": "a node sent a malformed error event"}, 502, headers=where)

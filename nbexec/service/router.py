@@ -32,7 +32,7 @@ from nbexec.sandbox.remote.paths import bad_segment
 from . import identity, playground
 from .fleet import Fleet, Member, members
 from .gateway import OWNER_KEY, PUBLIC_PATHS, Gateway
-from .relay import NOT_REACHED, Call, CutOff, Relay
+from .relay import NOT_REACHED, Call, CutOff, Relay, lost_answer
 
 try:
     import httpx  # noqa: F401  (the relay's client)
@@ -198,9 +198,9 @@ async def _on_its_node(fleet: Fleet, relay: Relay, request: Request, segments: l
         upstream = await relay.open(name, call, body)
     except NOT_REACHED as exc:
         fleet.failed(name, str(exc))
-        return JSONResponse(*reversed(relay.lost(name, "cannot be reached", True)))
+        return lost_answer(name, "cannot be reached", True)
     except CutOff:
-        return JSONResponse(*reversed(relay.lost(name, "was lost during the call", True)))
+        return lost_answer(name, "was lost during the call", True)
     return await relay.answer(upstream, request.receive)
 
 
@@ -219,8 +219,7 @@ async def _placed(fleet: Fleet, relay: Relay, request: Request, segments: list[s
             tried.append(name)
             continue
         except CutOff:
-            status, lost = relay.lost(name, "was lost while it took the call", call.session)
-            return JSONResponse(lost, status)
+            return lost_answer(name, "was lost while it took the call", call.session)
         return await relay.answer(upstream, request.receive)
     raise HTTPException(503, "no node is up" + (f" (tried {', '.join(tried)})" if tried else ""),
                         headers={"Retry-After": "2"})
