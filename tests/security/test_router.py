@@ -410,7 +410,7 @@ def test_a_node_cannot_take_another_nodes_sessions_by_its_name(pair: tuple[Serve
         with client(front) as http:
             sid = http.post("/v1/sessions").json()["id"]
             try:
-                liar.name = sid.split(".")[0]  # now it claims the router's own name for the real node too
+                liar.name = sid.rsplit(".", 3)[0]  # now it claims the router's own name for the real node too
                 probes = len([s for s in liar.seen if s.path == "/v1/capacity"])
                 wait_until(lambda: len([s for s in liar.seen if s.path == "/v1/capacity"]) >= probes + 2, 30,
                            "the router never probed the liar again")
