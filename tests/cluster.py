@@ -68,33 +68,48 @@ class Server:
         return [(c.attrs.get("Names") or ["/"])[0] for c in found]
 
 
-def node(index: int, tmp: Path) -> Server:
-    name = f"test{os.getpid()}-n{index}"
+def node(index: int, tmp: Path, *, running: int = 8, sessions: int = 16, timeout: int = 60,
+         tag: str = "n") -> Server:
+    name = f"test{os.getpid()}-{tag}{index}"
     folder = tmp / name
     folder.mkdir(mode=0o755, exist_ok=True)
     folder.chmod(0o755)  # the sandbox user reaches its bind mounts through it
     env = {**os.environ, "TMPDIR": str(folder), "NBEXEC_API_TOKENS": NODE_TOKEN, "NBEXEC_POOL_SIZE": "1",
-           "NBEXEC_WARM_IMPORTS": "", "NBEXEC_TIMEOUT": "60", "NBEXEC_INTERRUPT_GRACE": "2",
+           "NBEXEC_WARM_IMPORTS": "", "NBEXEC_TIMEOUT": str(timeout), "NBEXEC_INTERRUPT_GRACE": "2",
            "PYTHONPATH": str(ROOT)}
     env.pop("NBEXEC_NODES", None)
-    return Server(name, free_port(), env, ["--node-name", name, "--max-running-per-token", "8",
-                                           "--max-sessions-per-token", "16"])
+    return Server(name, free_port(), env, ["--node-name", name, "--max-running-per-token", str(running),
+                                           "--max-sessions-per-token", str(sessions)])
 
 
 def router(nodes: list[Server], port: int | None = None) -> Server:
-    env = {**os.environ, "NBEXEC_API_TOKENS": f"{CLIENT_TOKEN},{OTHER_TOKEN}", "NBEXEC_NODE_TOKEN": NODE_TOKEN,
-           "PYTHONPATH": str(ROOT)}
-    env.pop("NBEXEC_NODES", None)
-    return Server("router", port or free_port(), env, ["--nodes", ",".join(n.url for n in nodes)])
+    """A router in front of ``nodes``, naming each as the node names itself (``--nodes name=URL``)."""
+    return router_at([f"{n.name}={n.url}" for n in nodes], port)
+
+
+def router_at(urls: list[str], port: int | None = None, env: dict[str, str] | None = None,
+              args: tuple[str, ...] = ()) -> Server:
+    """A router in front of ``urls`` (entries as --nodes takes them), with the two client tokens."""
+    environ = {**os.environ, "NBEXEC_API_TOKENS": f"{CLIENT_TOKEN},{OTHER_TOKEN}", "NBEXEC_NODE_TOKEN": NODE_TOKEN,
+               "PYTHONPATH": str(ROOT), **(env or {})}
+    environ.pop("NBEXEC_NODES", None)
+    return Server("router", port or free_port(), environ, ["--nodes", ",".join(urls), *args])
+
+
+def nodes_up(router_server: Server) -> int:
+    """How many nodes the router sees up (its operator view, /v1/nodes with the node token); -1 when it does not
+    answer."""
+    try:
+        answer = httpx.get(f"{router_server.url}/v1/nodes", headers={"Authorization": f"Bearer {NODE_TOKEN}"},
+                           timeout=5)
+        return sum(1 for n in answer.json()["nodes"] if n["up"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return -1
 
 
 def all_up(router_server: Server, count: int) -> bool:
     """Whether the router sees ``count`` nodes up."""
-    try:
-        nodes = httpx.get(f"{router_server.url}/readyz", timeout=5).json()["nodes"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return False
-    return sum(1 for n in nodes if n["up"]) == count
+    return nodes_up(router_server) == count
 
 
 def wait_ready(servers: list[Server], timeout: float = 180) -> None:

@@ -56,9 +56,10 @@ def test_nodes_and_routers_are_wired_together() -> None:
     assert sidecar["restartPolicy"] == "Always" and _env(agent)["DOCKER_HOST"] == "unix:///run/dind/docker.sock"
 
     router = _kind("Deployment", "nbexec-router")["spec"]["template"]["spec"]["containers"][0]
-    urls = router["args"][router["args"].index("--nodes") + 1].split(",")
-    expected = [f"http://nbexec-node-{i}.{service['metadata']['name']}:8080" for i in range(nodes["spec"]["replicas"])]
-    assert urls == expected
+    entries = router["args"][router["args"].index("--nodes") + 1].split(",")
+    expected = [f"nbexec-node-{i}=http://nbexec-node-{i}.{service['metadata']['name']}:8080"
+                for i in range(nodes["spec"]["replicas"])]
+    assert entries == expected  # named as the pods name themselves (NBEXEC_NODE_NAME), by the configuration
     assert _env(router)["NBEXEC_NODE_TOKEN"]["secretKeyRef"]["key"] == "node-token"
     assert _env(router)["NBEXEC_API_TOKENS"]["secretKeyRef"]["key"] == "api-tokens"
     assert {router["readinessProbe"]["httpGet"]["path"], router["livenessProbe"]["httpGet"]["path"]} == \

@@ -333,6 +333,8 @@ def _loopback(host: str) -> bool:
 @click.option("--no-auth", is_flag=True, help="Accept requests without a token (only with a loopback --host).")
 @click.option("--max-sessions-per-token", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--max-running-per-token", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--max-calls-per-token", type=click.IntRange(1), default=64, show_default=True,
+              help="With --nodes: calls of one client token in flight through this router (429 past it).")
 @click.option("--max-body", default="16m", show_default=True, help="Largest request body.")
 @click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
               help="Where produced files go (azure: read-only SAS links).")
@@ -340,12 +342,12 @@ def _loopback(host: str) -> bool:
               help="Seconds a one-shot result's files stay downloadable before they are deleted.")
 @click.option("--node-name", help="This node's name in results and on its containers (NBEXEC_NODE_NAME; default: "
               "the hostname). Unique per node sharing an engine, kept across restarts.")
-@click.option("--nodes", help="Run as a router in front of these nodes (comma-separated base URLs); they are called "
-              "with NBEXEC_NODE_TOKEN.")
+@click.option("--nodes", help="Run as a router in front of these nodes: comma-separated name=URL (or URL, then named "
+              "host-port); they are called with NBEXEC_NODE_TOKEN. The sandbox options cap what a node may send.")
 @sandbox_options
 def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
-          max_running_per_token: int, max_body: str, store: str, result_ttl: float, node_name: str | None,
-          nodes: str | None, **options: Any) -> None:
+          max_running_per_token: int, max_calls_per_token: int, max_body: str, store: str, result_ttl: float,
+          node_name: str | None, nodes: str | None, **options: Any) -> None:
     """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /v1/capacity, /healthz, /readyz,
     /metrics): as a node on this Docker engine, or with --nodes as a router in front of nodes."""
     import ipaddress
@@ -353,9 +355,13 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     if node_name:
         os.environ["NBEXEC_NODE_NAME"] = node_name  # read wherever the node's name is needed (labels, results)
     if nodes:
-        from nbexec.service.cluster_cli import serve_router
+        from nbexec.service.cluster_cli import router_settings, serve_router
 
-        serve_router(host, port, nodes, _tokens(token_file), max_body)
+        try:
+            policy = build_config(options)
+        except ConfigError as exc:
+            fail(str(exc), EXIT_USAGE, False)
+        serve_router(host, port, router_settings(nodes, _tokens(token_file), max_body, policy, max_calls_per_token))
         return
     try:
         import uvicorn

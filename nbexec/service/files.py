@@ -11,9 +11,11 @@ from fastapi.responses import StreamingResponse
 
 from nbexec.config import parse_size
 from nbexec.engine.session import Session
+from nbexec.errors import FileTransferError
 from nbexec.files import artifacts
+from nbexec.sandbox.remote import paths
 
-from .runs import Runs, owner
+from .runs import Runs, Shown, owner
 from .schemas import FileListModel, FileModel, SkippedFileModel, StoredModel
 from .tenants import RouteStore, Tenants
 
@@ -29,16 +31,26 @@ def owned(folders: Tenants, who: str, session_id: str) -> Session:
     return session
 
 
+def plain(name: str) -> str:
+    """``name`` when every segment is a plain one (see sandbox.remote.paths); 400 otherwise."""
+    try:
+        paths.check(name)
+    except FileTransferError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    return name
+
+
 def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     cap = parse_size(folders.config.max_data)
 
     @app.get("/v1/sessions/{session_id}/files")
-    async def list_files(session_id: str, who: str = Depends(owner)) -> FileListModel:
+    async def list_files(session_id: str, shown: Shown, who: str = Depends(owner)) -> FileListModel:
         """/mnt/data as a run would collect it: files within max_data and max_files, the rest skipped with why."""
         session = owned(folders, who, session_id)
         found = await runs.io(who, session.listing)
+        base = f"/v1/sessions/{shown.id(session.id)}"
         return FileListModel(files=[FileModel(name=f.name, size=f.size, mime=f.mime, sha256=f.sha256,
-                                              url=RouteStore.url(f"/v1/sessions/{session.id}", "files", f.name))
+                                              url=RouteStore.url(base, "files", f.name))
                                     for f in found.files],
                              skipped_files=[SkippedFileModel(name=s.name, reason=s.reason) for s in found.skipped],
                              notes=found.notes)
@@ -46,6 +58,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     @app.put("/v1/sessions/{session_id}/files/{name:path}", status_code=201)
     async def put_file(session_id: str, name: str, request: Request, who: str = Depends(owner)) -> StoredModel:
         session = owned(folders, who, session_id)
+        plain(name)
         content = await request.body()  # the gateway stops it at --max-body
         try:
             path = await runs.io(who, session.upload, content, name)
@@ -57,7 +70,14 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
              responses={200: DOWNLOAD, 413: TOO_LARGE})
     async def get_file(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         session = owned(folders, who, session_id)  # /mnt/data as it is now, like the listing; max_data caps it
-        return await _download(runs, who, lambda: session.open_file(name))
+        plain(name)
+        return await _download(runs, who, lambda: session.open_file(name, max_bytes=cap))
+
+    _image_routes(app, folders, runs, cap)
+
+
+def _image_routes(app: FastAPI, folders: Tenants, runs: Runs, cap: int) -> None:
+    """A session's images, and a one-shot result's files and images."""
 
     @app.get("/v1/sessions/{session_id}/images/{name}", response_class=StreamingResponse, responses={200: DOWNLOAD})
     async def get_session_image(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
@@ -80,6 +100,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
 async def _download_from(runs: Runs, who: str, folder: Path | None, name: str, cap: int) -> StreamingResponse:
     if folder is None:
         raise HTTPException(404, "no such file")
+    plain(name)
     return await _download(runs, who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
 
 

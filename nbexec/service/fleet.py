@@ -1,38 +1,69 @@
-"""The router's view of its nodes: health checks with backoff, placement, and ids that name their node.
+"""The router's nodes: who they are (by configuration), their health checks with backoff, and where calls go.
 
-A session or result id handed to a client is ``<node>.<instance>.<node's id>.<signature>``. The signature (an
-HMAC keyed from NBEXEC_NODE_TOKEN, which every router replica holds) binds the id to the client's token, so any
-replica routes it without shared state and no other token can use it (404, as on a single node). ``instance``
-tells a restarted node from the one that made the session: its sessions are lost (410), never silently new.
+A node is named by the operator (``--nodes name=URL,...``) or, without a name, after its URL's host and port.
+What a node reports about itself at /v1/capacity is its load and its ``instance`` (new at each start), never its
+identity: a node that claims another's name is still only the node at its own URL. Every answer a node gives
+the router here is read within a small cap before it is parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
+import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+from nbexec.errors import ConfigError
 from nbexec.sandbox.remote.nodes import CONNECT_TIMEOUT, PROBE_TIMEOUT, READ_TIMEOUT, Capacity, Health, rank
+
+from . import identity
 
 log = logging.getLogger(__name__)
 CHECK_INTERVAL = 1.0  # seconds between health checks of a node that is up
-_HEX = re.compile(r"^[0-9a-f]{1,64}$")
+MAX_PROBE = 64 * 1024  # bytes of a /v1/capacity answer read at most
+_URL = re.compile(r"https?://[^\s/?#@]+")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of the router's configuration: its name (used in ids and messages) and its base URL."""
+
+    name: str
+    url: str
+
+
+def members(entries: tuple[str, ...]) -> tuple[Member, ...]:
+    """The nodes of ``--nodes``: ``name=URL`` or ``URL`` (then named ``host-port``); names are unique."""
+    found: list[Member] = []
+    for entry in entries:
+        name, _, url = entry.strip().partition("=") if "=" in entry else ("", "", entry.strip())
+        url = url.strip().rstrip("/")
+        if not _URL.fullmatch(url):
+            raise ConfigError(f"--nodes: {url!r} is not a base URL like http://host:8080")
+        name = name.strip() or re.sub(r"[^A-Za-z0-9_.-]", "-", urlsplit(url).netloc).strip("-.")
+        if not identity.NAME.fullmatch(name):
+            raise ConfigError(f"--nodes: {name!r} is not a node name (letters, digits, '_', '.', '-'); "
+                              "give one as name=URL")
+        found.append(Member(name, url))
+    names = [m.name for m in found]
+    if len(set(names)) != len(names) or len({m.url for m in found}) != len(found):
+        raise ConfigError("--nodes: each node needs its own name and URL; give names as name=URL")
+    return tuple(found)
 
 
 class Fleet:
-    """Nodes by URL: their last capacity, their health, calls in flight from this router."""
+    """Nodes by name: their URL, last capacity and health, and the calls in flight to each from this router."""
 
-    def __init__(self, urls: tuple[str, ...], token: str) -> None:
-        self.urls = urls
-        self.token = token
-        self.health = {url: Health() for url in urls}
-        self.inflight = {url: 0 for url in urls}
-        self.checked = asyncio.Event()  # set once every node was checked once
-        self._key = hashlib.sha256(b"nbexec-router-ids\0" + token.encode()).digest()
+    def __init__(self, nodes: tuple[Member, ...], token: str) -> None:
+        self.urls = {m.name: m.url for m in nodes}
+        self.token = token.encode()
+        self.health = {m.name: Health() for m in nodes}
+        self.inflight = {m.name: 0 for m in nodes}
+        self.key = identity.id_key(self.token)
         self._tasks: list[asyncio.Task[None]] = []
         self.http: Any = None
 
@@ -40,12 +71,11 @@ class Fleet:
         import httpx
 
         self.http = httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {self.token}"},
+            headers={"Authorization": f"Bearer {self.token.decode()}"}, follow_redirects=False,
             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT, pool=CONNECT_TIMEOUT),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
-        await asyncio.gather(*(self.probe(url) for url in self.urls))
-        self.checked.set()
-        self._tasks = [asyncio.create_task(self._watch(url)) for url in self.urls]
+        await asyncio.gather(*(self.probe(name) for name in self.urls))
+        self._tasks = [asyncio.create_task(self._watch(name)) for name in self.urls]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -56,75 +86,62 @@ class Fleet:
         if self.http is not None:
             await self.http.aclose()
 
-    async def probe(self, url: str) -> None:
-        """Read the node's capacity; a failure starts (or lengthens) its backoff."""
+    async def probe(self, name: str) -> None:
+        """Read the node's capacity (at most MAX_PROBE bytes); a failure starts (or lengthens) its backoff."""
         try:
-            response = await self.http.get(f"{url}/v1/capacity", timeout=PROBE_TIMEOUT)
+            body = await asyncio.wait_for(self._read_capacity(name), PROBE_TIMEOUT)
+            capacity = Capacity.from_json(json.loads(body))
+        except Exception as exc:  # any failure means: not usable now
+            self.failed(name, f"{type(exc).__name__}: {exc}"[:300])
+            return
+        was_down = not self.health[name].up
+        self.health[name].ok(capacity)
+        if was_down:
+            log.info("node %s (%s) is up, instance %s", name, self.urls[name], capacity.instance)
+        if capacity.node != name:
+            log.debug("node %s calls itself %r; it is known by its configured name", name, capacity.node[:64])
+
+    async def _read_capacity(self, name: str) -> bytes:
+        async with self.http.stream("GET", f"{self.urls[name]}/v1/capacity") as response:
             if response.status_code != 200:
                 raise RuntimeError(f"HTTP {response.status_code}")
-            capacity = Capacity.from_json(response.json())
-        except Exception as exc:  # any failure means: not usable now
-            self.failed(url, f"{type(exc).__name__}: {exc}")
-            return
-        was_down = not self.health[url].up
-        self.health[url].ok(capacity)
-        if was_down:
-            log.info("node %s (%s) is up, instance %s", capacity.node, url, capacity.instance)
+            body = bytearray()
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > MAX_PROBE:
+                    raise RuntimeError(f"its /v1/capacity answer is over {MAX_PROBE} bytes")
+            return bytes(body)
 
-    def failed(self, url: str, reason: str) -> None:
-        health = self.health[url]
+    def failed(self, name: str, reason: str) -> None:
+        health = self.health[name]
         if health.up:
-            log.warning("node %s is down: %s", url, reason)
+            log.warning("node %s is down: %s", name, reason)
         health.failed(reason)
 
-    async def _watch(self, url: str) -> None:
+    async def _watch(self, name: str) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            health = self.health[url]
+            health = self.health[name]
             wait = CHECK_INTERVAL if health.up else max(0.05, health.down_until - loop.time())
             await asyncio.sleep(min(wait, CHECK_INTERVAL * 5))
-            await self.probe(url)
+            await self.probe(name)
+
+    def up(self) -> dict[str, Capacity]:
+        return {name: h.capacity for name, h in self.health.items() if h.up and h.capacity is not None}
 
     def order(self) -> list[str]:
-        """Up nodes, most free first."""
-        up = {url: h.capacity for url, h in self.health.items() if h.up and h.capacity is not None}
-        return rank(up, self.inflight)
+        """Names of the nodes that are up, most free first."""
+        return rank(self.up(), self.inflight)
 
-    def find(self, name: str) -> tuple[str, Health] | None:
-        """The URL and health of the node last seen with this name."""
-        for url, health in self.health.items():
-            if health.capacity is not None and health.capacity.node == name:
-                return url, health
-        return None
-
-    def name(self, url: str) -> str:
-        capacity = self.health[url].capacity
-        return capacity.node if capacity is not None else url
-
-    # -- ids ------------------------------------------------------------------------------------------------
-
-    def _sign(self, who: str, node: str, instance: str, raw: str) -> str:
-        message = "\0".join((who, node, instance, raw)).encode()
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:24]
-
-    def public_id(self, who: str, url: str, raw: str) -> str:
-        capacity = self.health[url].capacity
-        assert capacity is not None
-        return f"{capacity.node}.{capacity.instance}.{raw}.{self._sign(who, capacity.node, capacity.instance, raw)}"
-
-    def parse_id(self, who: str, public: str) -> tuple[str, str, str] | None:
-        """(node, instance, the node's id) of an id this router family issued to ``who``; None otherwise."""
-        parts = public.rsplit(".", 3)
-        if len(parts) != 4 or not all(_HEX.match(p) for p in parts[1:]):
-            return None
-        node, instance, raw, signature = parts
-        if not hmac.compare_digest(signature, self._sign(who, node, instance, raw)):
-            return None
-        return node, instance, raw
+    def by_sessions(self) -> list[str]:
+        """Names of the nodes that are up, fewest sessions first."""
+        up = self.up()
+        return sorted(self.order(), key=lambda name: up[name].sessions)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every node as /readyz shows it."""
-        return [{"url": url, "node": self.name(url), "up": h.up,
+        """Every node as the operator's /v1/nodes shows it."""
+        return [{"node": name, "url": self.urls[name], "up": h.up,
                  **({"error": h.last_error} if not h.up and h.last_error else {}),
-                 **(h.capacity.to_dict() if h.up and h.capacity is not None else {})}
-                for url, h in self.health.items()]
+                 **({k: v for k, v in h.capacity.to_dict().items() if k != "node"}
+                    if h.up and h.capacity is not None else {})}
+                for name, h in self.health.items()]

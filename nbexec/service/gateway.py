@@ -1,9 +1,10 @@
 """The front door of `nbexec serve`: a pure ASGI middleware that judges a request by its headers alone.
 
 In order: the Host header (only with authentication off: loopback names, against DNS rebinding), the bearer
-token (compared as bytes, so any odd header is a 401, never a 500), the declared length, and then, while the
-application reads, every body byte counted (chunked bodies too). Nothing of the body is read before the token
-is accepted, and no more than ``max_body`` bytes of it are ever read.
+token (compared as bytes, so any odd header is a 401, never a 500), on a node the router's signed
+``X-Nbexec-For`` header (see `identity`: the call is then the named client's, apart from every other's), the
+declared length, and then, while the application reads, every body byte counted (chunked bodies too). Nothing of
+the body is read before the token is accepted, and no more than ``max_body`` bytes of it are ever read.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from collections.abc import Iterable
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .identity import FOR_HEADER, For, SignatureError, Verifier
+
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect",
                           "/redoc", "/", "/playground.js", "/playground.css"})  # the playground asks for a token
 LOOPBACK_NAMES = (b"localhost", b"127.0.0.1", b"[::1]")
 OWNER_KEY = "nbexec_owner"  # in scope["state"]: who sent the request (a token id, or "anonymous")
+FOR_KEY = "nbexec_for"  # in scope["state"]: the identity.For of a signed call through a router
 
 
 def token_id(token: bytes) -> str:
@@ -52,25 +56,49 @@ async def _answer(send: Send, status: int, detail: str, headers: Iterable[tuple[
 
 
 class Gateway:
-    """Check Host, token and body size before the application sees a request."""
+    """Check Host, token, a router's signature and body size before the application sees a request.
 
-    def __init__(self, app: ASGIApp, *, tokens: tuple[str, ...], auth: bool, max_body: int) -> None:
+    ``public`` are the paths answered without a token; ``signed`` (nodes) honours X-Nbexec-For."""
+
+    def __init__(self, app: ASGIApp, *, tokens: tuple[str, ...], auth: bool, max_body: int, signed: bool = False,
+                 public: frozenset[str] = PUBLIC_PATHS) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
         self.auth = auth
         self.max_body = max_body
+        self.public = public
+        self.verifier = Verifier() if signed else None
 
-    def owner(self, scope: Scope) -> str | None:
-        """The token id of the request's valid bearer token, or None."""
-        if not self.auth:
-            return "anonymous"
+    def token(self, scope: Scope) -> bytes | None:
+        """The request's bearer token when it is one of the accepted ones, else None."""
         scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
         if scheme.lower() != b"bearer" or not token:
             return None
         found = False
         for accepted in self.tokens:  # every token compared, in constant time each
             found |= hmac.compare_digest(token, accepted)
-        return token_id(token) if found else None
+        return token if found else None
+
+    def owner(self, scope: Scope) -> str | None:
+        """The token id of the request's valid bearer token ("anonymous" without authentication), or None."""
+        if not self.auth:
+            return "anonymous"
+        token = self.token(scope)
+        return token_id(token) if token is not None else None
+
+    def signed_for(self, scope: Scope, owner: str) -> tuple[str, For | None]:
+        """The owner of a call, made a client's own when a router signed it for that client; SignatureError."""
+        header = _header(scope, FOR_HEADER.encode())
+        if self.verifier is None or header is None:
+            return owner, None
+        token = self.token(scope) if self.auth else None
+        if token is None:
+            raise SignatureError("a signed call needs the node token (authentication is off or the token is wrong)")
+        target = bytes(scope.get("raw_path") or scope["path"].encode())
+        if scope.get("query_string"):
+            target += b"?" + bytes(scope["query_string"])
+        signed = self.verifier.verify(token, scope["method"], target.decode("latin-1"), header)
+        return f"{owner}~{signed.client}", signed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -80,14 +108,22 @@ class Gateway:
             await _answer(send, 400, "the Host header must name this loopback server (authentication is off)")
             return
         owner = self.owner(scope)
-        if owner is None and scope["path"] not in PUBLIC_PATHS:
+        if owner is None and scope["path"] not in self.public:
             await _answer(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
             return
+        signed: For | None = None
+        if owner is not None:
+            try:
+                owner, signed = self.signed_for(scope, owner)
+            except SignatureError as exc:
+                await _answer(send, 401, f"the X-Nbexec-For header was refused: {exc}")
+                return
         length = _header(scope, b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await _answer(send, 413, f"request body over {self.max_body} bytes")
             return
-        scope.setdefault("state", {})[OWNER_KEY] = owner
+        state = scope.setdefault("state", {})
+        state[OWNER_KEY], state[FOR_KEY] = owner, signed
         await self.app(scope, self._counted(receive), send)
 
     def _counted(self, receive: Receive) -> Receive:

@@ -6,7 +6,6 @@ restarted (its sessions are gone) from one that merely did not answer for a whil
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +17,11 @@ def add_routes(app: Any, folders: Any, gate: Any, owner: Callable[..., str]) -> 
     """Add GET /v1/capacity: this node's name and instance, live sessions, free pool slots, running executions."""
     from fastapi import Depends
 
-    instance = uuid.uuid4().hex[:12]
     config = folders.config
 
     @app.get("/v1/capacity")
     async def capacity(who: str = Depends(owner)) -> dict[str, Any]:
         """This node's load, for placing calls: the most free node gets the next one-shot."""
-        return {"node": host_from_env().node_name, "instance": instance, "sessions": len(folders.sessions),
+        return {"node": host_from_env().node_name, "instance": app.state.instance, "sessions": len(folders.sessions),
                 "pool_free": pool.ready_count(config), "pool_size": config.pool_size,
                 "running": sum(gate.running.values())}

@@ -8,13 +8,15 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import HTTPException, Request, Security
+from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import Receive
 
 from nbexec.errors import DiskSpaceError, DockerError, FileTooLargeError, FileTransferError, NbexecError, SessionError
 
 from . import streaming
-from .gateway import OWNER_KEY
+from .gateway import FOR_KEY, OWNER_KEY
+from .identity import View
 from .tenants import Tenants
 
 if TYPE_CHECKING:
@@ -33,6 +35,14 @@ def owner(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Se
     if not who:  # unreachable behind the gateway: refuse rather than serve anonymously
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
     return str(who)
+
+
+def view(request: Request) -> View:
+    """How this call's caller sees ids: as a router's client (a signed call) or as the node's own."""
+    return View(request.scope.get("state", {}).get(FOR_KEY), request.app.state.instance)
+
+
+Shown = Annotated[View, Depends(view)]  # a route's parameter: how its caller sees ids
 
 
 def too_many(message: str) -> HTTPException:
@@ -91,10 +101,15 @@ class Runs:
             log.exception("execution failed unexpectedly")
             raise HTTPException(500, "nbexec failed to run this; see the server's log") from exc
 
-    async def respond(self, who: str, render: Render, interrupt: Callable[[], None], stream: bool) -> Any:
-        """The result, or with ``stream`` a server-sent event stream of the run."""
+    async def respond(self, who: str, render: Render, interrupt: Callable[[], None], stream: bool,
+                      receive: Receive) -> Any:
+        """The result, or with ``stream`` a server-sent event stream of the run. A client that hangs up before
+        the result interrupts the run either way (its answer then goes nowhere)."""
         if not stream:
-            return await self.run(who, render)
+            work = asyncio.ensure_future(self.run(who, render))
+            if not await streaming.first_or_gone(work, receive):
+                await streaming.interrupt_until_done(work, interrupt)
+            return await work
         self.take_slot(who)  # before the response starts, so a refusal is a real 429
         return streaming.respond(lambda on_output: self.run(who, render, on_output, slot_taken=True), interrupt,
                                  self.settings.keepalive, self.folders.background)

@@ -34,12 +34,13 @@ from .gateway import Gateway, token_id
 from .tenants import Tenants, public
 
 try:
-    from fastapi import Depends, FastAPI, HTTPException, Response
+    from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.responses import JSONResponse
 
     from . import files, playground
+    from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
-    from .runs import Runs, owner, too_many
+    from .runs import Runs, Shown, owner, too_many
     from .schemas import STREAMED, ExecuteBody, HealthModel, ReadyModel, ResultModel, SessionExecuteBody, SessionModel
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec-sandbox[server]'") from exc
@@ -103,13 +104,14 @@ def create_app(settings: ServerSettings) -> Any:
     app.state.nbexec = folders
     app.state.gate = runs  # per-token slots, read by operators' tooling and the tests
     app.state.metrics = metrics
+    app.state.instance = uuid.uuid4().hex[:12]  # new at every start: callers tell a restarted node by it
     _ops_routes(app, folders, metrics)
     _execute_routes(app, folders, runs, metrics)
     _session_routes(app, folders, runs, metrics)
     files.add_routes(app, folders, runs)
     playground.add_routes(app)
     node.add_routes(app, folders, runs, owner)  # /v1/capacity: this server as a node of a cluster
-    app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body)
+    app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True)
     return app
 
 
@@ -144,13 +146,14 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
     settings = runs.settings
 
     @app.post("/v1/execute", response_model=ResultModel, responses={200: STREAMED})
-    async def execute(body: ExecuteBody, stream: bool = False, who: str = Depends(owner)) -> Any:
+    async def execute(body: ExecuteBody, request: Request, shown: Shown, stream: bool = False,
+                      who: str = Depends(owner)) -> Any:
         """One-shot execution in a fresh sandbox from the warm pool; ?stream=true for server-sent events.
 
         Its files and images are served from /v1/executions/{execution_id}/... for ``result_ttl`` seconds."""
         uploads = _decode_files(body.files)
         execution_id = uuid.uuid4().hex[:16]
-        session = folders.one_shot(execution_id, settings.store)
+        session = folders.one_shot(execution_id, settings.store, shown.id)
 
         def render(on_output: Any = None) -> dict[str, Any]:
             folders.keep(who, execution_id, session)
@@ -162,30 +165,30 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
             finally:
                 folders.finish_one_shot(execution_id)
             metrics.record("oneshot", result)
-            return public(result, execution_id)
+            return shown.outward(public(result, execution_id), execution_id)
 
-        return await runs.respond(who, render, session.interrupt, stream)
+        return await runs.respond(who, render, session.interrupt, stream, request.receive)
 
 
 def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics) -> None:
     settings = runs.settings
 
     @app.post("/v1/sessions", status_code=201)
-    async def create_session(who: str = Depends(owner)) -> SessionModel:
+    async def create_session(shown: Shown, who: str = Depends(owner)) -> SessionModel:
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
         try:
-            return _describe(folders.new_session(who, settings.store))
+            return _describe(folders.new_session(who, settings.store, shown.id), shown)
         except SessionError as exc:
             raise too_many(str(exc)) from exc
 
     @app.get("/v1/sessions/{session_id}")
-    async def get_session(session_id: str, who: str = Depends(owner)) -> SessionModel:
-        return _describe(files.owned(folders, who, session_id))
+    async def get_session(session_id: str, shown: Shown, who: str = Depends(owner)) -> SessionModel:
+        return _describe(files.owned(folders, who, session_id), shown)
 
     @app.post("/v1/sessions/{session_id}/execute", response_model=ResultModel, responses={200: STREAMED})
-    async def execute_in_session(session_id: str, body: SessionExecuteBody, stream: bool = False,
-                                 who: str = Depends(owner)) -> Any:
+    async def execute_in_session(session_id: str, body: SessionExecuteBody, request: Request, shown: Shown,
+                                 stream: bool = False, who: str = Depends(owner)) -> Any:
         """Run a cell in the session (state kept); ?stream=true for server-sent events."""
         session = files.owned(folders, who, session_id)
 
@@ -193,9 +196,9 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
             result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
                                  packages=body.packages)
             metrics.record("session", result)
-            return public(result)
+            return shown.outward(public(result), session.id)
 
-        return await runs.respond(who, render, session.interrupt, stream)
+        return await runs.respond(who, render, session.interrupt, stream, request.receive)
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response)
     async def delete_session(session_id: str, who: str = Depends(owner)) -> Response:
@@ -204,6 +207,6 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         return Response(status_code=204)
 
 
-def _describe(session: Session) -> SessionModel:
-    return SessionModel(id=session.id, status=session.status, idle_s=round(time.monotonic() - session.last_activity, 3),
-                        cells=len(session.notebook.cells))
+def _describe(session: Session, shown: View) -> SessionModel:
+    return SessionModel(id=shown.id(session.id), status=session.status,
+                        idle_s=round(time.monotonic() - session.last_activity, 3), cells=len(session.notebook.cells))

@@ -1,5 +1,6 @@
 """Server-sent events for a run (sse-starlette): one `output` event per output as the cell runs, then exactly one
-`result` or `error`; keep-alive comments on a quiet stream, and a client that leaves interrupts the run."""
+`result` or `error`; keep-alive comments on a quiet stream, and a client that leaves interrupts the run. Also how
+any call notices that its client hung up (``first_or_gone``), streamed or not."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from fastapi import HTTPException
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive
 
 log = logging.getLogger(__name__)
 Start = Callable[[Any], Any]  # (on_output) -> awaitable of the public result
@@ -30,7 +32,24 @@ async def _produce(start: Start, on_output: Any, queue: asyncio.Queue[tuple[str,
     await queue.put(event)
 
 
-async def _interrupt_until_done(task: asyncio.Task[None], interrupt: Callable[[], None]) -> None:
+async def disconnected(receive: Receive) -> None:
+    """Return once the client has hung up (call it after the request's body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        continue
+
+
+async def first_or_gone(task: asyncio.Future[Any], receive: Receive) -> bool:
+    """Wait for ``task`` or for the client to hang up, whichever comes first: True when the task finished. The
+    task is left running either way."""
+    gone = asyncio.ensure_future(disconnected(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    return task.done()
+
+
+async def interrupt_until_done(task: asyncio.Future[Any], interrupt: Callable[[], None]) -> None:
     """The client left: interrupt the run (again each second, in case the cell had not started yet)."""
     while not task.done():
         with contextlib.suppress(Exception):
@@ -61,7 +80,7 @@ def respond(start: Start, interrupt: Callable[[], None], keepalive: float,
                 yield _event(kind, data)
         finally:
             if kind not in FINAL:
-                watcher = asyncio.ensure_future(_interrupt_until_done(task, interrupt))
+                watcher = asyncio.ensure_future(interrupt_until_done(task, interrupt))
                 background.add(watcher)
                 watcher.add_done_callback(background.discard)
 

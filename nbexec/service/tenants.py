@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,11 +149,12 @@ class Tenants:
 
     # -- sessions ---------------------------------------------------------------------------------------
 
-    def new_session(self, who: str, store: ArtifactStore | None) -> Session:
+    def new_session(self, who: str, store: ArtifactStore | None, shown: Callable[[str], str] = str) -> Session:
+        """A new session of ``who``; its files' URLs use the id ``shown`` makes of its id (see identity.View)."""
         session_id = uuid.uuid4().hex
         folder = self._folder(f"session-{session_id}")
         session = self.sessions.create(session_id=session_id, output_dir=folder,
-                                       store=_served(store, f"/v1/sessions/{session_id}", folder))
+                                       store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
         with self._lock:
             self._owners[session.id] = who
         return session
@@ -182,11 +184,12 @@ class Tenants:
 
     # -- one-shot results -------------------------------------------------------------------------------
 
-    def one_shot(self, execution_id: str, store: ArtifactStore | None) -> Session:
-        """A throwaway session for one execution (so a client that leaves can interrupt it); no I/O yet."""
+    def one_shot(self, execution_id: str, store: ArtifactStore | None, shown: Callable[[str], str] = str) -> Session:
+        """A throwaway session for one execution (so a client that leaves can interrupt it); no I/O yet. Its
+        files' URLs use the id ``shown`` makes of ``execution_id``."""
         folder = self._folder(f"run-{execution_id}")
         return Session(self.config, output_dir=folder, ttl=None, session_id=execution_id,
-                       store=_served(store, f"/v1/executions/{execution_id}", folder))
+                       store=_served(store, f"/v1/executions/{shown(execution_id)}", folder))
 
     def keep(self, who: str, execution_id: str, session: Session) -> None:
         """Record a one-shot run as it starts: shutdown interrupts it, and its files belong to ``who``."""

@@ -4,6 +4,7 @@
     remote          one-shot runs on a node
     remote_session  a session whose kernel lives on a node
     noderun         one run on a node, seen from this host
+    paths           file names in a node's URLs: checked segment by segment, then percent-encoded
 
 May import: nbexec's values, files, stores, notebook.
 """

@@ -30,6 +30,7 @@ from nbexec.files.folders import OutputFolder
 from nbexec.notebook import outputs
 from nbexec.result import ERROR_KINDS, CellError, ExecutionResult, File, SkippedFile, Upload
 
+from . import paths
 from .nodes import NodeClient
 
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -130,10 +131,12 @@ def one_shot(client: NodeClient, run: Run, files: dict[str, bytes], folder: Outp
 
 def cell_by_cell(client: NodeClient, run: Run, files: dict[str, bytes], folder: OutputFolder) -> None:
     """Each code cell in turn in a throwaway session on ``client``'s node, up to the first failure."""
-    session = client.request("POST", "/v1/sessions", "start a session").json()["id"]
+    routes = {name: paths.encode(name) for name in files}  # checked before anything is sent
+    made = client.request("POST", "/v1/sessions", "start a session").json()["id"]
+    session = "/v1/sessions/" + paths.encode(str(made))
     try:
         for name, content in files.items():
-            client.request("PUT", f"/v1/sessions/{session}/files/{name}", "take a file", content=content)
+            client.request("PUT", f"{session}/files/{routes[name]}", "take a file", content=content)
         for index in run.cells:
             if time.monotonic() >= run.deadline:
                 run.error = CellError("TimeoutError", f"The run passed its {run.config.timeout:g} s time limit "
@@ -142,7 +145,7 @@ def cell_by_cell(client: NodeClient, run: Run, files: dict[str, bytes], folder: 
             body = {"code": run.nb.cells[index].source, "timeout": run.remaining(),
                     "packages": list(run.packages) if index == run.cells[0] else []}
             try:
-                run.take(client.run(f"/v1/sessions/{session}/execute", body, run.on_event))
+                run.take(client.run(f"{session}/execute", body, run.on_event))
             except NodeUnavailableError as exc:  # earlier cells ran there: running again elsewhere would repeat them
                 if index == run.cells[0]:
                     raise
@@ -152,7 +155,7 @@ def cell_by_cell(client: NodeClient, run: Run, files: dict[str, bytes], folder: 
         download(client, run, folder)
     finally:
         with contextlib.suppress(Exception):  # a lost node took the session with it
-            client.request("DELETE", f"/v1/sessions/{session}", "end a session")
+            client.request("DELETE", session, "end a session")
 
 
 def download(client: NodeClient, run: Run, folder: OutputFolder, known: dict[str, File] | None = None) -> None:

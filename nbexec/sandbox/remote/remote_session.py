@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from urllib.parse import quote
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
@@ -35,7 +34,7 @@ from nbexec.result import CellError, ExecutionResult, File
 from nbexec.stores import uploads
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import noderun
+from . import noderun, paths
 from .nodes import LISTED_ENTRY, Interrupted, NodeClient, parse_listing
 
 DEFAULT_TTL = 20 * 60.0
@@ -102,6 +101,10 @@ class RemoteSession(reaper.SessionBase):
             assert last is not None
             raise last
 
+    def _route(self) -> str:
+        """This session's route on its node (the node's id travels as one encoded segment)."""
+        return f"/v1/sessions/{paths.encode(str(self._remote))}"
+
     def _usable(self) -> None:
         if self._closed:
             raise SessionClosedError(f"Session {self.id} is closed; start a new one.")
@@ -145,7 +148,7 @@ class RemoteSession(reaper.SessionBase):
             run = noderun.Run(self.notebook, list(range(self._base, index + 1)), config, on_output)
             body = {"code": code, "timeout": run.remaining(), "packages": list(packages)}
             try:
-                run.take(client.run(f"/v1/sessions/{self._remote}/execute", body, run.on_event))
+                run.take(client.run(f"{self._route()}/execute", body, run.on_event))
             except Interrupted:
                 run.error = CellError("KeyboardInterrupt", f"The cell was interrupted: its stream to node {self.node} "
                                       "was closed, and the node interrupted it.", (), "exception", index)
@@ -172,12 +175,13 @@ class RemoteSession(reaper.SessionBase):
         if isinstance(source, bytes) and not name:
             raise FileTransferError("upload(bytes) needs a name")
         name = name or Path(str(source)).name
+        route = paths.encode(name)  # before anything is sent: a name never leaves this session
         with self._lock, self._on_node("take a file") as client:
             if isinstance(source, bytes):
-                client.request("PUT", f"/v1/sessions/{self._remote}/files/{name}", "take a file", content=source)
+                client.request("PUT", f"{self._route()}/files/{route}", "take a file", content=source)
             else:
                 with open(source, "rb") as handle:
-                    client.request("PUT", f"/v1/sessions/{self._remote}/files/{name}", "take a file",
+                    client.request("PUT", f"{self._route()}/files/{route}", "take a file",
                                    content=iter(lambda: handle.read(1 << 20), b""))
         return f"/mnt/data/{name}"
 
@@ -190,8 +194,9 @@ class RemoteSession(reaper.SessionBase):
         """/mnt/data/``name`` as it is now on the node: (its size, its chunks), read whole, never past
         ``max_bytes`` or max_data, whichever is smaller (FileTooLargeError)."""
         cap = min((c for c in (max_bytes, self.config.max_data_bytes) if c), default=0)
+        route = paths.encode(name)
         with self._lock, self._on_node("send a file") as client:
-            content = client.fetch(f"/v1/sessions/{self._remote}/files/{quote(name)}", f"send {name!r}", cap)
+            content = client.fetch(f"{self._route()}/files/{route}", f"send {name!r}", cap)
         return len(content), iter([content])
 
     def files(self) -> list[File]:
@@ -204,7 +209,7 @@ class RemoteSession(reaper.SessionBase):
         limit = (self.config.max_files + MAX_SKIPPED) * LISTED_ENTRY + 65536
         with self._lock, self._on_node("list files") as client:
             try:
-                raw = client.fetch(f"/v1/sessions/{self._remote}/files", "list files", limit)
+                raw = client.fetch(f"{self._route()}/files", "list files", limit)
             except FileTooLargeError as exc:
                 raise NodeError(f"node {self.node} sent a file listing over {limit:,} bytes; refused") from exc
         return parse_listing(raw, self.config.max_files, str(self.node))
@@ -233,7 +238,7 @@ class RemoteSession(reaper.SessionBase):
     def _end_remote(self) -> None:
         if self._client is not None and self._remote is not None and not self._lost:
             with contextlib.suppress(Exception):
-                self._client.request("DELETE", f"/v1/sessions/{self._remote}", "end a session")
+                self._client.request("DELETE", self._route(), "end a session")
 
     def close(self) -> None:
         """End the session on its node. Idempotent; local files stay unless ``keep_files`` is False."""
