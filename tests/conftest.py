@@ -27,6 +27,7 @@ from nbexec.sandbox.docker import daemon, pool
 from nbexec.sandbox.docker.container import Sandbox, remove_tree, work_root
 
 from . import azurite as azurite_module
+from . import cloudstores
 
 FILES = Path(__file__).parent / "files"
 IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)
@@ -256,4 +257,42 @@ def azurite() -> Iterator[azurite_module.Azurite]:
     yield server
     server.stop()
     LONG_LIVED_CHILDREN.discard(server.process.pid)
+
+
+def _long_lived(start: Callable[[], cloudstores.Server]) -> Iterator[cloudstores.Server]:
+    server = start()
+    LONG_LIVED_CHILDREN.add(server.process.pid)
+    try:
+        yield server
+    finally:
+        server.stop()
+        LONG_LIVED_CHILDREN.discard(server.process.pid)
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[cloudstores.Server]:
+    """A real S3 API (moto's server), started once for the test session; IAM authentication off."""
+    yield from _long_lived(cloudstores.start_moto)
+
+
+@pytest.fixture(scope="session")
+def moto_s3_auth() -> Iterator[tuple[cloudstores.Server, tuple[str, str]]]:
+    """moto's S3 server with IAM authentication on (every signed request's key and signature are checked),
+    a bucket ``checked`` and the one key pair it accepts."""
+    for server in _long_lived(cloudstores.start_moto):
+        key = cloudstores.enable_moto_auth(server.url)
+        cloudstores.make_bucket(server.url, "checked", *key)
+        yield server, key
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[cloudstores.Server]:
+    """A real GCS JSON/XML API (gcp-storage-emulator), started once for the test session."""
+    yield from _long_lived(cloudstores.start_gcs)
+
+
+@pytest.fixture(scope="session")
+def gcs_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+    """A service-account key file made for the session (signs GCS links) and its public key."""
+    return cloudstores.service_account_key(tmp_path_factory.mktemp("gcs-key"))
 

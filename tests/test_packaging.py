@@ -91,7 +91,7 @@ def test_wheel_metadata_and_files(wheel: Path, wheel_metadata: email.message.Mes
     assert {f"nbexec/service/playground/{n}" for n in ("index.html", "playground.js", "playground.css")} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert re.search(r"^nbexec = nbexec\.cli\.main:main$", entry_points, re.MULTILINE)
-    for extra in ("azure", "server", "mcp", "langchain", "test", "dev"):
+    for extra in ("azure", "s3", "gcs", "server", "mcp", "langchain", "test", "dev"):
         assert extra in wheel_metadata.get_all("Provides-Extra", []), extra
 
 

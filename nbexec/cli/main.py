@@ -20,6 +20,7 @@ from nbexec import __version__
 from nbexec.config import MIN_TOKEN_CHARS, SandboxConfig, describe, from_env
 from nbexec.errors import ConfigError, NbexecError, NotebookError
 from nbexec.notebook.outputs import clean
+from nbexec.stores.storage import STORES
 from nbexec.stores.storage import from_env as store_from_env
 
 from . import commands, render, terminal
@@ -93,10 +94,11 @@ def main(verbose: int) -> None:
                    "Several: the folder that gets one sub-folder per file [default: ./nbexec-output].")
 @click.option("--save-notebook", type=click.Path(dir_okay=False, path_type=Path),
               help="Also copy the executed notebook here (one file only).")
-@click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
-              help="Where files and images go: kept locally (file:// links) or uploaded to Azure Blob Storage "
-                   "(read-only SAS links; AZURE_* variables, see .env.example).")
-@click.option("--upload", type=click.Choice(["azure"]), help="Same as --store azure.")
+@click.option("--store", type=click.Choice(STORES), default="local", show_default=True,
+              help="Where files and images go: kept locally (file:// links) or uploaded to Azure Blob Storage, an "
+                   "S3-compatible bucket or Google Cloud Storage (read-only links that expire; AZURE_*, AWS_* or "
+                   "GOOGLE_* variables and NBEXEC_S3_BUCKET / NBEXEC_GCS_BUCKET, see .env.example).")
+@click.option("--upload", type=click.Choice(STORES[1:]), help="Same as --store KIND.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Files run at once, each in its own sandbox.")
 @click.option("-p", "--parameter", "--parameters", "parameter_pairs", nargs=2, multiple=True, metavar="NAME VALUE",
@@ -147,8 +149,7 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
         config = build_config(options, **fixed)
         artifact_store = store_from_env(upload or store)
         paths = batch.discover(list(inputs))
-        if hasattr(artifact_store, "check"):  # reach the store before any code runs (missing extra, bad key)
-            artifact_store.check()
+        artifact_store.check()  # reach the store before any code runs (missing extra, bad key, no bucket)
     except (NotebookError, ConfigError) as exc:
         fail(str(exc), EXIT_USAGE, as_json)
     except NbexecError as exc:
@@ -336,8 +337,8 @@ def _loopback(host: str) -> bool:
 @click.option("--max-calls-per-token", type=click.IntRange(1), default=64, show_default=True,
               help="With --nodes: calls of one client token in flight through this router (429 past it).")
 @click.option("--max-body", default="16m", show_default=True, help="Largest request body.")
-@click.option("--store", type=click.Choice(["local", "azure"]), default="local", show_default=True,
-              help="Where produced files go (azure: read-only SAS links).")
+@click.option("--store", type=click.Choice(STORES), default="local", show_default=True,
+              help="Where produced files go (azure, s3, gcs: read-only links that expire; checked at start).")
 @click.option("--result-ttl", type=click.FloatRange(min=0, min_open=True), default=15 * 60.0, show_default=True,
               help="Seconds a one-shot result's files stay downloadable before they are deleted.")
 @click.option("--node-name", help="This node's name in results and on its containers (NBEXEC_NODE_NAME; default: "
@@ -384,12 +385,16 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     try:
         from nbexec.config import parse_size
 
+        artifact_store = store_from_env(store)
+        artifact_store.check()  # a store that refuses the key fails the start, not every later request
         settings = server.ServerSettings(
-            config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=store_from_env(store),
+            config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=artifact_store,
             max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
             max_running_per_token=max_running_per_token, result_ttl=result_ttl)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE, False)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, False)
     # On SIGTERM/SIGINT, requests get a few seconds to finish; then the app's shutdown interrupts and closes
     # every run and removes its folders (uvicorn re-raises SIGTERM afterwards: no atexit handler runs).
     uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False,

@@ -66,6 +66,9 @@ class RouteStore:
         route = {"data": "files", "images": "images"}.get(parts[0] if parts else "")
         return self.url(self.base, route, "/".join(parts[1:])) if route and len(parts) > 1 else None
 
+    def check(self) -> None:
+        """Nothing to reach: the server serves the files itself."""
+
 
 def _served(store: ArtifactStore | None, base: str, folder: Path) -> ArtifactStore:
     """The operator's store when it uploads (its URLs are the links); else files are served from ``base``."""

@@ -1,4 +1,5 @@
-"""Where produced files and images go: a local folder (the default) or Azure Blob Storage with read-only SAS links.
+"""Where produced files and images go: a local folder (the default), Azure Blob Storage with read-only SAS links, or
+(`s3`, `gcs`) an S3-compatible bucket or Google Cloud Storage with signed read-only links; `from_env` picks one.
 
 Uploads never lose anything: a file that cannot be uploaded stays on disk and its status in the result says why.
 Secrets (connection strings, account keys, SAS tokens) never appear in reprs, logs or error messages.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import mimetypes
 import os
 import re
 import threading
@@ -21,35 +21,9 @@ from urllib.parse import quote
 
 from nbexec.errors import ConfigError, StorageError
 
+from .serving import DEFAULT_LINK_EXPIRY_S, expiry_from, first_line, link_expiry, prefix_from, served
+
 log = logging.getLogger(__name__)
-
-_SECRET = re.compile(r"(AccountKey=|sig=|SharedAccessSignature=)[^;&\s]+", re.IGNORECASE)
-
-
-# Types a browser runs script in when the file is opened from the storage origin.
-ACTIVE_TYPES = frozenset({"text/html", "image/svg+xml", "application/javascript", "text/javascript",
-                          "application/xml", "text/xml", "application/xhtml+xml"})
-# Served inline: everything else (active, unknown or odd) is sent as an attachment.
-PASSIVE_TYPES = frozenset({"text/plain", "text/csv", "application/json", "image/png", "image/jpeg", "image/gif",
-                           "image/webp", "application/octet-stream"})
-
-
-def _essence(mime: str) -> str:
-    return mime.split(";", 1)[0].strip().lower()
-
-
-def disposition(blob_name: str, content_type: str) -> str | None:
-    """``attachment`` unless both the MIME and the type the name's extension implies are passive."""
-    guessed = mimetypes.guess_type(blob_name.rsplit("/", 1)[-1], strict=False)[0]
-    for mime in (content_type, guessed):
-        if mime is not None and (_essence(mime) in ACTIVE_TYPES or _essence(mime) not in PASSIVE_TYPES):
-            return "attachment"
-    return None
-
-
-def redact(text: str) -> str:
-    """Remove keys and signatures from a message that may quote a connection string or SAS URL."""
-    return _SECRET.sub(r"\1<redacted>", text)
 
 
 class ArtifactStore(Protocol):
@@ -68,6 +42,10 @@ class ArtifactStore(Protocol):
 
     def local_url(self, path: Path) -> str | None:
         """The URL of a file kept on disk (the local store), or None when the store uploads."""
+
+    def check(self) -> None:
+        """Reach the store now, before any code runs: ConfigError for what the user must fix (a missing extra,
+        refused credentials, no such bucket), StorageError for a service that does not answer."""
 
 
 class LocalStore:
@@ -89,6 +67,9 @@ class LocalStore:
     def local_url(self, path: Path) -> str | None:
         return Path(path).absolute().as_uri()
 
+    def check(self) -> None:
+        """Nothing to reach: files stay where they are."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class AzureBlobSettings:
@@ -100,7 +81,7 @@ class AzureBlobSettings:
     account_key: str | None = field(default=None, repr=False)
     container: str = "nbexec"
     prefix: str = "nbexec"
-    sas_expiry_s: float = 3600.0
+    sas_expiry_s: float = DEFAULT_LINK_EXPIRY_S
     retries: int = 3
     timeout_s: float = 20.0
 
@@ -111,8 +92,7 @@ class AzureBlobSettings:
         if not re.fullmatch(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]", self.container):
             raise ConfigError(f"{self.container!r} is not a valid blob container name (3-63 lowercase letters, "
                               "digits and single hyphens)")
-        if self.sas_expiry_s <= 0:
-            raise ConfigError("the SAS expiry must be above 0 seconds")
+        link_expiry(self.sas_expiry_s, variable="the SAS expiry (NBEXEC_LINK_EXPIRY)")
 
 
 def _azure() -> Any:
@@ -208,11 +188,11 @@ class AzureBlobStore:
             self._ensure_container()
         except HttpResponseError as exc:
             if exc.status_code in (401, 403):
-                raise ConfigError(f"{where} refused the credentials: {redact(_first_line(exc))} Check "
+                raise ConfigError(f"{where} refused the credentials: {first_line(exc)} Check "
                                   "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_KEY.") from exc
-            raise ConfigError(f"{where} answered {exc.status_code}: {redact(_first_line(exc))}") from exc
+            raise ConfigError(f"{where} answered {exc.status_code}: {first_line(exc)}") from exc
         except (AzureError, ValueError) as exc:  # ValueError: a malformed connection string or account URL
-            raise StorageError(f"{where} is not reachable: {redact(_first_line(exc))}. Check the endpoint in "
+            raise StorageError(f"{where} is not reachable: {first_line(exc)}. Check the endpoint in "
                                "AZURE_STORAGE_CONNECTION_STRING and that the service runs.") from exc
 
     def _ensure_container(self) -> None:
@@ -234,20 +214,15 @@ class AzureBlobStore:
             client = self._client().get_blob_client(self.settings.container, blob_name)
             # Blob properties are what a SAS download answers with: HTML, SVG, scripts and XML are downloaded,
             # never rendered on the storage origin.
-            settings = blob.ContentSettings(content_type=content_type,
-                                            content_disposition=disposition(blob_name, content_type))
+            how = served(blob_name, content_type)
+            settings = blob.ContentSettings(content_type=how.content_type, content_disposition=how.disposition)
             client.upload_blob(content, length=length, overwrite=True, content_settings=settings)
             return f"{client.url}?{self._sas(blob_name)}"
         except AzureError as exc:
-            message = redact(str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__)
-            raise StorageError(f"upload of {blob_name} failed: {message}") from exc
+            raise StorageError(f"upload of {blob_name} failed: {first_line(exc)}") from exc
 
     def local_url(self, path: Path) -> str | None:
         return None
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
 
 
 def blob_name(prefix: str, execution_id: str, relative: str) -> str:
@@ -257,27 +232,36 @@ def blob_name(prefix: str, execution_id: str, relative: str) -> str:
     return "/".join([prefix.strip("/"), execution_id, *(quote(s, safe=" !$&'()*+,;=@-._~") for s in segments)])
 
 
-def from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> Any:
-    """The artifact store named ``kind`` ("local" or "azure"), configured from AZURE_* variables.
+STORES = ("local", "azure", "s3", "gcs")
 
-    Reads AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (without a
-    key, DefaultAzureCredential); AZURE_BLOB_CONTAINER_NAME (default nbexec); NBEXEC_BLOB_PREFIX (default nbexec);
-    NBEXEC_SAS_EXPIRY (seconds, default 3600).
+
+def from_env(kind: str = "local", environ: Mapping[str, str] | None = None) -> ArtifactStore:
+    """The artifact store named ``kind`` (one of `STORES`), configured from the environment (see .env.example).
+
+    Every uploading store reads NBEXEC_BLOB_PREFIX (object names are ``<prefix>/<execution-id>/<path>``, default
+    nbexec) and NBEXEC_LINK_EXPIRY (seconds a read-only link lives, default 3600). Azure reads
+    AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (without a key,
+    DefaultAzureCredential), AZURE_BLOB_CONTAINER_NAME (default nbexec) and NBEXEC_SAS_EXPIRY (the older name of
+    NBEXEC_LINK_EXPIRY); S3 and GCS: see `nbexec.stores.s3.from_env` and `nbexec.stores.gcs.from_env`.
     """
     environ = os.environ if environ is None else environ
     if kind == "local":
         return LocalStore()
+    if kind == "s3":
+        from . import s3
+
+        return s3.from_env(environ)
+    if kind == "gcs":
+        from . import gcs
+
+        return gcs.from_env(environ)
     if kind != "azure":
-        raise ConfigError(f"unknown store {kind!r}: use local or azure")
-    try:
-        expiry = float(environ.get("NBEXEC_SAS_EXPIRY", "3600"))
-    except ValueError as exc:
-        raise ConfigError("NBEXEC_SAS_EXPIRY must be a number of seconds") from exc
+        raise ConfigError(f"unknown store {kind!r}: use one of {', '.join(STORES)}")
     return AzureBlobStore(AzureBlobSettings(
         connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
         account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
         account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
         container=environ.get("AZURE_BLOB_CONTAINER_NAME") or "nbexec",
-        prefix=environ.get("NBEXEC_BLOB_PREFIX") or "nbexec",
-        sas_expiry_s=expiry,
+        prefix=prefix_from(environ),
+        sas_expiry_s=expiry_from(environ, older=("NBEXEC_SAS_EXPIRY", environ.get("NBEXEC_SAS_EXPIRY"))),
     ))

@@ -91,6 +91,10 @@ class _Job:
         name = blob_name(self.prefix, self.execution_id, item.name)
         try:
             size, chunks = transfer.open_stream(self.data_dir, item.name, max_bytes=self.limits.max_file)
+            if size != item.size:
+                chunks.close()
+                raise StorageError(f"the file changed after the run ({size:,} bytes, not {item.size:,}); it was "
+                                   "not uploaded")
             with io.BufferedReader(_Checked(chunks, item.sha256)) as stream:
                 url = self.store.upload(name, stream, item.mime, length=size)
         except (StorageError, FileTransferError) as exc:
@@ -134,11 +138,19 @@ class _Job:
 
 
 class _Checked(io.RawIOBase):
-    """A file's chunks as a stream for the store, never held whole; the last read fails when their sha256 is
-    not the one the result lists (so a changed file is never stored under the listed hash)."""
+    """A file's chunks as a stream for the store, read once and never held whole (one chunk ahead). The bytes
+    handed out are the bytes hashed; the read that would hand out the last of them fails instead when their
+    sha256 is not the one the result lists, so a changed file is never stored under the listed hash, whether
+    or not the store reads on to the end of the stream."""
 
     def __init__(self, chunks: transfer.FileChunks, sha256: str) -> None:
-        self._chunks, self._expected, self._hash, self._rest = chunks, sha256, hashlib.sha256(), b""
+        self._chunks, self._expected, self._hash = chunks, sha256, hashlib.sha256()
+        self._rest, self._next = b"", self._pull()
+
+    def _pull(self) -> bytes:
+        chunk = next(self._chunks, b"")
+        self._hash.update(chunk)
+        return chunk
 
     def readable(self) -> bool:
         return True
@@ -149,9 +161,8 @@ class _Checked(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         if not self._rest:
-            self._rest = next(self._chunks, b"")
-            self._hash.update(self._rest)
-            if not self._rest and self._hash.hexdigest() != self._expected:
+            self._rest, self._next = self._next, self._pull() if self._next else b""
+            if not self._next and self._hash.hexdigest() != self._expected:  # _rest is the last chunk
                 raise StorageError("the file changed after the run; it was not uploaded")
         size = min(len(buffer), len(self._rest))
         buffer[:size], self._rest = self._rest[:size], self._rest[size:]
