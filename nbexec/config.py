@@ -211,8 +211,9 @@ class SandboxConfig:
     def _check_names(self) -> None:
         if self.source not in SANDBOX_SOURCES:
             raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
-        if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
-            raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
+        if self.user is not None and not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", self.user):
+            raise ConfigError(f"user must be a non-zero uid or uid:gid with a non-zero gid, got {self.user!r} "
+                              "(root is not allowed, nor its group)")
         bad = [k for k in self.env if not _ENV_NAME.match(k)]
         if bad:
             raise ConfigError(f"invalid environment variable names: {bad}")

@@ -1,0 +1,277 @@
+"""Exact edges of the hostile-input code that the property tests leave loose: each case pins a boundary, a message or
+a window that a one-character change of the code would move (found by the machine-made mutants of
+scripts/mutants.py). The kernel wire (zmtp framing on the send and receive side, the replay window, the parent
+filter, dispatch), message content limits, `.env` reading and the names a node gives for its files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nbexec.cli import envfile
+from nbexec.errors import ConfigError, FileTransferError, ProtocolError
+from nbexec.files import folders
+from nbexec.sandbox import kernel as kernel_protocol
+from nbexec.sandbox import zmtp
+from nbexec.sandbox.kernel import Execution
+from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
+from nbexec.sandbox.remote import noderun
+
+from .test_fuzz_wire import KEY, header, signed, verify
+from .test_kernel import STREAM, FakeKernel, frame
+
+# -- zmtp ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmtp.Connection, socket.socket]]:
+    """A connection past its handshake (as the kernel's READY left it) and the kernel's end of the socket."""
+    ours, theirs = socket.socketpair()
+    connection = zmtp.Connection(ours, "SUB", max_message=1000, max_frames=8)
+    connection._ready = True  # the handshake is tested end to end in test_kernel and test_fuzz_wire
+    yield connection, theirs
+    connection.close()
+    theirs.close()
+
+
+def read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the connection ended early"
+        data += chunk
+    return data
+
+
+def test_send_uses_the_short_form_below_256_bytes_and_the_long_form_from_256(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    connection.send([b"a" * 255, b"b" * 256, b""], 5)
+    expected = (b"\x01\xff" + b"a" * 255 + b"\x03" + (256).to_bytes(8, "big") + b"b" * 256 + b"\x00\x00")
+    assert read_exactly(theirs, len(expected)) == expected
+
+
+def test_send_waits_for_a_slow_reader_until_its_timeout(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    data = b"x" * (4 << 20)  # more than the socket buffers hold: send must wait for the reader
+    got = bytearray()
+
+    def slow() -> None:
+        threading.Event().wait(0.3)
+        while len(got) < len(data) + 9:
+            got.extend(theirs.recv(1 << 20))
+
+    reader = threading.Thread(target=slow, daemon=True)
+    reader.start()
+    connection.send([data], 30)
+    reader.join(30)
+    assert bytes(got[9:]) == data
+
+
+def test_a_message_already_in_the_socket_is_received_without_waiting(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(frame(b"now"))
+    assert [bytes(f) for f in connection.receive(0).frames] == [b"now"]  # type: ignore[union-attr]
+
+
+def test_a_message_in_two_pieces_within_the_timeout_is_received_whole(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    data = frame(b"x" * 500)
+    theirs.sendall(data[:100])
+    later = threading.Timer(0.05, theirs.sendall, (data[100:],))
+    later.start()
+    message = connection.receive(0.9)
+    later.join()
+    assert message is not None and bytes(message.frames[0] or b"") == b"x" * 500
+
+
+def test_a_frame_that_never_ends_gives_back_control_while_it_streams(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    total, sent = 16 << 30, [0]  # far more than 0.2 s moves; a reader that waits for the end takes seconds
+    stop = threading.Event()
+
+    def stream() -> None:
+        with contextlib.suppress(OSError):
+            theirs.sendall(b"\x02" + (2**62).to_bytes(8, "big"))
+            while sent[0] < total and not stop.is_set():
+                sent[0] += theirs.send(b"x" * 65536)
+
+    writer = threading.Thread(target=stream, daemon=True)
+    writer.start()
+    assert connection.receive(0.2) is None
+    stop.set()
+    writer.join(30)
+    assert sent[0] < total, "receive returned only once the sender had finished"
+
+
+def test_a_broken_connection_stays_broken_with_its_reason(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(bytes((0x80, 1)) + b"x" + frame(b"fine"))
+    for _ in range(2):  # the same reason again: nothing after a malformed frame is read
+        with pytest.raises(ProtocolError, match=r"reserved flag bits \(0x80\)"):
+            connection.receive(1)
+
+
+# -- the kernel message --------------------------------------------------------------------------------------------
+
+def test_the_replay_window_remembers_the_last_signatures_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_protocol, "_REPLAY_WINDOW", 4)
+    client = kernel_protocol.KernelClient(KEY, 1 << 20)
+    sent = [signed(header(f"m{i}")) for i in range(5)]
+    for frames in sent:
+        verify(list(frames), client)
+    with pytest.raises(ProtocolError, match=r"^the kernel sent the same signed message twice \(a replay\)$"):
+        verify(list(sent[1]), client)  # still within the last four
+    assert verify(list(sent[0]), client) is not None  # out of the window: memory stays bounded
+
+
+def test_recv_keeps_to_the_parent_asked_for(tmp_path: Path) -> None:
+    fake = FakeKernel(tmp_path)
+    try:
+        fake.iopub.send_multipart(fake.frames("stream", b'{"text": "other"}', parent="p2"))
+        fake.iopub.send_multipart(fake.frames("stream", STREAM))
+        message = fake.client.recv("iopub", 5.0, parent="p1")
+        assert message is not None and message.parent_id == "p1" and bytes(message.raw_content) == STREAM
+        fake.iopub.send_multipart(fake.frames("stream", STREAM, key=None))
+        with pytest.raises(ProtocolError, match="a message on iopub is unsigned"):
+            fake.client.recv("iopub", 5.0)
+    finally:
+        fake.close()
+
+
+def message(kind: str, content: object) -> Message:
+    raw = json.dumps(content).encode()
+    return Message("iopub", kind, "m", "p", len(raw), raw)
+
+
+@pytest.mark.parametrize(("state", "idle"), [("idle", True), ("busy", False), ("IDLE", False), (None, False)])
+def test_dispatch_ends_the_cell_at_idle_only(state: str | None, idle: bool) -> None:
+    run = Execution()
+    assert kernel_protocol.dispatch(message("status", {"execution_state": state}), run, lambda m: None) is idle
+    assert ("iopub.status.idle" in run.timing) is idle
+
+
+@pytest.mark.parametrize(("count", "kept"), [(7, 7), ("7", None), (None, None)])
+def test_dispatch_keeps_an_integer_execution_count_only(count: object, kept: int | None) -> None:
+    run = Execution()
+    assert kernel_protocol.dispatch(message("execute_input", {"execution_count": count}), run, lambda m: None) is False
+    assert run.execution_count == kept and "iopub.execute_input" in run.timing
+
+
+def test_header_problems_are_named() -> None:
+    with pytest.raises(ProtocolError, match=r"^a message's parent header is not a JSON object$"):
+        verify(signed(header("x"), parent=b"[]"))
+
+
+# -- message content -----------------------------------------------------------------------------------------------
+
+def test_content_up_to_its_limit_is_parsed_and_past_it_refused_with_the_sizes() -> None:
+    raw = b'{"a": 1}'
+    fits = Message("iopub", "stream", "m", "p", 1234, raw)
+    assert fits.content(len(raw)) == {"a": 1}
+    with pytest.raises(ProtocolError, match=r"^a stream message of 1,234 bytes is over its 7-byte limit$"):
+        fits.content(len(raw) - 1)
+    dropped = Message("iopub", "display_data", "m", "p", 5000, b"", complete=False)
+    with pytest.raises(ProtocolError, match=r"^a display_data message of 5,000 bytes is over its 0-byte limit$"):
+        dropped.content()
+    with pytest.raises(ProtocolError, match=r"^a stream message is not valid UTF-8 JSON"):
+        Message("iopub", "stream", "m", "p", 1, b"{").content()
+
+
+def test_a_wide_value_walked_for_depth_keeps_its_text() -> None:
+    raw = ("[" + ",".join(['["a", {"k": "b"}]'] * 70) + "]").encode()  # over MAX_DEPTH brackets: walked
+    assert parse(raw, "x") == [["a", {"k": "b"}]] * 70
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH, MAX_DEPTH + 1])
+def test_the_depth_cap_is_exact(levels: int) -> None:
+    raw = ("[" * levels + "]" * levels).encode()
+    if levels > MAX_DEPTH:
+        with pytest.raises(ProtocolError, match=f"nested more than {MAX_DEPTH} levels"):
+            parse(raw, "x")
+    else:
+        parse(raw, "x")
+
+
+# -- .env ----------------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def environment() -> Iterator[None]:
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_the_current_folder_is_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".env").write_text("NBEXEC_EDGE_HERE=1\n")
+    monkeypatch.chdir(tmp_path)
+    with environment():
+        assert envfile.load() == ["NBEXEC_EDGE_HERE"] and os.environ["NBEXEC_EDGE_HERE"] == "1"
+
+
+def test_a_env_of_exactly_the_cap_is_read_whole(tmp_path: Path) -> None:
+    line = "NBEXEC_EDGE_LAST=end\n"
+    (tmp_path / ".env").write_text("#" * (envfile.MAX_BYTES - len(line) - 1) + "\n" + line)
+    assert (tmp_path / ".env").stat().st_size == envfile.MAX_BYTES
+    with environment():
+        assert envfile.load(tmp_path) == ["NBEXEC_EDGE_LAST"] and os.environ["NBEXEC_EDGE_LAST"] == "end"
+
+
+def test_a_env_larger_than_it_said_is_refused(tmp_path: Path) -> None:
+    kallsyms = Path("/proc/kallsyms")  # a regular file of root's whose size says 0 and whose reading is MiBs
+    assert kallsyms.stat().st_size == 0 and len(kallsyms.read_bytes()) > envfile.MAX_BYTES
+    (tmp_path / ".env").symlink_to(kallsyms)
+    with pytest.raises(ConfigError, match=rf"is over the {envfile.MAX_BYTES} bytes a \.env may have"):
+        envfile.load(tmp_path)
+
+
+def test_read_at_most_reads_exactly_the_limit(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 1000
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        assert envfile._read_at_most(fd, 200_000) == data[:200_000]  # several reads, joined as they came
+    finally:
+        os.close(fd)
+
+
+def test_a_env_that_cannot_be_read_or_is_not_ours_says_so(tmp_path: Path) -> None:
+    (tmp_path / ".env").symlink_to(tmp_path / ".env")  # a loop: open fails
+    with pytest.raises(ConfigError, match=r"^cannot read .*\.env: Too many levels of symbolic links$"):
+        envfile.load(tmp_path)
+    (tmp_path / ".env").unlink()
+    (tmp_path / ".env").write_text("A=1\n")
+    os.chmod(tmp_path / ".env", 0o646)
+    with pytest.raises(ConfigError, match=r"nbexec reads only a \.env that is yours and not world-writable"):
+        envfile.load(tmp_path)
+    if os.getuid() == 0:  # only root can give a file to another user: uid 1 is neither root nor us
+        os.chmod(tmp_path / ".env", 0o644)
+        os.chown(tmp_path / ".env", 1, 1)
+        with pytest.raises(ConfigError, match="is owned by uid 1"):
+            envfile.load(tmp_path)
+
+
+# -- names a node gives --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "refused"), [("a/" + "n" * 255, False), ("a/" + "n" * 256, True),
+                                               ("a\0b", True), ("é" * 127, False), ("é" * 128, True)])
+def test_a_node_name_segment_is_at_most_255_bytes_and_has_no_nul(tmp_path: Path, name: str, refused: bool) -> None:
+    with folders.OutputFolder.open(folders.make_output_dir(tmp_path / "out", may_exist=True)) as out:
+        if refused:
+            with pytest.raises(FileTransferError, match=r"is not a plain relative name$"):
+                noderun.save(out, name, iter([b"x"]), 0)
+        else:
+            assert Path(noderun.save(out, name, iter([b"x"]), 0).path).read_bytes() == b"x"
