@@ -230,3 +230,18 @@ def test_a_wheel_without_one_dist_info_is_refused(tmp_path: Path) -> None:
         archive.writestr("b-1.dist-info/WHEEL", WHEEL)
     with pytest.raises(wheelinstall.UnsafeWheel, match=r"exactly one \.dist-info folder with a WHEEL file"):
         wheelinstall.unpack(str(tmp_path / "w.whl"), _places(tmp_path / "p"))
+
+
+@pytest.mark.parametrize("members", [
+    [("bad", b"x", 0o644), ("bad/x.py", b"y", 0o644)],  # a file where a later member needs a folder
+    [("bad/x.py", b"y", 0o644), ("bad", b"x", 0o644)],  # a folder where a later member is a file
+    [("bad-1.0.dist-info", b"x", 0o644)],  # the file in the way of the wheel's own metadata folder
+    [("bad-1.0.data/scripts/tool", b"x", 0o644), ("bad-1.0.data/scripts/tool/x", b"y", 0o644)],
+], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts"])
+def test_a_name_that_is_both_a_file_and_a_folder_is_refused_whole(tmp_path: Path,
+                                                                   members: list[tuple[str, bytes, int]]) -> None:
+    """Found by tests/test_fuzz_names.py: such a wheel stopped half-way with an OSError, some files written."""
+    path = _build(tmp_path / "w.whl", members)
+    with pytest.raises(wheelinstall.UnsafeWheel, match="both a file and a folder"):
+        wheelinstall.unpack(str(path), _places(tmp_path / "p"))
+    assert not (tmp_path / "p").exists(), "a refused wheel wrote something"
