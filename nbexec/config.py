@@ -132,8 +132,8 @@ class SandboxConfig:
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
     user: str | None = field(
         default=None, metadata=_doc(
-            "uid:gid inside the sandbox (default: yours; when nbexec runs as root, a fresh uid per sandbox above "
-            "2,000,000,000 that no account has).")
+            "uid:gid inside the sandbox, neither 0 (default: yours; when nbexec runs as root, a fresh uid per "
+            "sandbox above 2,000,000,000 that no account has).")
     )
     env: Mapping[str, str] = field(
         default_factory=dict,

@@ -121,9 +121,10 @@ def mutated_line(scratch: Path, mutant: Mutant) -> str:
     """The line as the mutant has it (the diff's added lines, joined), to match an equivalence entry."""
     done = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "show", mutant.name], cwd=scratch,
                           capture_output=True, text=True)
-    added = [line[1:].strip() for line in done.stdout.splitlines() if line.startswith("+") and not
-             line.startswith("+++")]
-    return " / ".join(added) or "(the line is removed)"
+    lines = done.stdout.splitlines()
+    added = [line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++")]
+    removed = [line[1:].strip() for line in lines if line.startswith("-") and not line.startswith("---")]
+    return " / ".join(added) or "removed: " + " / ".join(removed)
 
 
 def equivalents() -> list[dict[str, str]]:

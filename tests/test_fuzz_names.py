@@ -275,6 +275,12 @@ def test_a_router_id_parses_only_for_its_client_unchanged(fleets: tuple[Fleet, F
     assert fleet.parse_id(who, public[:index]) is None  # truncated
 
 
+def test_an_id_of_a_node_whose_instance_is_not_hex_never_parses(fleets: tuple[Fleet, Fleet]) -> None:
+    fleet = fleets[0]
+    fleet.health["http://a:1"].ok(Capacity("n", "not-hex", 0, 1, 1, 0))
+    assert fleet.parse_id("alice", fleet.public_id("alice", "http://a:1", "c0ffee")) is None
+
+
 def test_a_router_id_carries_a_96_bit_signature(fleets: tuple[Fleet, Fleet]) -> None:
     fleet = fleets[0]
     fleet.health["http://a:1"].ok(Capacity("n", "ab", 0, 1, 1, 0))
@@ -295,6 +301,7 @@ file_names = st.lists(st.sampled_from(["a", "b.csv", "", ".", "..", "...", "é",
 
 @pytest.mark.parametrize(("name", "parts"), [
     ("a\\b/./c//d", (b"a", b"b", b"c", b"d")), ("é.csv", ("é.csv".encode(),)), ("x" * 1024, (b"x" * 1024,)),
+    ("a/" + "y" * 1022, (b"a", b"y" * 1022)),  # 1,024 bytes with its separator: the limit counts the name as given
     ("../x", "'../x' is not a plain relative name inside /mnt/data"), ("", "'' is not a plain relative name"),
     ("a/..", "is not a plain relative name"), ("./.", "is not a plain relative name"),
     ("a/\x07", "'a/\\x07': name contains control characters"), ("x" * 1025, "name is longer than 1024 bytes"),

@@ -80,6 +80,9 @@ def test_trim_error_shares_the_limit_between_name_value_and_traceback() -> None:
 def test_views_route_streams_and_skip_the_text_of_displayed_images() -> None:
     flat = [
         {"output_type": "stream", "name": "stdout", "text": ["a", "b\n"]},
+        {"output_type": "stream", "name": "stdout"},  # no text at all: nothing, not "None"
+        {"output_type": "stream", "name": "stdout", "text": 5},  # not text: shown as text, never a crash
+        {"output_type": "display_data"},  # no data
         {"output_type": "stream", "name": "stderr", "text": "e\r\n"},
         {"output_type": "stream", "text": "unnamed\n"},  # not stdout: stderr
         {"output_type": "display_data", "data": {"image/png": "x", "text/plain": "<Figure>"}},
@@ -89,7 +92,7 @@ def test_views_route_streams_and_skip_the_text_of_displayed_images() -> None:
         {"output_type": "error", "ename": "E"},
     ]
     view = outputs.views(flat)
-    assert view == outputs.Views("ab\n", "e\nunnamed\n", "ab\ne\nunnamed\nkept\nshown\n")
+    assert view == outputs.Views("ab\n5", "e\nunnamed\n", "ab\n5e\nunnamed\nkept\nshown\n")
 
 
 def test_first_error_is_the_first_and_clean() -> None:
@@ -113,10 +116,12 @@ def test_images_take_the_first_type_of_each_display_and_skip_undecodable_data() 
         {"output_type": "display_data", "cell_index": 3, "data": {"image/jpeg": "a"}},  # bad padding: skipped
         {"output_type": "stream", "cell_index": 4, "data": {"image/png": "iVBORw=="}},
         {"output_type": "display_data", "cell_index": 5, "data": {"image/gif": "R0lG", "text/plain": "x"}},
+        {"output_type": "display_data", "cell_index": 6, "data": {"image/png": "a", "image/gif": "R0l\nG"}},
+        {"output_type": "display_data", "cell_index": 7},
     ]
     found = [(i.cell_index, i.mime, i.extension, i.content) for i in outputs.images(flat)]
     assert found == [(1, "image/png", "png", b"\x89PNG"), (2, "image/png", "png", b"\x89PNG"),
-                     (5, "image/gif", "gif", b"GIF")]
+                     (5, "image/gif", "gif", b"GIF"), (6, "image/gif", "gif", b"GIF")]  # a bad png: the next type
     svg = outputs.images([{"output_type": "display_data", "cell_index": 0, "data": {"image/svg+xml": "<svg>é</svg>"}}])
     assert [(i.mime, i.extension, i.content) for i in svg] == [("image/svg+xml", "svg", "<svg>é</svg>".encode())]
 
@@ -130,11 +135,14 @@ def test_clean_makes_every_control_visible_and_keeps_line_breaks() -> None:
 
 def test_flatten_skips_other_cells_and_gives_plain_values() -> None:
     nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("m"),
+        nbformat.v4.new_code_cell("0"),
         nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output("stream", name="stdout", text="one")]),
         nbformat.v4.new_code_cell("2", outputs=[nbformat.v4.new_output("execute_result", data={"text/plain": "2"})]),
     ])
+    del nb.cells[0]["outputs"]  # an .ipynb may omit them
+    assert [o["cell_index"] for o in outputs.flatten(nb)] == [1, 2]
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell("m"))
     flat = outputs.flatten(nb, start=1)
-    assert [o["cell_index"] for o in flat] == [1, 2] and type(flat[1]["data"]) is dict
-    assert outputs.flatten(nb, start=2) == [{"cell_index": 2, "output_type": "execute_result",
+    assert [o["cell_index"] for o in flat] == [2, 3] and type(flat[1]["data"]) is dict
+    assert outputs.flatten(nb, start=3) == [{"cell_index": 3, "output_type": "execute_result",
                                              "data": {"text/plain": "2"}, "metadata": {}, "execution_count": None}]

@@ -158,11 +158,13 @@ def test_files_modes_shebangs_and_the_record_are_exact(tmp_path: Path) -> None:
     places = _places(tmp_path)
     members = [("bad/", b"", stat.S_IFDIR | 0o755),  # a folder entry: skipped, never a member
                ("bad/x.py", b"#!python\nx", stat.S_IFREG | 0o644), ("bad/tool.sh", b"run", 0o755),
+               ("bad/other-x", b"o", 0o601), ("bad/other-w", b"w", 0o602),  # any x bit alone makes it executable
                ("bad-1.0.data/scripts/cli", b"#!python\nmain()", 0o644), ("bad-1.0.dist-info/RECORD", b"junk", 0o644)]
     written = wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), places, requested=False)
     site = tmp_path / "pure"
-    modes = {p: stat.S_IMODE((site / p).stat().st_mode) for p in ("bad/x.py", "bad/tool.sh")}
-    assert modes == {"bad/x.py": 0o644, "bad/tool.sh": 0o755}
+    modes = {p: stat.S_IMODE((site / p).stat().st_mode) for p in ("bad/x.py", "bad/tool.sh", "bad/other-x",
+                                                                  "bad/other-w")}
+    assert modes == {"bad/x.py": 0o644, "bad/tool.sh": 0o755, "bad/other-x": 0o755, "bad/other-w": 0o644}
     assert (site / "bad" / "x.py").read_bytes() == b"#!python\nx"  # only scripts get their interpreter line
     cli = tmp_path / "bin" / "cli"
     assert cli.read_bytes() == b"#!" + sys.executable.encode() + b"\nmain()"
@@ -175,10 +177,12 @@ def test_files_modes_shebangs_and_the_record_are_exact(tmp_path: Path) -> None:
     rows = [line.split(",") for line in record.split("\n")[:-1]]
     assert "\r" not in record and record.endswith("\n")
     content = {"bad/x.py": b"#!python\nx", "bad/tool.sh": b"run", "bad-1.0.dist-info/WHEEL": WHEEL.encode(),
+               "bad/other-x": b"o", "bad/other-w": b"w",
                "../bin/cli": cli.read_bytes(), "bad-1.0.dist-info/INSTALLER": b"nbexec\n"}
     assert rows[:-1] == [[name, _digest(data), str(len(data))] for name, data in
                          [(n, content[n]) for n in ("bad-1.0.dist-info/WHEEL", "bad/x.py", "bad/tool.sh",
-                                                    "../bin/cli", "bad-1.0.dist-info/INSTALLER")]]
+                                                    "bad/other-x", "bad/other-w", "../bin/cli",
+                                                    "bad-1.0.dist-info/INSTALLER")]]
     assert rows[-1] == ["bad-1.0.dist-info/RECORD", "", ""]  # the wheel's own RECORD is never taken
     assert written == [row[0] for row in rows]
     requested = tmp_path / "again"
@@ -200,6 +204,13 @@ def test_console_scripts_are_written_as_pip_would(tmp_path: Path) -> None:
         "a:b": head + "import sys\nfrom m import f\nsys.exit(f())\n",
     }  # gui_scripts are no console scripts; hidden, slashed and module-less names are skipped, never the rest
     assert all(stat.S_IMODE((tmp_path / "bin" / name).stat().st_mode) == 0o755 for name in scripts)
+
+
+def test_entry_points_without_console_scripts_write_none(tmp_path: Path) -> None:
+    members = [("bad-1.0.dist-info/entry_points.txt", b"[gui_scripts]\ng = m:f\n", 0o644), ("bad/x.py", b"", 0o644)]
+    wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path))  # not asked for by name
+    assert not (tmp_path / "bin").exists() and (tmp_path / "pure" / "bad" / "x.py").exists()
+    assert not (tmp_path / "pure" / "bad-1.0.dist-info" / "REQUESTED").exists()
 
 
 def test_only_the_first_64_kib_of_entry_points_is_read(tmp_path: Path) -> None:
@@ -228,7 +239,8 @@ def test_a_wheel_without_one_dist_info_is_refused(tmp_path: Path) -> None:
     with zipfile.ZipFile(tmp_path / "w.whl", "w") as archive:
         archive.writestr("a-1.dist-info/WHEEL", WHEEL)
         archive.writestr("b-1.dist-info/WHEEL", WHEEL)
-    with pytest.raises(wheelinstall.UnsafeWheel, match=r"exactly one \.dist-info folder with a WHEEL file"):
+    with pytest.raises(wheelinstall.UnsafeWheel,
+                       match=r"^a wheel needs exactly one \.dist-info folder with a WHEEL file$"):
         wheelinstall.unpack(str(tmp_path / "w.whl"), _places(tmp_path / "p"))
 
 
@@ -237,7 +249,10 @@ def test_a_wheel_without_one_dist_info_is_refused(tmp_path: Path) -> None:
     [("bad/x.py", b"y", 0o644), ("bad", b"x", 0o644)],  # a folder where a later member is a file
     [("bad-1.0.dist-info", b"x", 0o644)],  # the file in the way of the wheel's own metadata folder
     [("bad-1.0.data/scripts/tool", b"x", 0o644), ("bad-1.0.data/scripts/tool/x", b"y", 0o644)],
-], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts"])
+    [("bad-1.0.dist-info/INSTALLER/x", b"y", 0o644)],  # in the way of the files the installer adds
+    [("bad-1.0.dist-info/REQUESTED/x", b"y", 0o644)],
+    [("bad-1.0.dist-info/RECORD/x", b"y", 0o644)],
+], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts", "installer", "requested", "record"])
 def test_a_name_that_is_both_a_file_and_a_folder_is_refused_whole(tmp_path: Path,
                                                                    members: list[tuple[str, bytes, int]]) -> None:
     """Found by tests/test_fuzz_names.py: such a wheel stopped half-way with an OSError, some files written."""
