@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from nbexec import egress
 from nbexec.cli import envfile
 from nbexec.errors import ConfigError, FileTransferError, ProtocolError
 from nbexec.files import folders
+from nbexec.notebook import outputs
 from nbexec.sandbox import kernel as kernel_protocol
 from nbexec.sandbox import zmtp
 from nbexec.sandbox.kernel import Execution
@@ -195,12 +197,13 @@ def test_a_wide_value_walked_for_depth_keeps_its_text() -> None:
 
 @pytest.mark.parametrize("levels", [MAX_DEPTH, MAX_DEPTH + 1])
 def test_the_depth_cap_is_exact(levels: int) -> None:
-    raw = ("[" * levels + "]" * levels).encode()
+    # Two lists at the deepest level: more brackets than MAX_DEPTH, so the value is walked, not let through
+    raw = ("[" * (levels - 1) + "[0],[0]" + "]" * (levels - 1)).encode()
     if levels > MAX_DEPTH:
         with pytest.raises(ProtocolError, match=f"nested more than {MAX_DEPTH} levels"):
             parse(raw, "x")
     else:
-        parse(raw, "x")
+        assert parse(raw, "x") is not None
 
 
 # -- .env ----------------------------------------------------------------------------------------------------------
@@ -275,3 +278,48 @@ def test_a_node_name_segment_is_at_most_255_bytes_and_has_no_nul(tmp_path: Path,
                 noderun.save(out, name, iter([b"x"]), 0)
         else:
             assert Path(noderun.save(out, name, iter([b"x"]), 0).path).read_bytes() == b"x"
+
+
+# -- allowlist rules ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("host", "matched"), [("a.example.org", True), ("a.b.example.org", True),
+                                               ("example.org", False), (".example.org", False),
+                                               ("evilexample.org", False), ("xexample.org", False),
+                                               ("a.example.org.evil", False)])
+def test_a_wildcard_rule_matches_names_under_its_domain_only(host: str, matched: bool) -> None:
+    assert egress.Rule("*.example.org", (443,)).matches(host, 443) is matched
+    assert egress.Rule("*.example.org", (443,)).matches(host, 80) is False
+
+
+def test_judgement_reasons_are_exact() -> None:
+    def unknown(name: str, port: int) -> list[str]:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    rules = egress.Allowlist([egress.parse_rule("x.example")], unknown)
+    assert rules.judge("x.example", 443) == ([], "x.example does not resolve on the host (Name or service not known)")
+    bad = "_" * 150 + "!"
+    assert rules.judge(bad, 443) == ([], f"{bad[:100]!r} is not a host name or an address")
+
+
+@pytest.mark.parametrize("answer", [["2606:4700::1111%1"], ["2606:4700::1111%a%b"], ["fe80::1%eth0"]])
+def test_a_zone_is_cut_off_before_an_address_is_judged(answer: list[str]) -> None:
+    rules = egress.Allowlist([egress.parse_rule("x.example")], lambda name, port: answer)
+    reached, reason = rules.judge("x.example", 443)
+    if answer[0].startswith("fe80"):
+        assert reached == [] and reason is not None and "a link-local address" in reason
+    else:
+        assert (reached, reason) == (answer, None)
+
+
+# -- error trimming ---------------------------------------------------------------------------------------------------
+
+def test_an_error_name_is_kept_up_to_1024_bytes() -> None:
+    assert outputs.trim_error("E" * 1024, "v", [], 1 << 20)[0] == "E" * 1024
+    assert outputs.trim_error("E" * 1025, "v", [], 1 << 20)[0] != "E" * 1025
+
+
+def test_the_last_frame_that_fits_exactly_is_kept() -> None:
+    lines = ["head"] + [f"{i:09d}x" for i in range(100)]  # 11 bytes each with the newline
+    # 491 = 200 for the marker + 5 for the first line + exactly 26 lines of 11
+    assert outputs.trim_traceback(lines, 491)[2:] == lines[-26:]
+    assert outputs.trim_traceback(lines, 490)[2:] == lines[-25:]
