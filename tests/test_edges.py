@@ -323,3 +323,34 @@ def test_the_last_frame_that_fits_exactly_is_kept() -> None:
     # 491 = 200 for the marker + 5 for the first line + exactly 26 lines of 11
     assert outputs.trim_traceback(lines, 491)[2:] == lines[-26:]
     assert outputs.trim_traceback(lines, 490)[2:] == lines[-25:]
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("[::1]x", "write an IPv6 address as [addr] or [addr]:port"), ("a.example:http", "the port must be a number or *"),
+    ("a.example:0", "the port is out of range"), ("a.example:65536", "the port is out of range"),
+    ("*.1.2.3.4", "is not a host name, *.domain, or an IP address"), ("-a.example", "is not a host name")])
+def test_a_bad_allowlist_entry_says_what_is_wrong(entry: str, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        egress.parse_rule(entry)
+    assert f"allowed_hosts entry {entry!r}" in str(refused.value) and words in str(refused.value)
+
+
+@pytest.mark.parametrize(("entry", "host", "ports"), [("a.example:1", "a.example", (1,)),
+                                                      ("a.example:65535", "a.example", (65535,)),
+                                                      ("[::1]:8080", "::1", (8080,))])
+def test_the_ports_at_the_edges_are_allowed(entry: str, host: str, ports: tuple[int, ...]) -> None:
+    assert egress.parse_rule(entry) == egress.Rule(host, ports)
+
+
+@pytest.mark.parametrize(("host", "normal"), [
+    ("-a.b.c", None), ("a.-b.c", None), ("*.com", None), ("*.a.com", "*.a.com"), ("A.Example.", "a.example"),
+    ("a." * 126 + "b", "a." * 126 + "b"), ("a." * 126 + "bc", None)])  # 253 characters at most
+def test_names_are_normalised_or_refused(host: str, normal: str | None) -> None:
+    assert egress.normalise(host) == normal
+
+
+def test_an_unparseable_answer_is_refused_with_the_reason() -> None:
+    rules = egress.Allowlist([egress.parse_rule("x.example")], lambda name, port: ["not-an-address"])
+    reason = ("x.example resolves to not-an-address, an unparseable address; such addresses are reached only when "
+              "allowed_hosts lists the address itself")
+    assert rules.judge("x.example", 443) == ([], reason)
