@@ -27,7 +27,7 @@ from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
 from nbexec.sandbox.remote import noderun
 
 from .test_fuzz_wire import KEY, header, signed, verify
-from .test_kernel import STREAM, FakeKernel, frame
+from .test_kernel import PEER, STREAM, FakeKernel, frame
 
 # -- zmtp ----------------------------------------------------------------------------------------------------------
 
@@ -124,6 +124,23 @@ def test_a_broken_connection_stays_broken_with_its_reason(pair: tuple[zmtp.Conne
             connection.receive(1)
 
 
+def test_after_a_send_that_timed_out_nothing_more_is_received(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    with pytest.raises(ProtocolError, match="stopped reading"):
+        connection.send([b"x" * (8 << 20)], 0.2)  # the kernel never reads
+    theirs.sendall(frame(b"later"))
+    with pytest.raises(ProtocolError, match="stopped reading"):  # the connection stays broken
+        connection.receive(1)
+
+
+@pytest.mark.parametrize(("body", "name"), [(b"", "b''"), (b"\x04PING", "b'PING'")])
+def test_a_command_before_ready_is_named(tmp_path: Path, body: bytes, name: str) -> None:
+    from .test_fuzz_wire import converse_greeting
+
+    _, error = converse_greeting(PEER + frame(body, flags=zmtp.COMMAND))
+    assert isinstance(error, ProtocolError) and f"sent a {name} command instead of READY" in str(error)
+
+
 # -- the kernel message --------------------------------------------------------------------------------------------
 
 def test_the_replay_window_remembers_the_last_signatures_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,6 +185,12 @@ def test_dispatch_keeps_an_integer_execution_count_only(count: object, kept: int
     run = Execution()
     assert kernel_protocol.dispatch(message("execute_input", {"execution_count": count}), run, lambda m: None) is False
     assert run.execution_count == kept and "iopub.execute_input" in run.timing
+
+
+def test_an_execute_input_past_the_control_limit_is_refused() -> None:
+    big = message("execute_input", {"code": "x" * kernel_protocol.MAX_CONTROL, "execution_count": 1})
+    with pytest.raises(ProtocolError, match="over its"):
+        kernel_protocol.dispatch(big, Execution(), lambda m: None)
 
 
 def test_header_problems_are_named() -> None:
