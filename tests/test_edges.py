@@ -213,6 +213,20 @@ def test_content_up_to_its_limit_is_parsed_and_past_it_refused_with_the_sizes() 
         Message("iopub", "stream", "m", "p", 1, b"{").content()
 
 
+def test_parse_errors_name_the_message_and_the_fault() -> None:
+    with pytest.raises(ProtocolError, match=r"^a header message is nested too deeply$"):
+        parse(b"[" * 100_000 + b"]" * 100_000, "header")
+    with pytest.raises(ProtocolError, match=r"^a header message is not valid UTF-8 JSON: Expecting value: line 1"):
+        parse(b"{\"a\": }", "header")
+
+
+@pytest.mark.parametrize("raw", [b'{"t": "a\\uD800b"}', b'{"t": "a\\ud800b"}', b'{"\\uDC00": "b"}'])
+def test_lone_surrogates_are_replaced_in_either_case_of_escape(raw: bytes) -> None:
+    value = parse(raw, "x")
+    assert "\ufffd" in json.dumps(value, ensure_ascii=False) and not any(
+        0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(value, ensure_ascii=False))
+
+
 def test_a_wide_value_walked_for_depth_keeps_its_text() -> None:
     raw = ("[" + ",".join(['["a", {"k": "b"}]'] * 70) + "]").encode()  # over MAX_DEPTH brackets: walked
     assert parse(raw, "x") == [["a", {"k": "b"}]] * 70
@@ -223,7 +237,7 @@ def test_the_depth_cap_is_exact(levels: int) -> None:
     # Two lists at the deepest level: more brackets than MAX_DEPTH, so the value is walked, not let through
     raw = ("[" * (levels - 1) + "[0],[0]" + "]" * (levels - 1)).encode()
     if levels > MAX_DEPTH:
-        with pytest.raises(ProtocolError, match=f"nested more than {MAX_DEPTH} levels"):
+        with pytest.raises(ProtocolError, match=f"^a x message is nested more than {MAX_DEPTH} levels deep$"):
             parse(raw, "x")
     else:
         assert parse(raw, "x") is not None
