@@ -39,7 +39,7 @@ from mutations import ROOT, scratch_copy
 EQUIVALENT = ROOT / "tests" / "mutants-equivalent.yaml"
 TARGET = 0.90
 SEED = 24  # the ci tier's sample: the same mutants on every run
-SAMPLE = 120
+SAMPLE = 80
 # module: (file, functions judged ("*": all), stable). Provisional modules are being rewritten on other branches:
 # their figures are reported, not held to the target.
 SCOPE: dict[str, tuple[str, tuple[str, ...], bool]] = {
@@ -107,6 +107,15 @@ def mutmut(scratch: Path, names: list[str], children: int) -> None:
                           env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_PROFILE": "mutants"})
     if done.returncode:
         raise SystemExit(f"mutmut failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+
+
+def only_mutate(scratch: Path, files: set[str]) -> None:
+    """Keep only ``files`` in the scratch copy's [tool.mutmut] only_mutate (mutmut mutates every file listed)."""
+    config = scratch / "pyproject.toml"
+    lines = config.read_text().splitlines(keepends=True)
+    listed = {path for path, _, _ in SCOPE.values()}
+    config.write_text("".join(line for line in lines if not any(f'"{path}"' in line and path not in files
+                                                                 for path in listed)))
 
 
 def glob_of(module: str, function: str) -> str:
@@ -189,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                 mutmut(scratch, left, args.children)
             chosen = mutants(scratch, modules)
         elif args.tier == "ci":
-            # Make the mutants (and the test map) with one small run, then test a fixed sample of them.
+            # Mutate the stable files only, make the mutants (and the test map) with one small run, then test a
+            # fixed sample of them.
+            only_mutate(scratch, {SCOPE[m][0] for m in modules})
             mutmut(scratch, [glob_of("fleet", "Fleet._sign")], args.children)
             population = mutants(scratch, modules)
             sample = random.Random(SEED).sample(population, min(SAMPLE, len(population)))
