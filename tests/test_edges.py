@@ -104,6 +104,7 @@ def test_a_frame_that_never_ends_gives_back_control_while_it_streams(
     stop = threading.Event()
 
     def stream() -> None:
+        theirs.settimeout(2)  # once the reader stops, a blocked send gives up
         with contextlib.suppress(OSError):
             theirs.sendall(b"\x02" + (2**62).to_bytes(8, "big"))
             while sent[0] < total and not stop.is_set():
@@ -140,6 +141,89 @@ def test_a_command_before_ready_is_named(tmp_path: Path, body: bytes, name: str)
 
     _, error = converse_greeting(PEER + frame(body, flags=zmtp.COMMAND))
     assert isinstance(error, ProtocolError) and f"sent a {name} command instead of READY" in str(error)
+
+
+def test_a_long_command_uses_the_long_form() -> None:
+    body = b"\x05READY\x01v" + (300).to_bytes(4, "big") + b"x" * 300
+    assert zmtp.command(b"READY", {"v": b"x" * 300}) == b"\x06" + len(body).to_bytes(8, "big") + body
+    short = b"\x05READY\x01v" + (5).to_bytes(4, "big") + b"x" * 5
+    assert zmtp.command(b"READY", {"v": b"x" * 5}) == b"\x04" + bytes((len(short),)) + short
+
+
+def test_two_messages_of_exactly_the_limit_are_both_kept(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(frame(b"a" * 1000) + frame(b"b" * 1000))
+    assert [bytes(connection.receive(1).frames[0] or b"") for _ in range(2)] == [b"a" * 1000, b"b" * 1000]  # type: ignore[union-attr]
+
+
+def test_the_handshake_sends_greeting_ready_and_subscription() -> None:
+    import tempfile
+
+    got = bytearray()
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        path = Path(folder) / "s"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen(1)
+
+        def serve() -> None:
+            with server, server.accept()[0] as conn:
+                conn.settimeout(10)
+                conn.sendall(PEER + zmtp.command(b"READY", {"Socket-Type": b"XPUB"}))
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(65536):
+                        got.extend(chunk)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        zmtp.Connection.open(path, "SUB", max_message=1000, max_frames=8, timeout=10).close()
+        thread.join(10)
+    assert bytes(got) == zmtp.GREETING + zmtp.command(b"READY", {"Socket-Type": b"SUB"}) + b"\x00\x01\x01"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("script", "words"), [(b"", "no ZMTP greeting from the kernel in time"),
+                                               (PEER, "no READY command from the kernel in time")])
+def test_a_silent_kernel_is_given_up_on_at_the_deadline(script: bytes, words: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        path = Path(folder) / "s"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen(1)
+        with server:
+            def serve() -> None:
+                conn = server.accept()[0]
+                conn.sendall(script)
+                stop.wait(30)
+                conn.close()
+
+            stop = threading.Event()
+            threading.Thread(target=serve, daemon=True).start()
+            try:
+                with pytest.raises(ProtocolError, match=f"^{words}$"):
+                    zmtp.Connection.open(path, "SUB", max_message=1000, max_frames=8, timeout=0.5)
+            finally:
+                stop.set()
+
+
+@pytest.mark.parametrize(("script", "words"), [
+    (b"GET / HTTP/1.1\r\n" + bytes(48), "the kernel's socket does not speak ZMTP 3"),
+    (PEER[:12] + b"CURVE".ljust(20, b"\0") + PEER[32:],
+     "the kernel's socket asks for a security mechanism other than NULL"),
+    (PEER + frame(b"\x05ERROR\x05d\xffnied", flags=zmtp.COMMAND), "the kernel refused the handshake: d\ufffdnied"),
+    (PEER + frame(b"\x1e" + b"X" * 30, flags=zmtp.COMMAND),
+     f"the kernel sent a {b'X' * 20!r} command instead of READY"),
+    (PEER + frame(b"\x05READY", flags=zmtp.COMMAND), "the kernel's socket is a '', which a DEALER cannot talk to"),
+    (PEER + zmtp.command(b"READY", {"Socket-Type": b"Y" * 30}),
+     f"the kernel's socket is a {'Y' * 20!r}, which a DEALER cannot talk to"),
+])
+def test_each_handshake_failure_says_exactly_what(script: bytes, words: str) -> None:
+    from .test_fuzz_wire import converse_greeting
+
+    _, error = converse_greeting(script)
+    assert isinstance(error, ProtocolError) and str(error) == words
 
 
 # -- the kernel message --------------------------------------------------------------------------------------------
