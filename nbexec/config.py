@@ -138,8 +138,8 @@ class SandboxConfig:
         "max_display, 2 x (max_output + max_display), max_package_download) plus this."))
     user: str | None = field(
         default=None, metadata=_doc(
-            "uid:gid inside the sandbox (default: yours; when nbexec runs as root, a fresh uid per sandbox above "
-            "2,000,000,000 that no account has).")
+            "uid:gid inside the sandbox, neither 0 (default: yours; when nbexec runs as root, a fresh uid per "
+            "sandbox above 2,000,000,000 that no account has).")
     )
     env: Mapping[str, str] = field(
         default_factory=dict,
@@ -234,8 +234,9 @@ class SandboxConfig:
     def _check_names(self) -> None:
         if self.source not in SANDBOX_SOURCES:
             raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
-        if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
-            raise ConfigError(f"user must be a non-zero uid or uid:gid, got {self.user!r} (root is not allowed)")
+        if self.user is not None and not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", self.user):
+            raise ConfigError(f"user must be a non-zero uid or uid:gid with a non-zero gid, got {self.user!r} "
+                              "(root is not allowed, nor its group)")
         bad = [k for k in self.env if not _ENV_NAME.match(k)]
         if bad:
             raise ConfigError(f"invalid environment variable names: {bad}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prove the tests guard each guarantee: remove it with a small code change (a mutant) and see a test fail.
 
-The register, tests/guarantees.yaml, lists every guarantee the README and SECURITY.md make, each with one or more
-mutations: a file, an exact text that must occur there exactly once, its replacement, and the tests that must
+The register, tests/guarantees.yaml, lists every guarantee the README and SECURITY.md make, each with the shapes of
+hostile input its tests cover (``shapes``: wrong, empty, truncated, replayed... as the class has them) and one or
+more mutations: a file, an exact text that must occur there exactly once, its replacement, and the tests that must
 notice. For each mutation this script copies the tracked tree to a scratch folder, applies it, runs only the
 mapped tests there, and reports the mutant killed (the tests failed), survived (they passed: the guarantee is
 unguarded) or broken (the tests could not run: the register is wrong).
@@ -11,6 +12,7 @@ unguarded) or broken (the tests could not run: the register is wrong).
     scripts/mutations.py                      # the whole register (tier "all"); exits 1 if any mutant survived
     scripts/mutations.py --tier ci            # the mutations marked for every CI run
     scripts/mutations.py --only network-on    # some mutations by id (repeatable)
+    scripts/mutations.py --shapes             # each guarantee with the shapes its tests cover
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def load(path: Path = REGISTER) -> list[Mutation]:
     mutations: list[Mutation] = []
     seen: set[str] = set()
     for entry in entries:
+        shapes = entry.get("shapes")
+        if not isinstance(shapes, list) or not shapes or not all(isinstance(s, str) and s.strip() for s in shapes):
+            raise SystemExit(f"{path}: the guarantee {entry.get('guarantee')!r} needs `shapes`: the shapes of hostile "
+                             "input its tests cover, a non-empty list of text")
         for item in entry["mutations"]:
             mutation = Mutation(item["id"], entry["guarantee"], item["file"], item["find"], item["replace"],
                                 tuple(item["tests"]), bool(item.get("ci", False)))
@@ -90,7 +96,7 @@ def _tracked_files(root: Path) -> list[str]:
     return [name for name in listed.split("\0") if name]
 
 
-def _scratch_copy(root: Path) -> Path:
+def scratch_copy(root: Path) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="nbexec-mutant-"))
     for name in _tracked_files(root):
         source = root / name
@@ -108,7 +114,7 @@ def _scratch_copy(root: Path) -> Path:
 def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome:
     """Apply one mutation to a scratch copy and run its tests there."""
     started = time.monotonic()
-    scratch = _scratch_copy(root)
+    scratch = scratch_copy(root)
     try:
         target = scratch / mutation.file
         target.write_text(target.read_text().replace(mutation.find, mutation.replace, 1))
@@ -146,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="ID", help="run these mutations")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one mutation's tests")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--shapes", action="store_true", help="list each guarantee with its shapes and exit")
     args = parser.parse_args(argv)
+    if args.shapes:
+        for entry in yaml.safe_load(REGISTER.read_text()):
+            print(f"{entry['guarantee']}\n" + "".join(f"    - {shape}\n" for shape in entry.get("shapes") or []))
+        return 0
     mutations = load()
     problems = stale(mutations)
     guarantees = {m.guarantee for m in mutations}

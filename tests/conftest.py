@@ -21,13 +21,20 @@ from typing import TypeVar
 
 import docker
 import pytest
+from hypothesis import settings
 
 import nbexec
 from nbexec.sandbox.docker import daemon, pool
 from nbexec.sandbox.docker.container import Sandbox, remove_tree, work_root
 
 from . import azurite as azurite_module
-from . import cloudstores
+from . import (
+    cloudstores,
+    fuzzing,  # noqa: F401  (registers the hypothesis profiles)
+)
+
+# The property-based tests run the bounded, derandomized profile unless another is asked for (tests/fuzzing.py).
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FILES = Path(__file__).parent / "files"
 IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)

@@ -1,6 +1,7 @@
 """Guarantees a one-line change could remove without any other test noticing, each attacked from outside:
-the seccomp filter, the sandbox's own PID namespace, the read-only input mount, link rewriting in every text
-view, reaping by idleness, working folders removed after a one-shot, and a dead pooled sandbox never handed out."""
+the seccomp filter (a call it refuses), the sandbox's own PID namespace, the read-only input mount, link rewriting
+in every text view, reaping by idleness (never a busy session), working folders removed after a one-shot, and a
+dead pooled sandbox never handed out."""
 
 from __future__ import annotations
 
@@ -26,9 +27,21 @@ from .conftest import (
     waiting_sandboxes,
 )
 
-PROBE = r"""
-import errno, json, os
-facts = {"status": open("/proc/self/status").read(), "pid": os.getpid(),
+# System calls Docker's default seccomp profile refuses and the kernel grants any user (a keyring of one's own):
+# refused (EPERM) only by the filter, so their answer is the filter's effect, not a status line about it.
+SECCOMP_PROBE = r"""
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"keyctl": (250, 0, -2, 1), "add_key": (248, b"user", b"nbexec-probe", b"x", 1, -2)}  # x86_64 numbers
+seen = {}
+for name, (number, *args) in calls.items():
+    answer = libc.syscall(number, *args)
+    seen[name] = "allowed" if answer >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+print(json.dumps(seen))
+"""
+PROBE = SECCOMP_PROBE.replace("print(json.dumps(seen))", "") + r"""
+import os
+facts = {"status": open("/proc/self/status").read(), "pid": os.getpid(), "seccomp": seen,
          "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
 for what, path, mode in (("append", "/mnt/input/existing.txt", "a"), ("create", "/mnt/input/new.txt", "w")):
     try:
@@ -61,8 +74,19 @@ def inside(docker_ready: None, input_dir: Path) -> Iterator[dict]:
     pool.wait_for_teardown()
 
 
-def test_seccomp_filter_is_on(inside: dict) -> None:
-    assert "Seccomp:\t2\n" in inside["status"], inside["status"]
+def test_seccomp_filter_is_on(inside: dict, cleanup_ledger: None) -> None:
+    """Calls the profile refuses are refused; the same calls from the same unprivileged user in a container
+    without the filter go through (so the filter, not the user or a missing capability, is what refused them)."""
+    assert inside["seccomp"] == {"keyctl": "EPERM", "add_key": "EPERM"}, inside["seccomp"]
+    labels = {daemon.LABEL: "1", daemon.LABEL_OWNER: daemon.owner(), daemon.LABEL_ROLE: "control"}
+    container = daemon.connect().containers.run(
+        IMAGE, ["python", "-c", SECCOMP_PROBE], user="1000:1000", detach=True, labels=labels, network_mode="none",
+        cap_drop=["ALL"], security_opt=["no-new-privileges", "seccomp=unconfined"])
+    try:
+        assert container.wait(timeout=120)["StatusCode"] == 0, container.logs()
+        assert json.loads(container.logs(stderr=False)) == {"keyctl": "allowed", "add_key": "allowed"}
+    finally:
+        container.remove(force=True)
 
 
 def test_sandbox_has_its_own_pid_namespace(inside: dict) -> None:
@@ -111,6 +135,18 @@ def test_sessions_are_reaped_by_idleness_not_age(config: nbexec.SandboxConfig) -
         time.sleep(0.2)  # the gap between two uses, well below the TTL (not a wait for anything)
     assert session.status != "closed"
     wait_until(lambda: session.status == "closed", 15, "the idle session was not reaped")
+
+
+def test_a_busy_session_is_not_reaped_while_it_runs(config: nbexec.SandboxConfig) -> None:
+    """A run three TTLs long: the session is busy, not idle, all along, so it is still there for the next call
+    (a reaper that judged it idle mid-run closes it as soon as the run lets go); idle past its TTL, it is reaped."""
+    session = Session(config, ttl=3.0)
+    result = session.run("import time; time.sleep(9); print('finished')")
+    assert result.ok and result.stdout == "finished\n", result.error
+    time.sleep(0.5)  # a short pause, far below the TTL (not a wait for anything): the session is idle 0.5 s
+    assert session.status != "closed"
+    assert session.run("print('next')").stdout == "next\n"  # a closed session raises SessionClosedError here
+    wait_until(lambda: session.status == "closed", 20, "the idle session was not reaped")
 
 
 def test_working_folders_are_removed_after_a_one_shot(cold: nbexec.SandboxConfig) -> None:

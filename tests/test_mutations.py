@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "mutations.py"
@@ -23,6 +24,22 @@ def test_register_matches_the_source() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     count = int(done.stdout.split(" mutations")[0].rsplit(" ", 1)[-1])
     assert count >= 40, done.stdout
+
+
+def test_every_guarantee_lists_the_shapes_its_tests_cover(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import mutations
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    entries = yaml.safe_load((ROOT / "tests" / "guarantees.yaml").read_text())
+    assert all(entry["shapes"] for entry in entries)
+    for broken in ({"shapes": []}, {"shapes": [""]}, {"shapes": "wrong"}, {}):
+        register = tmp_path / "register.yaml"
+        entry = {k: v for k, v in entries[0].items() if k != "shapes"} | broken
+        register.write_text(yaml.safe_dump([entry]))
+        with pytest.raises(SystemExit, match="needs `shapes`"):
+            mutations.load(register)
 
 
 def test_ci_tier_mutants_are_killed(docker_ready: None) -> None:

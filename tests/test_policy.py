@@ -45,6 +45,16 @@ facts["pids"] = read("/sys/fs/cgroup/pids/pids.max") or read("/sys/fs/cgroup/pid
 facts["cpu"] = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or read("/sys/fs/cgroup/cpu.max")
 st = os.statvfs("/tmp")
 facts["tmp_bytes"] = st.f_blocks * st.f_frsize
+written = 0  # what /tmp takes before the kernel refuses (the effect of its size), 1 MiB past the cap at most
+try:
+    with open("/tmp/fill", "wb", buffering=0) as f:
+        while written <= 257 * 2**20:
+            written += f.write(b"x" * 2**20)
+    facts["tmp_stop"] = "none"
+except OSError as exc:
+    facts["tmp_stop"] = errno.errorcode.get(exc.errno, str(exc.errno))
+os.remove("/tmp/fill")
+facts["tmp_written"] = written
 facts["docker_sock"] = os.path.exists("/var/run/docker.sock")
 print(json.dumps(facts))
 """
@@ -68,6 +78,7 @@ def test_root_filesystem_is_read_only_and_tmp_is_capped(facts: dict) -> None:
     assert facts["rootfs_writable"] == "EROFS" and "ro" in facts["root_mount"], facts["root_mount"]
     assert facts["cwd"] == "/mnt/data"
     assert facts["tmp_bytes"] == 256 * 1024**2
+    assert facts["tmp_stop"] == "ENOSPC" and facts["tmp_written"] <= 256 * 1024**2, facts  # refused by the kernel
 
 
 def test_no_network(facts: dict) -> None:
@@ -99,6 +110,15 @@ def test_network_can_be_enabled_explicitly(config: nbexec.SandboxConfig) -> None
     result = execute_notebook("import socket; print(sorted(n for _, n in socket.if_nameindex()))",
                               config=config, network=True)
     assert result.ok and "eth0" in result.stdout
+
+
+@pytest.mark.parametrize("user", ["0", "00", "0:0", "0:1000", "000:5", "1000:0", "1000:00", "root", "-1", " 0", "+0",
+                                  "1000:", ":1000", "", "1e3", "1000:1000:0"])
+def test_root_is_refused_in_every_spelling(user: str) -> None:
+    """Neither uid 0 nor gid 0 (the root group reads what root's group may) in any spelling Docker accepts."""
+    with pytest.raises(nbexec.ConfigError, match="root is not allowed"):
+        nbexec.SandboxConfig(user=user)
+    assert nbexec.SandboxConfig(user="1000:1000").user == "1000:1000"
 
 
 def test_config_validation_and_env_reading() -> None:

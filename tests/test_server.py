@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import os
 import shutil
 import subprocess
@@ -97,11 +98,40 @@ def test_metrics_count_executions_in_the_prometheus_format(service: Running) -> 
     assert ("nbexec_live_sessions", ()) in samples and ("nbexec_pool_ready", ()) in samples
 
 
+# Each shape of a bad credential: missing, empty, wrong, truncated, extended, the other scheme, two of them.
+BAD_AUTH = {"missing": None, "empty": "Bearer ", "scheme-only": "Bearer", "wrong": "Bearer wrong-token-xxxxxxxxxxxx",
+            "truncated": f"Bearer {TOKEN_A[:-1]}", "extended": f"Bearer {TOKEN_A}x", "prefix": f"Bearer {TOKEN_A[:8]}",
+            "basic": f"Basic {TOKEN_A}", "no-scheme": TOKEN_A, "two": f"Bearer wrong, Bearer {TOKEN_A}",
+            "non-ascii": f"Bearer {TOKEN_A[:-1]}\u00e9"}
+
+
 def test_auth_is_required(service: Running) -> None:
-    with service.client(None) as anonymous, service.client("wrong-token-xxxxxxxxxxxx") as wrong:
-        assert anonymous.post("/v1/execute", json={"code": "1"}).status_code == 401
-        response = wrong.post("/v1/sessions")
-        assert response.status_code == 401 and "wrong-token" not in response.text
+    """A call refused: no session is made and the code does not run, whatever the shape of a bad credential."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counts(client: httpx.Client) -> dict[str, float]:
+        text = client.get("/metrics").text
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name in ("nbexec_live_sessions", "nbexec_execution_seconds_count")}
+
+    host, port = service.url.removeprefix("http://").rsplit(":", 1)
+    with service.client() as owner:
+        before = counts(owner)
+        for shape, value in BAD_AUTH.items():
+            headers = {"Content-Type": "application/json"} | ({} if value is None else {"Authorization": value})
+            for path in ("/v1/execute", "/v1/sessions"):
+                # http.client sends the header as written (httpx refuses some of these shapes before sending)
+                connection = http.client.HTTPConnection(host, int(port), timeout=60)
+                try:
+                    connection.request("POST", path, body=b'{"code": "1"}',
+                                       headers={k: v.encode() for k, v in headers.items()})
+                    response = connection.getresponse()
+                    text = response.read().decode(errors="replace")
+                finally:
+                    connection.close()
+                assert response.status == 401, (shape, path, response.status)
+                assert "wrong-token" not in text and TOKEN_A not in text
+        assert counts(owner) == before  # no session was made, no code ran on a refused call
 
 
 def test_execute_one_shot_with_files(service: Running) -> None:

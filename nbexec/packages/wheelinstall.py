@@ -166,12 +166,15 @@ def unpack(path: str, places: dict[str, str], *, requested: bool = False) -> lis
         dist_info = _dist_info(names)
         wheel = HeaderParser().parsestr(archive.read(f"{dist_info}/WHEEL")[:65536].decode("utf-8", "replace"))
         root = "purelib" if str(wheel.get("Root-Is-Purelib", "")).strip().lower() == "true" else "platlib"
-        planned = [(info, *target(info.filename, info, dist_info, places, root)) for info in members]
-        records = [_write(archive, info, where, scheme) for info, where, scheme in planned
+        planned = [(info, *target(info.filename, info, dist_info, places, root)) for info in members
                    if info.filename != f"{dist_info}/RECORD"]
-        records += _scripts(archive, dist_info, places["scripts"])
-    site = places[root]
-    meta = os.path.join(site, dist_info)
+        scripts = {os.path.join(places["scripts"], name): body for name, body in _scripts(archive, dist_info).items()}
+        site = places[root]
+        meta = os.path.join(site, dist_info)
+        _refuse_clashes(path, [where for _, where, _ in planned] + list(scripts)
+                        + [os.path.join(meta, name) for name in ("INSTALLER", "REQUESTED", "RECORD")])
+        records = [_write(archive, info, where, scheme) for info, where, scheme in planned]
+        records += [_put(where, body.encode(), 0o755) for where, body in scripts.items()]
     extra = {"INSTALLER": b"nbexec\n", **({"REQUESTED": b""} if requested else {})}
     for name, content in extra.items():
         records.append(_put(os.path.join(meta, name), content, 0o644))
@@ -181,6 +184,18 @@ def unpack(path: str, places: dict[str, str], *, requested: bool = False) -> lis
     csv.writer(text, lineterminator="\n").writerows(rows)
     _put(os.path.join(meta, "RECORD"), text.getvalue().encode(), 0o644)
     return [row[0] for row in rows]
+
+
+def _refuse_clashes(wheel: str, writes: list[str]) -> None:
+    """UnsafeWheel when a path to write is also a folder another one needs (checked before anything is written,
+    so such a wheel is refused whole instead of stopping half-way with an OSError)."""
+    files = set(writes)
+    for where in files:
+        folder = os.path.dirname(where)
+        while folder != os.path.dirname(folder):
+            if folder in files:
+                raise UnsafeWheel(f"{os.path.basename(wheel)} names {folder[-200:]!r} both a file and a folder")
+            folder = os.path.dirname(folder)
 
 
 def _write(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, scheme: str) -> tuple[str, str, int]:
@@ -202,26 +217,26 @@ def _put(where: str, content: bytes, mode: int) -> tuple[str, str, int]:
     return where, f"sha256={digest}", len(content)
 
 
-def _scripts(archive: zipfile.ZipFile, dist_info: str, folder: str) -> list[tuple[str, str, int]]:
-    """The console_scripts launchers pip would write (entry_points.txt)."""
+def _scripts(archive: zipfile.ZipFile, dist_info: str) -> dict[str, str]:
+    """The console_scripts launchers pip would write (entry_points.txt): name -> the launcher's text."""
     try:
         text = archive.read(f"{dist_info}/entry_points.txt")[:65536].decode("utf-8", "replace")
     except KeyError:
-        return []
+        return {}
     parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     try:
         parser.read_string(text)
     except configparser.Error:
-        return []
-    written = []
+        return {}
+    launchers = {}
     entries: dict[str, Any] = dict(parser["console_scripts"]) if parser.has_section("console_scripts") else {}
     for name, value in entries.items():
         module, _, attr = value.partition(":")
         if not name or "/" in name or name.startswith(".") or not module.strip():
             continue
         call = f"{attr.strip()}()" if attr.strip() else "None"
-        body = (f"#!{sys.executable}\nimport sys\nfrom {module.strip()} import {attr.strip().split('.')[0]}\n"
-                f"sys.exit({call})\n") if attr.strip() else f"#!{sys.executable}\nimport {module.strip()}\n"
-        written.append(_put(os.path.join(folder, name), body.encode(), 0o755))
-    return written
+        launchers[name] = (f"#!{sys.executable}\nimport sys\nfrom {module.strip()} import "
+                           f"{attr.strip().split('.')[0]}\nsys.exit({call})\n") if attr.strip() else \
+            f"#!{sys.executable}\nimport {module.strip()}\n"
+    return launchers

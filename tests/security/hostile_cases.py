@@ -345,6 +345,9 @@ CASES = [
     # -- files planted for the host ------------------------------------------------------------------------------
     Case("setuid-file", "import os, shutil\nshutil.copy('/bin/true', '/mnt/data/suid')\n"
                         "os.chmod('/mnt/data/suid', 0o4755)", skipped("suid", "setuid"), no_control=COLLECTION),
+    # Each set-id bit alone: a setgid file is as much a privilege for whoever runs it later as a setuid one.
+    Case("setgid-file", "import os, shutil\nshutil.copy('/bin/true', '/mnt/data/sgid')\n"
+                        "os.chmod('/mnt/data/sgid', 0o2755)", skipped("sgid", "setgid"), no_control=COLLECTION),
     Case("symlink-to-host", "import os\nos.symlink(os.environ['PLANTED_PATH'], '/mnt/data/canary-link')\n"
                             "os.symlink('/etc/shadow', '/mnt/data/shadow')", skipped("canary-link", "symbolic link"),
          no_control=COLLECTION),

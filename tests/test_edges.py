@@ -1,0 +1,478 @@
+"""Exact edges of the hostile-input code that the property tests leave loose: each case pins a boundary, a message or
+a window that a one-character change of the code would move (found by the machine-made mutants of
+scripts/mutants.py). The kernel wire (zmtp framing on the send and receive side, the replay window, the parent
+filter, dispatch), message content limits, `.env` reading and the names a node gives for its files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nbexec import egress
+from nbexec.cli import envfile
+from nbexec.errors import ConfigError, FileTransferError, ProtocolError
+from nbexec.files import folders
+from nbexec.notebook import outputs
+from nbexec.sandbox import kernel as kernel_protocol
+from nbexec.sandbox import zmtp
+from nbexec.sandbox.kernel import Execution
+from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
+from nbexec.sandbox.remote import noderun
+
+from .test_fuzz_wire import KEY, header, signed, verify
+from .test_kernel import PEER, STREAM, FakeKernel, frame
+
+# -- zmtp ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmtp.Connection, socket.socket]]:
+    """A connection past its handshake (as the kernel's READY left it) and the kernel's end of the socket."""
+    ours, theirs = socket.socketpair()
+    connection = zmtp.Connection(ours, "SUB", max_message=1000, max_frames=8)
+    connection._ready = True  # the handshake is tested end to end in test_kernel and test_fuzz_wire
+    yield connection, theirs
+    connection.close()
+    theirs.close()
+
+
+def read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the connection ended early"
+        data += chunk
+    return data
+
+
+def test_send_uses_the_short_form_below_256_bytes_and_the_long_form_from_256(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    connection.send([b"a" * 255, b"b" * 256, b""], 5)
+    expected = (b"\x01\xff" + b"a" * 255 + b"\x03" + (256).to_bytes(8, "big") + b"b" * 256 + b"\x00\x00")
+    assert read_exactly(theirs, len(expected)) == expected
+
+
+def test_send_waits_for_a_slow_reader_until_its_timeout(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    data = b"x" * (4 << 20)  # more than the socket buffers hold: send must wait for the reader
+    got = bytearray()
+
+    def slow() -> None:
+        threading.Event().wait(0.3)
+        while len(got) < len(data) + 9:
+            got.extend(theirs.recv(1 << 20))
+
+    reader = threading.Thread(target=slow, daemon=True)
+    reader.start()
+    connection.send([data], 30)
+    reader.join(30)
+    assert bytes(got[9:]) == data
+
+
+def test_a_message_already_in_the_socket_is_received_without_waiting(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(frame(b"now"))
+    assert [bytes(f) for f in connection.receive(0).frames] == [b"now"]  # type: ignore[union-attr]
+
+
+def test_a_message_larger_than_one_read_is_received_whole_within_the_timeout(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    """600 kB take several reads (256 KiB each): a timeout under a second still lets them all in, as long as the
+    bytes keep coming (no sleep here: a writer thread sends them as fast as they are read)."""
+    connection, theirs = pair
+    data = frame(b"x" * 600_000) + frame(b"next")
+    writer = threading.Thread(target=theirs.sendall, args=(data,), daemon=True)
+    writer.start()
+    message = connection.receive(0.9)
+    writer.join(30)
+    assert message is not None and message.sizes == (600_000,)
+
+
+def test_a_frame_that_never_ends_gives_back_control_while_it_streams(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    total, sent = 16 << 30, [0]  # far more than 0.2 s moves; a reader that waits for the end takes seconds
+    stop = threading.Event()
+
+    def stream() -> None:
+        theirs.settimeout(2)  # once the reader stops, a blocked send gives up
+        with contextlib.suppress(OSError):
+            theirs.sendall(b"\x02" + (2**62).to_bytes(8, "big"))
+            while sent[0] < total and not stop.is_set():
+                sent[0] += theirs.send(b"x" * 65536)
+
+    writer = threading.Thread(target=stream, daemon=True)
+    writer.start()
+    assert connection.receive(0.2) is None
+    stop.set()
+    writer.join(30)
+    assert sent[0] < total, "receive returned only once the sender had finished"
+
+
+def test_a_broken_connection_stays_broken_with_its_reason(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(bytes((0x80, 1)) + b"x" + frame(b"fine"))
+    for _ in range(2):  # the same reason again: nothing after a malformed frame is read
+        with pytest.raises(ProtocolError, match=r"reserved flag bits \(0x80\)"):
+            connection.receive(1)
+
+
+def test_after_a_send_that_timed_out_nothing_more_is_received(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    with pytest.raises(ProtocolError, match="stopped reading"):
+        connection.send([b"x" * (8 << 20)], 0.2)  # the kernel never reads
+    theirs.sendall(frame(b"later"))
+    with pytest.raises(ProtocolError, match="stopped reading"):  # the connection stays broken
+        connection.receive(1)
+
+
+@pytest.mark.parametrize(("body", "name"), [(b"", "b''"), (b"\x04PING", "b'PING'")])
+def test_a_command_before_ready_is_named(tmp_path: Path, body: bytes, name: str) -> None:
+    from .test_fuzz_wire import converse_greeting
+
+    _, error = converse_greeting(PEER + frame(body, flags=zmtp.COMMAND))
+    assert isinstance(error, ProtocolError) and f"sent a {name} command instead of READY" in str(error)
+
+
+def test_a_long_command_uses_the_long_form() -> None:
+    body = b"\x05READY\x01v" + (300).to_bytes(4, "big") + b"x" * 300
+    assert zmtp.command(b"READY", {"v": b"x" * 300}) == b"\x06" + len(body).to_bytes(8, "big") + body
+    short = b"\x05READY\x01v" + (5).to_bytes(4, "big") + b"x" * 5
+    assert zmtp.command(b"READY", {"v": b"x" * 5}) == b"\x04" + bytes((len(short),)) + short
+
+
+def test_two_messages_of_exactly_the_limit_are_both_kept(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(frame(b"a" * 1000) + frame(b"b" * 1000))
+    assert [bytes(connection.receive(1).frames[0] or b"") for _ in range(2)] == [b"a" * 1000, b"b" * 1000]  # type: ignore[union-attr]
+
+
+def test_the_handshake_sends_greeting_ready_and_subscription() -> None:
+    import tempfile
+
+    got = bytearray()
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        path = Path(folder) / "s"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen(1)
+
+        def serve() -> None:
+            with server, server.accept()[0] as conn:
+                conn.settimeout(10)
+                conn.sendall(PEER + zmtp.command(b"READY", {"Socket-Type": b"XPUB"}))
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(65536):
+                        got.extend(chunk)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        zmtp.Connection.open(path, "SUB", max_message=1000, max_frames=8, timeout=10).close()
+        thread.join(10)
+    assert bytes(got) == zmtp.GREETING + zmtp.command(b"READY", {"Socket-Type": b"SUB"}) + b"\x00\x01\x01"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("script", "words"), [(b"", "no ZMTP greeting from the kernel in time"),
+                                               (PEER, "no READY command from the kernel in time")])
+def test_a_silent_kernel_is_given_up_on_at_the_deadline(script: bytes, words: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        path = Path(folder) / "s"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen(1)
+        with server:
+            def serve() -> None:
+                conn = server.accept()[0]
+                conn.sendall(script)
+                stop.wait(30)
+                conn.close()
+
+            stop = threading.Event()
+            threading.Thread(target=serve, daemon=True).start()
+            try:
+                with pytest.raises(ProtocolError, match=f"^{words}$"):
+                    zmtp.Connection.open(path, "SUB", max_message=1000, max_frames=8, timeout=0.5)
+            finally:
+                stop.set()
+
+
+@pytest.mark.parametrize(("script", "words"), [
+    (b"GET / HTTP/1.1\r\n" + bytes(48), "the kernel's socket does not speak ZMTP 3"),
+    (PEER[:12] + b"CURVE".ljust(20, b"\0") + PEER[32:],
+     "the kernel's socket asks for a security mechanism other than NULL"),
+    (PEER + frame(b"\x05ERROR\x05d\xffnied", flags=zmtp.COMMAND), "the kernel refused the handshake: d\ufffdnied"),
+    (PEER + frame(b"\x1e" + b"X" * 30, flags=zmtp.COMMAND),
+     f"the kernel sent a {b'X' * 20!r} command instead of READY"),
+    (PEER + frame(b"\x05READY", flags=zmtp.COMMAND), "the kernel's socket is a '', which a DEALER cannot talk to"),
+    (PEER + zmtp.command(b"READY", {"Socket-Type": b"Y" * 30}),
+     f"the kernel's socket is a {'Y' * 20!r}, which a DEALER cannot talk to"),
+])
+def test_each_handshake_failure_says_exactly_what(script: bytes, words: str) -> None:
+    from .test_fuzz_wire import converse_greeting
+
+    _, error = converse_greeting(script)
+    assert isinstance(error, ProtocolError) and str(error) == words
+
+
+# -- the kernel message --------------------------------------------------------------------------------------------
+
+def test_the_replay_window_remembers_the_last_signatures_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_protocol, "_REPLAY_WINDOW", 4)
+    client = kernel_protocol.KernelClient(KEY, 1 << 20)
+    sent = [signed(header(f"m{i}")) for i in range(5)]
+    for frames in sent:
+        verify(list(frames), client)
+    with pytest.raises(ProtocolError, match=r"^the kernel sent the same signed message twice \(a replay\)$"):
+        verify(list(sent[1]), client)  # still within the last four
+    assert verify(list(sent[0]), client) is not None  # out of the window: memory stays bounded
+
+
+def test_recv_keeps_to_the_parent_asked_for(tmp_path: Path) -> None:
+    fake = FakeKernel(tmp_path)
+    try:
+        fake.iopub.send_multipart(fake.frames("stream", b'{"text": "other"}', parent="p2"))
+        fake.iopub.send_multipart(fake.frames("stream", STREAM))
+        message = fake.client.recv("iopub", 5.0, parent="p1")
+        assert message is not None and message.parent_id == "p1" and bytes(message.raw_content) == STREAM
+        fake.iopub.send_multipart(fake.frames("stream", STREAM, key=None))
+        with pytest.raises(ProtocolError, match="a message on iopub is unsigned"):
+            fake.client.recv("iopub", 5.0)
+    finally:
+        fake.close()
+
+
+def message(kind: str, content: object) -> Message:
+    raw = json.dumps(content).encode()
+    return Message("iopub", kind, "m", "p", len(raw), raw)
+
+
+@pytest.mark.parametrize(("state", "idle"), [("idle", True), ("busy", False), ("IDLE", False), (None, False)])
+def test_dispatch_ends_the_cell_at_idle_only(state: str | None, idle: bool) -> None:
+    run = Execution()
+    assert kernel_protocol.dispatch(message("status", {"execution_state": state}), run, lambda m: None) is idle
+    assert ("iopub.status.idle" in run.timing) is idle
+
+
+@pytest.mark.parametrize(("count", "kept"), [(7, 7), ("7", None), (None, None)])
+def test_dispatch_keeps_an_integer_execution_count_only(count: object, kept: int | None) -> None:
+    run = Execution()
+    assert kernel_protocol.dispatch(message("execute_input", {"execution_count": count}), run, lambda m: None) is False
+    assert run.execution_count == kept and "iopub.execute_input" in run.timing
+
+
+def test_an_execute_input_past_the_control_limit_is_refused() -> None:
+    big = message("execute_input", {"code": "x" * kernel_protocol.MAX_CONTROL, "execution_count": 1})
+    with pytest.raises(ProtocolError, match="over its"):
+        kernel_protocol.dispatch(big, Execution(), lambda m: None)
+
+
+def test_header_problems_are_named() -> None:
+    with pytest.raises(ProtocolError, match=r"^a message's parent header is not a JSON object$"):
+        verify(signed(header("x"), parent=b"[]"))
+
+
+# -- message content -----------------------------------------------------------------------------------------------
+
+def test_content_up_to_its_limit_is_parsed_and_past_it_refused_with_the_sizes() -> None:
+    raw = b'{"a": 1}'
+    fits = Message("iopub", "stream", "m", "p", 1234, raw)
+    assert fits.content(len(raw)) == {"a": 1}
+    with pytest.raises(ProtocolError, match=r"^a stream message of 1,234 bytes is over its 7-byte limit$"):
+        fits.content(len(raw) - 1)
+    dropped = Message("iopub", "display_data", "m", "p", 5000, b"", complete=False)
+    with pytest.raises(ProtocolError, match=r"^a display_data message of 5,000 bytes is over its 0-byte limit$"):
+        dropped.content()
+    with pytest.raises(ProtocolError, match=r"^a stream message is not valid UTF-8 JSON"):
+        Message("iopub", "stream", "m", "p", 1, b"{").content()
+
+
+def test_parse_errors_name_the_message_and_the_fault() -> None:
+    with pytest.raises(ProtocolError, match=r"^a header message is nested too deeply$"):
+        parse(b"[" * 100_000 + b"]" * 100_000, "header")
+    with pytest.raises(ProtocolError, match=r"^a header message is not valid UTF-8 JSON: Expecting value: line 1"):
+        parse(b"{\"a\": }", "header")
+
+
+@pytest.mark.parametrize("raw", [b'{"t": "a\\uD800b"}', b'{"t": "a\\ud800b"}', b'{"\\uDC00": "b"}'])
+def test_lone_surrogates_are_replaced_in_either_case_of_escape(raw: bytes) -> None:
+    value = parse(raw, "x")
+    assert "\ufffd" in json.dumps(value, ensure_ascii=False) and not any(
+        0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(value, ensure_ascii=False))
+
+
+def test_a_wide_value_walked_for_depth_keeps_its_text() -> None:
+    raw = ("[" + ",".join(['["a", {"k": "b"}]'] * 70) + "]").encode()  # over MAX_DEPTH brackets: walked
+    assert parse(raw, "x") == [["a", {"k": "b"}]] * 70
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH, MAX_DEPTH + 1])
+def test_the_depth_cap_is_exact(levels: int) -> None:
+    # Two lists at the deepest level: more brackets than MAX_DEPTH, so the value is walked, not let through
+    raw = ("[" * (levels - 1) + "[0],[0]" + "]" * (levels - 1)).encode()
+    if levels > MAX_DEPTH:
+        with pytest.raises(ProtocolError, match=f"^a x message is nested more than {MAX_DEPTH} levels deep$"):
+            parse(raw, "x")
+    else:
+        assert parse(raw, "x") is not None
+
+
+# -- .env ----------------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def environment() -> Iterator[None]:
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_the_current_folder_is_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".env").write_text("NBEXEC_EDGE_HERE=1\n")
+    monkeypatch.chdir(tmp_path)
+    with environment():
+        assert envfile.load() == ["NBEXEC_EDGE_HERE"] and os.environ["NBEXEC_EDGE_HERE"] == "1"
+
+
+def test_a_env_of_exactly_the_cap_is_read_whole(tmp_path: Path) -> None:
+    line = "NBEXEC_EDGE_LAST=end\n"
+    (tmp_path / ".env").write_text("#" * (envfile.MAX_BYTES - len(line) - 1) + "\n" + line)
+    assert (tmp_path / ".env").stat().st_size == envfile.MAX_BYTES
+    with environment():
+        assert envfile.load(tmp_path) == ["NBEXEC_EDGE_LAST"] and os.environ["NBEXEC_EDGE_LAST"] == "end"
+
+
+def test_a_env_larger_than_it_said_is_refused(tmp_path: Path) -> None:
+    kallsyms = Path("/proc/kallsyms")  # a regular file of root's whose size says 0 and whose reading is MiBs
+    assert kallsyms.stat().st_size == 0 and len(kallsyms.read_bytes()) > envfile.MAX_BYTES
+    (tmp_path / ".env").symlink_to(kallsyms)
+    with pytest.raises(ConfigError, match=rf"is over the {envfile.MAX_BYTES} bytes a \.env may have"):
+        envfile.load(tmp_path)
+
+
+def test_read_at_most_reads_exactly_the_limit(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 1000
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        assert envfile._read_at_most(fd, 200_000) == data[:200_000]  # several reads, joined as they came
+    finally:
+        os.close(fd)
+
+
+def test_a_env_that_cannot_be_read_or_is_not_ours_says_so(tmp_path: Path) -> None:
+    (tmp_path / ".env").symlink_to(tmp_path / ".env")  # a loop: open fails
+    with pytest.raises(ConfigError, match=r"^cannot read .*\.env: Too many levels of symbolic links$"):
+        envfile.load(tmp_path)
+    (tmp_path / ".env").unlink()
+    (tmp_path / ".env").write_text("A=1\n")
+    os.chmod(tmp_path / ".env", 0o646)
+    with pytest.raises(ConfigError, match=r"nbexec reads only a \.env that is yours and not world-writable"):
+        envfile.load(tmp_path)
+    if os.getuid() == 0:  # only root can give a file to another user: uid 1 is neither root nor us
+        os.chmod(tmp_path / ".env", 0o644)
+        os.chown(tmp_path / ".env", 1, 1)
+        with pytest.raises(ConfigError, match="is owned by uid 1"):
+            envfile.load(tmp_path)
+
+
+# -- names a node gives --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "refused"), [("a/" + "n" * 255, False), ("a/" + "n" * 256, True),
+                                               ("a\0b", True), ("é" * 127, False), ("é" * 128, True)])
+def test_a_node_name_segment_is_at_most_255_bytes_and_has_no_nul(tmp_path: Path, name: str, refused: bool) -> None:
+    with folders.OutputFolder.open(folders.make_output_dir(tmp_path / "out", may_exist=True)) as out:
+        if refused:
+            with pytest.raises(FileTransferError, match=r"is not a plain relative name$"):
+                noderun.save(out, name, iter([b"x"]), 0)
+        else:
+            assert Path(noderun.save(out, name, iter([b"x"]), 0).path).read_bytes() == b"x"
+
+
+# -- allowlist rules ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("host", "matched"), [("a.example.org", True), ("a.b.example.org", True),
+                                               ("example.org", False), (".example.org", False),
+                                               ("evilexample.org", False), ("xexample.org", False),
+                                               ("a.example.org.evil", False)])
+def test_a_wildcard_rule_matches_names_under_its_domain_only(host: str, matched: bool) -> None:
+    assert egress.Rule("*.example.org", (443,)).matches(host, 443) is matched
+    assert egress.Rule("*.example.org", (443,)).matches(host, 80) is False
+
+
+def test_judgement_reasons_are_exact() -> None:
+    def unknown(name: str, port: int) -> list[str]:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    rules = egress.Allowlist([egress.parse_rule("x.example")], unknown)
+    assert rules.judge("x.example", 443) == ([], "x.example does not resolve on the host (Name or service not known)")
+    bad = "_" * 150 + "!"
+    assert rules.judge(bad, 443) == ([], f"{bad[:100]!r} is not a host name or an address")
+
+
+@pytest.mark.parametrize("answer", [["2606:4700::1111%1"], ["2606:4700::1111%a%b"], ["fe80::1%eth0"]])
+def test_a_zone_is_cut_off_before_an_address_is_judged(answer: list[str]) -> None:
+    rules = egress.Allowlist([egress.parse_rule("x.example")], lambda name, port: answer)
+    reached, reason = rules.judge("x.example", 443)
+    if answer[0].startswith("fe80"):
+        assert reached == [] and reason is not None and "a link-local address" in reason
+    else:
+        assert (reached, reason) == (answer, None)
+
+
+# -- error trimming ---------------------------------------------------------------------------------------------------
+
+def test_an_error_name_is_kept_up_to_1024_bytes() -> None:
+    assert outputs.trim_error("E" * 1024, "v", [], 1 << 20)[0] == "E" * 1024
+    assert outputs.trim_error("E" * 1025, "v", [], 1 << 20)[0] != "E" * 1025
+
+
+def test_the_last_frame_that_fits_exactly_is_kept() -> None:
+    lines = ["head"] + [f"{i:09d}x" for i in range(100)]  # 11 bytes each with the newline
+    # 491 = 200 for the marker + 5 for the first line + exactly 26 lines of 11
+    assert outputs.trim_traceback(lines, 491)[2:] == lines[-26:]
+    assert outputs.trim_traceback(lines, 490)[2:] == lines[-25:]
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("[::1]x", "write an IPv6 address as [addr] or [addr]:port"), ("a.example:http", "the port must be a number or *"),
+    ("a.example:0", "the port is out of range"), ("a.example:65536", "the port is out of range"),
+    ("*.1.2.3.4", "is not a host name, *.domain, or an IP address"), ("-a.example", "is not a host name")])
+def test_a_bad_allowlist_entry_says_what_is_wrong(entry: str, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        egress.parse_rule(entry)
+    assert f"allowed_hosts entry {entry!r}" in str(refused.value) and words in str(refused.value)
+
+
+@pytest.mark.parametrize(("entry", "host", "ports"), [("a.example:1", "a.example", (1,)),
+                                                      ("a.example:65535", "a.example", (65535,)),
+                                                      ("[::1]:8080", "::1", (8080,))])
+def test_the_ports_at_the_edges_are_allowed(entry: str, host: str, ports: tuple[int, ...]) -> None:
+    assert egress.parse_rule(entry) == egress.Rule(host, ports)
+
+
+@pytest.mark.parametrize(("host", "normal"), [
+    ("-a.b.c", None), ("a.-b.c", None), ("*.com", None), ("*.a.com", "*.a.com"), ("A.Example.", "a.example"),
+    ("a." * 126 + "b", "a." * 126 + "b"), ("a." * 126 + "bc", None)])  # 253 characters at most
+def test_names_are_normalised_or_refused(host: str, normal: str | None) -> None:
+    assert egress.normalise(host) == normal
+
+
+def test_an_unparseable_answer_is_refused_with_the_reason() -> None:
+    rules = egress.Allowlist([egress.parse_rule("x.example")], lambda name, port: ["not-an-address"])
+    reason = ("x.example resolves to not-an-address, an unparseable address; such addresses are reached only when "
+              "allowed_hosts lists the address itself")
+    assert rules.judge("x.example", 443) == ([], reason)
