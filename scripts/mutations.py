@@ -54,9 +54,26 @@ class Outcome:
     detail: str
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (a merge once left two `tests:`; the second won)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if twice:
+            raise SystemExit(f"{node.start_mark.name}: line {node.start_mark.line + 1}: {', '.join(twice)} given "
+                             "twice in one entry")
+        return super().construct_mapping(node, deep=deep)
+
+
+def read(path: Path = REGISTER) -> list[dict]:
+    """The register's entries, as written (no key given twice)."""
+    return yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader: no object is built
+
+
 def load(path: Path = REGISTER) -> list[Mutation]:
     """Read the register and check its shape (not yet the source texts: see ``stale``)."""
-    entries = yaml.safe_load(path.read_text())
+    entries = read(path)
     mutations: list[Mutation] = []
     seen: set[str] = set()
     for entry in entries:
@@ -155,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", action="store_true", help="list each guarantee with its shapes and exit")
     args = parser.parse_args(argv)
     if args.shapes:
-        for entry in yaml.safe_load(REGISTER.read_text()):
+        for entry in read():
             print(f"{entry['guarantee']}\n" + "".join(f"    - {shape}\n" for shape in entry.get("shapes") or []))
         return 0
     mutations = load()

@@ -42,6 +42,21 @@ def test_every_guarantee_lists_the_shapes_its_tests_cover(tmp_path: Path) -> Non
             mutations.load(register)
 
 
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """A merge once left an entry with two `tests:` lines; YAML keeps the second, which named another guarantee's
+    test, so the mutation was judged by a test that never reached it."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import mutations
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    register = tmp_path / "register.yaml"
+    register.write_text("- guarantee: g\n  shapes: [s]\n  mutations:\n    - id: m\n      file: f\n      find: a\n"
+                        "      replace: b\n      tests: [tests/one.py]\n      tests: [tests/two.py]\n")
+    with pytest.raises(SystemExit, match="tests given twice"):
+        mutations.load(register)
+
+
 def test_ci_tier_mutants_are_killed(docker_ready: None) -> None:
     done = run("--tier", "ci", timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

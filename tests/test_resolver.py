@@ -113,6 +113,11 @@ def test_a_fetch_that_brings_something_else_is_refused() -> None:
     ("Name: a\nVersion: 2\n", "not what its file name says"),
     ("Name: a\nVersion: not-a-version\n", "not what its file name says"),
     ("Version: 1\n", "not what its file name says"),
+    ("Name: a\n", "not what its file name says"),
+    ("", "not what its file name says"),
+    ("Name: A\nVersion: 1.0\n", None),  # the same project and version, normalised
+    ("Name: a\nName: evil\nVersion: 1\n", None),  # a second Name is read by no one (pip reads the first)
+    ("Name: evil\nName: a\nVersion: 1\n", "not what its file name says"),
     ("Name: a\nVersion: 1\n" + "Requires-Dist: b\n" * 1001, "1,001 dependencies"),
     ("Name: a\nVersion: 1\n" + "Provides-Extra: b\n" * 1001, "1,001 dependencies or extras"),
 ])
