@@ -41,8 +41,8 @@ EQUIVALENT = ROOT / "tests" / "mutants-equivalent.yaml"
 TARGET = 0.90
 SEED = 24  # the ci tier's sample: the same mutants on every run
 SAMPLE = 60
-# module: (file, functions judged ("*": all), stable). Provisional modules are being rewritten on other branches:
-# their figures are reported, not held to the target.
+# module: (file, functions judged ("*": all), stable). A module marked provisional (being rewritten on another
+# branch) has its figures reported, not held to the target; none is at present.
 SCOPE: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "messages": ("nbexec/sandbox/messages.py", ("*",), True),
     "kernel": ("nbexec/sandbox/kernel.py", ("KernelClient._verify", "KernelClient._remember", "KernelClient.recv",
@@ -51,18 +51,26 @@ SCOPE: dict[str, tuple[str, tuple[str, ...], bool]] = {
                                         "Connection.receive", "Connection._fill", "Connection._advance",
                                         "Connection._start_frame", "Connection._end_frame", "Connection._fail",
                                         "command", "properties"), True),
+    "lasterror": ("nbexec/sandbox/lasterror.py", ("*",), True),
     "egress": ("nbexec/egress/__init__.py", ("Rule.*", "parse_rule", "normalise", "_address", "address_problem",
                                              "Allowlist.*"), True),
+    "request": ("nbexec/egress/request.py", ("*",), True),
+    "egress-budget": ("nbexec/egress/budget.py", ("*",), True),
     "outputs": ("nbexec/notebook/outputs.py", ("*",), True),
+    "links": ("nbexec/notebook/links.py", ("*",), True),
+    "viewer": ("nbexec/notebook/viewer.py", ("*",), True),
+    "widgets": ("nbexec/engine/widgets.py", ("*",), True),
+    "cell-budget": ("nbexec/engine/budget.py", ("*",), True),
     "wheelinstall": ("nbexec/packages/wheelinstall.py", ("target", "_dist_info", "unpack", "_write", "_put",
                                                          "_scripts"), True),
-    "fleet": ("nbexec/service/fleet.py", ("Fleet._sign", "Fleet.public_id", "Fleet.parse_id"), True),
+    "resolver": ("nbexec/packages/resolver.py", ("*",), True),
+    "identity": ("nbexec/service/identity.py", ("*",), True),
+    "sse": ("nbexec/service/sse.py", ("*",), True),
+    "paths": ("nbexec/sandbox/remote/paths.py", ("*",), True),
     "envfile": ("nbexec/cli/envfile.py", ("*",), True),
     "transfer": ("nbexec/files/transfer.py", ("valid_name", "relative_parts"), True),
     "noderun": ("nbexec/sandbox/remote/noderun.py", ("_parts",), True),
-    "proxy": ("nbexec/egress/proxy.py", ("_parse", "_read_head"), False),
-    "links": ("nbexec/notebook/links.py", ("*",), False),
-    "widgets": ("nbexec/engine/widgets.py", ("*",), False),
+    "serving": ("nbexec/stores/serving.py", ("*",), True),
 }
 NOT_CAUGHT = ("survived", "no tests", "not checked", "skipped")
 
@@ -206,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             # Mutate the stable files only, make the mutants (and the test map) with one small run, then test a
             # fixed sample of them.
             only_mutate(scratch, {SCOPE[m][0] for m in modules})
-            mutmut(scratch, [glob_of("fleet", "Fleet._sign")], args.children)
+            mutmut(scratch, [glob_of("paths", "bad_segment")], args.children)
             population = mutants(scratch, modules)
             sample = random.Random(SEED).sample(population, min(SAMPLE, len(population)))
             mutmut(scratch, [m.name for m in sample], args.children)

@@ -1,6 +1,6 @@
 """Property-based tests of the names and rules made from sandbox- or client-controlled text: allowlist entries and
-the judgement of a destination (`egress`), the proxy's request heads (`egress.proxy`), link rewriting (`links`),
-wheel member names and the RECORD written (`wheelinstall`), router ids (`service.fleet`), file names into and out
+the judgement of a destination (`egress`), the proxy's request heads (`egress.request`), link rewriting (`links`),
+wheel member names and the RECORD written (`wheelinstall`), router ids (`service.identity`), file names into and out
 of /mnt/data (`files.transfer`, `sandbox.remote.noderun`), `.env` files (`cli.envfile`) and output cleaning
 (`notebook.outputs`).
 
@@ -10,10 +10,10 @@ linear in the input (tests/fuzzing.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import os
+import re
 import stat
 import tempfile
 import zipfile
@@ -27,14 +27,13 @@ from hypothesis import strategies as st
 
 from nbexec import egress
 from nbexec.cli import envfile
-from nbexec.egress import proxy
+from nbexec.egress import request
 from nbexec.errors import ConfigError, FileTransferError
 from nbexec.files import folders, transfer
 from nbexec.notebook import links, outputs
 from nbexec.packages import wheelinstall
 from nbexec.sandbox.remote import noderun
-from nbexec.sandbox.remote.nodes import Capacity
-from nbexec.service.fleet import Fleet
+from nbexec.service import identity
 
 from .fuzzing import assert_linear
 
@@ -134,10 +133,11 @@ heads = st.builds(lambda method, target, version, lines: b"\r\n".join(
 
 @given(head=heads)
 def test_a_request_head_names_one_judged_host_upstream(head: bytes) -> None:
-    method, host, port, forward = proxy._parse(head)  # provisional: the parser is being rewritten elsewhere
-    if not method:
-        assert port == 0 and forward is None
+    judged = request.parse(head)
+    if isinstance(judged, str):  # refused, with the reason the client is told
+        assert judged
         return
+    method, host, port, forward = judged.method, judged.host, judged.port, judged.forward
     assert host and 0 < port < 65536
     if method == "CONNECT":
         assert forward is None
@@ -155,10 +155,10 @@ def test_a_request_head_names_one_judged_host_upstream(head: bytes) -> None:
 
 def test_a_request_head_is_parsed_in_linear_time() -> None:
     assert_linear(lambda n: b"GET http://a.example/ HTTP/1.1\r\n" + b"\r\n".join([b"X-A: 1"] * n),
-                  lambda head: proxy._parse(head), 100)  # type: ignore[arg-type]
+                  lambda head: request.parse(head), 100)  # type: ignore[arg-type]
 
 
-# -- link rewriting (provisional: links.py is being rewritten for linear time) ---------------------------------
+# -- link rewriting ------------------------------------------------------------------------------------------
 
 link_text = st.lists(st.sampled_from(["/mnt/data/", "sandbox:", "a.csv", "b c", "%20", ".", ",", ")", "(", " ",
                                       "x/y.png", "\n", "`", "é"]), max_size=12).map("".join)
@@ -176,8 +176,6 @@ def test_links_rewrite_only_produced_names(text: str, produced: dict[str, str]) 
     assert "".join(pieces[::2]).replace("sandbox:", "").count("/mnt/data/") <= text.count("/mnt/data/")
 
 
-@pytest.mark.xfail(strict=True, reason="links.rewrite is quadratic in a run of trailing punctuation today; the "
-                                       "results branch makes it linear (issue #22.4): then drop this mark")
 def test_link_rewriting_is_linear() -> None:
     assert_linear(lambda n: "/mnt/data/" + "." * n,
                   lambda text: links.rewrite(text, {"a": "u"}), 2000)  # type: ignore[arg-type]
@@ -247,50 +245,43 @@ def test_a_member_is_placed_inside_its_scheme_or_refused(name: str, kind: int) -
 # -- router ids --------------------------------------------------------------------------------------------------
 
 hex_ids = st.from_regex(r"\A[0-9a-f]{1,64}\Z")
+node_names = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # identity.NAME: what --nodes allows
+KEY, OTHER_KEY = identity.id_key(b"node-token-" + b"x" * 16), identity.id_key(b"other-token-" + b"y" * 16)
 
 
-@pytest.fixture(scope="module")
-def fleets() -> Iterator[tuple[Fleet, Fleet]]:
-    made = (Fleet(("http://a:1",), "node-token-" + "x" * 16), Fleet(("http://a:1",), "other-token-" + "y" * 16))
-    yield made
-    for fleet in made:
-        asyncio.run(fleet.close())
-
-
-@given(who=st.text(max_size=8), node=st.text(max_size=12), instance=hex_ids, raw=hex_ids, edit=st.integers(0),
+@given(who=st.text(max_size=8), node=node_names, instance=hex_ids, raw=hex_ids, edit=st.integers(0),
        char=st.characters())
-def test_a_router_id_parses_only_for_its_client_unchanged(fleets: tuple[Fleet, Fleet], who: str, node: str,
-                                                          instance: str, raw: str, edit: int, char: str) -> None:
-    fleet, other = fleets
-    for each in fleets:
-        each.health["http://a:1"].ok(Capacity(node, instance, 0, 1, 1, 0))
-    public = fleet.public_id(who, "http://a:1", raw)
-    assert fleet.parse_id(who, public) == (node, instance, raw)
-    assert fleet.parse_id(who + "x", public) is None  # another client
-    assert other.parse_id(who, public) is None  # another cluster's routers
+def test_a_router_id_parses_only_for_its_client_unchanged(who: str, node: str, instance: str, raw: str, edit: int,
+                                                          char: str) -> None:
+    public = identity.public_id(KEY, who, node, instance, raw)
+    assert identity.parse_id(KEY, who, public) == (node, instance, raw)
+    assert identity.parse_id(KEY, who + "x", public) is None  # another client
+    assert identity.parse_id(OTHER_KEY, who, public) is None  # another cluster's routers
     index = edit % len(public)
     changed = public[:index] + char + public[index + 1:]
     assume(changed != public)
-    assert fleet.parse_id(who, changed) is None  # any one character changed
-    assert fleet.parse_id(who, public[:index]) is None  # truncated
+    assert identity.parse_id(KEY, who, changed) is None  # any one character changed
+    assert identity.parse_id(KEY, who, public[:index]) is None  # truncated
 
 
-def test_an_id_of_a_node_whose_instance_is_not_hex_never_parses(fleets: tuple[Fleet, Fleet]) -> None:
-    fleet = fleets[0]
-    fleet.health["http://a:1"].ok(Capacity("n", "not-hex", 0, 1, 1, 0))
-    assert fleet.parse_id("alice", fleet.public_id("alice", "http://a:1", "c0ffee")) is None
+@given(node=st.text(max_size=12), instance=st.text(max_size=12), raw=st.text(max_size=12))
+def test_an_id_with_a_part_of_the_wrong_shape_never_parses(node: str, instance: str, raw: str) -> None:
+    """Signed with the right key, but a node name, instance or node id no router would issue."""
+    public = identity.public_id(KEY, "alice", node, instance, raw)
+    parsed = identity.parse_id(KEY, "alice", public)
+    shaped = bool(identity.NAME.fullmatch(node)) and all(
+        re.fullmatch(r"[0-9a-f]{1,64}", part) for part in (instance, raw))
+    assert parsed == ((node, instance, raw) if shaped else None)
 
 
-def test_a_router_id_carries_a_96_bit_signature(fleets: tuple[Fleet, Fleet]) -> None:
-    fleet = fleets[0]
-    fleet.health["http://a:1"].ok(Capacity("n", "ab", 0, 1, 1, 0))
-    signature = fleet.public_id("alice", "http://a:1", "c0ffee").rsplit(".", 1)[1]
+def test_a_router_id_carries_a_96_bit_signature() -> None:
+    signature = identity.public_id(KEY, "alice", "n", "ab", "c0ffee").rsplit(".", 1)[1]
     assert len(signature) == 24 and int(signature, 16) >= 0
 
 
 @given(public=st.text(max_size=120))
-def test_an_id_the_router_did_not_make_is_refused(fleets: tuple[Fleet, Fleet], public: str) -> None:
-    assert fleets[0].parse_id("alice", public) is None
+def test_an_id_the_router_did_not_make_is_refused(public: str) -> None:
+    assert identity.parse_id(KEY, "alice", public) is None
 
 
 # -- file names into and out of /mnt/data ------------------------------------------------------------------------

@@ -45,6 +45,8 @@ class Framer:
         return self.lines > 0 or self._line
 
     def feed(self, chunk: bytes) -> list[Piece]:
+        if not chunk:  # an empty read between the CR and LF of a CRLF must not end a second line
+            return []
         out: list[Piece] = []
         at = 1 if self._after_cr and chunk[:1] == b"\n" else 0  # the LF of a CRLF split across chunks
         self._after_cr = False
@@ -119,6 +121,7 @@ class Framer:
             out.append(("event", self.name))
         elif self._mode == "comment":
             out.append(("comment", b""))
+        self._head.clear()  # a field name skipped as overlong must not prefix the next line's
         self._mode, self._line, self._space = "head", False, False
         self.lines += 1
 
