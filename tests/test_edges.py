@@ -6,10 +6,13 @@ filter, dispatch), message content limits, `.env` reading and the names a node g
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
+import struct
 import subprocess
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,6 +122,18 @@ def test_a_frame_that_never_ends_gives_back_control_while_it_streams(
     assert sent[0] < total, "receive returned only once the sender had finished"
 
 
+def test_past_its_timeout_receive_reads_once_and_gives_back_control(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    """3 MiB of an endless frame wait in the socket: a receive whose time is up reads once (256 KiB) and returns,
+    leaving the rest for the next call, rather than reading for as long as bytes keep coming."""
+    connection, theirs = pair
+    theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    theirs.sendall(b"\x02" + (2**62).to_bytes(8, "big") + b"x" * (3 << 20))
+    assert connection.receive(0) is None
+    waiting = struct.unpack("i", fcntl.ioctl(connection._sock, termios.FIONREAD, b"\0" * 4))[0]
+    assert waiting == (3 << 20) + 9 - zmtp._CHUNK, waiting
+
+
 def test_a_broken_connection_stays_broken_with_its_reason(pair: tuple[zmtp.Connection, socket.socket]) -> None:
     connection, theirs = pair
     theirs.sendall(bytes((0x80, 1)) + b"x" + frame(b"fine"))
@@ -149,6 +164,131 @@ def test_a_long_command_uses_the_long_form() -> None:
     assert zmtp.command(b"READY", {"v": b"x" * 300}) == b"\x06" + len(body).to_bytes(8, "big") + body
     short = b"\x05READY\x01v" + (5).to_bytes(4, "big") + b"x" * 5
     assert zmtp.command(b"READY", {"v": b"x" * 5}) == b"\x04" + bytes((len(short),)) + short
+
+
+@pytest.mark.parametrize(("value", "long"), [(243, False), (244, True)])  # bodies of 255 and 256 bytes
+def test_a_command_body_of_256_bytes_takes_the_long_form(value: int, long: bool) -> None:
+    body = b"\x05READY\x01v" + value.to_bytes(4, "big") + b"x" * value
+    head = b"\x06" + len(body).to_bytes(8, "big") if long else b"\x04" + bytes((len(body),))
+    assert zmtp.command(b"READY", {"v": b"x" * value}) == head + body
+
+
+@pytest.mark.parametrize(("body", "start"), [(b"\x01a\x00\x00", 0), (b"\x01a\x00\x00\x00\x05ab", 0),
+                                             (b"\x05READY\x01a", 6)], ids=["size-cut", "value-cut", "size-missing"])
+def test_a_property_cut_short_is_refused_with_the_reason(body: bytes, start: int) -> None:
+    with pytest.raises(ProtocolError, match=r"^a command property is cut short$"):
+        zmtp.properties(body, start)
+
+
+@pytest.fixture
+def roomy() -> Iterator[tuple[zmtp.Connection, socket.socket]]:
+    """A ready connection that keeps messages of 4 MiB, and a kernel end whose socket buffer holds them whole."""
+    ours, theirs = socket.socketpair()
+    theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    if theirs.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < 4 << 20:
+        pytest.fail("this test needs a 4 MiB socket buffer: raise net.core.wmem_max", pytrace=False)
+    connection = zmtp.Connection(ours, "SUB", max_message=4 << 20, max_frames=8)
+    connection._ready = True
+    yield connection, theirs
+    connection.close()
+    theirs.close()
+
+
+def test_a_large_kept_frame_read_straight_into_its_buffer_arrives_whole(
+        roomy: tuple[zmtp.Connection, socket.socket]) -> None:
+    """The frame's first 256 KiB come through the read buffer, the rest straight into the frame (one copy less),
+    ending exactly at the frame's end: every byte lands at its offset, and the next message starts after it."""
+    connection, theirs = roomy
+    data = bytes(range(256)) * 2400
+    theirs.sendall(frame(data) + frame(b"next"))
+    first, second = connection.receive(5), connection.receive(5)
+    assert first is not None and first.sizes == (len(data),) and bytes(first.frames[0] or b"") == data
+    assert second is not None and [bytes(f or b"") for f in second.frames] == [b"next"]
+
+
+def test_a_frame_split_across_receive_calls_arrives_whole(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    data = bytes(range(200)) * 3
+    whole = frame(data) + frame(b"next")
+    theirs.sendall(whole[:300])
+    assert connection.receive(0) is None and connection.receive(0) is None  # half a frame: kept for later
+    theirs.sendall(whole[300:])
+    first, second = connection.receive(1), connection.receive(1)
+    assert first is not None and bytes(first.frames[0] or b"") == data
+    assert second is not None and [bytes(f or b"") for f in second.frames] == [b"next"]
+
+
+def test_a_long_frame_header_split_across_reads_waits_for_its_size(
+        pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    long = frame(b"y" * 300)
+    theirs.sendall(frame(b"a") + long[:5])  # one read: a whole message, then part of the next frame's size
+    first = connection.receive(1)
+    assert first is not None and [bytes(f or b"") for f in first.frames] == [b"a"]
+    theirs.sendall(long[5:])
+    second = connection.receive(1)
+    assert second is not None and second.sizes == (300,) and bytes(second.frames[0] or b"") == b"y" * 300
+
+
+def test_a_message_that_comes_later_is_waited_for(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    later = threading.Timer(0.3, theirs.sendall, args=(frame(b"later"),))
+    later.start()
+    try:
+        found = connection.receive(30)  # returns as soon as it comes; 30 s is only the bound
+    finally:
+        later.join(30)
+    assert found is not None and [bytes(f or b"") for f in found.frames] == [b"later"]
+
+
+def test_a_reset_connection_is_closed_with_the_reason(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    connection.send([b"unread"], 1)
+    theirs.close()  # with our message unread in it: the next read fails with ECONNRESET
+    with pytest.raises(ProtocolError, match=r"^the kernel closed its SUB connection \(\[Errno 104\] Connection reset"):
+        connection.receive(1)
+    assert connection.closed is True
+
+
+def test_a_command_of_exactly_the_command_limit_is_taken(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    body = b"\x04PING" + b"x" * (zmtp.MAX_COMMAND - 5)
+    theirs.sendall(frame(body, flags=zmtp.COMMAND, long=True) + frame(b"after"))
+    found = connection.receive(5)
+    assert found is not None and [bytes(f or b"") for f in found.frames] == [b"after"]
+    theirs.sendall(frame(body + b"x", flags=zmtp.COMMAND, long=True))
+    with pytest.raises(ProtocolError, match=r"^the kernel sent a malformed command frame \(65,537 bytes\)$"):
+        connection.receive(5)
+
+
+def test_a_message_before_ready_is_refused_by_name() -> None:
+    ours, theirs = socket.socketpair()
+    connection = zmtp.Connection(ours, "SUB", max_message=1000, max_frames=8)
+    try:
+        theirs.sendall(frame(b"early"))
+        with pytest.raises(ProtocolError, match=r"^the kernel sent a message before its READY command$"):
+            connection.receive(1)
+    finally:
+        connection.close()
+        theirs.close()
+
+
+def test_a_message_of_exactly_max_frames_is_taken(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(b"".join(frame(b"f", more=True) for _ in range(7)) + frame(b"f"))
+    found = connection.receive(1)
+    assert found is not None and len(found.frames) == 8
+    theirs.sendall(b"".join(frame(b"f", more=True) for _ in range(8)) + frame(b"f"))
+    with pytest.raises(ProtocolError, match=r"^the kernel sent a message of more than 8 frames$"):
+        connection.receive(1)
+
+
+def test_the_byte_limit_counts_every_kept_frame_of_a_message(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    connection, theirs = pair
+    theirs.sendall(frame(b"a" * 400, more=True) + frame(b"b" * 400, more=True) + frame(b"c" * 300))
+    found = connection.receive(1)
+    assert found is not None and found.sizes == (400, 400, 300)
+    assert [bytes(f) if f is not None else None for f in found.frames] == [b"a" * 400, b"b" * 400, None]
 
 
 def test_two_messages_of_exactly_the_limit_are_both_kept(pair: tuple[zmtp.Connection, socket.socket]) -> None:
@@ -277,6 +417,69 @@ def test_an_execute_input_past_the_control_limit_is_refused() -> None:
     big = message("execute_input", {"code": "x" * kernel_protocol.MAX_CONTROL, "execution_count": 1})
     with pytest.raises(ProtocolError, match="over its"):
         kernel_protocol.dispatch(big, Execution(), lambda m: None)
+
+
+def test_error_messages_are_counted_read_or_dropped_by_their_size() -> None:
+    run = Execution()
+    whole = message("error", {"ename": "E", "evalue": "v", "traceback": []})
+    dropped = Message("iopub", "error", "m", "p", 5000, b"", False)  # past the frame limit: read past, not kept
+    for msg in (whole, dropped, dropped, whole):
+        assert kernel_protocol.dispatch(msg, run, lambda m: None) is False
+    assert (run.status, run.errors_read, run.errors_dropped) == ("error", 2, 10000)
+
+
+def test_a_frame_before_the_delimiter_is_not_taken_for_it() -> None:
+    frames: list[bytes | None] = list(signed(header("m")))
+    frames[0] = b"123456789"  # an identity frame as long as the delimiter
+    found = verify(frames)
+    assert found is not None and found.msg_id == "m"
+    without = [frames[0], *frames[2:]]  # no delimiter, and five frames where they would follow it
+    with pytest.raises(ProtocolError, match=r"^a message on iopub has no <IDS\|MSG> delimiter$"):
+        verify(without)
+    with pytest.raises(ProtocolError, match=r"^a message on iopub has 4 frames after its delimiter \(need 5\)$"):
+        verify(frames[:-1])
+
+
+@pytest.mark.parametrize("part", ["header", "parent"])
+def test_headers_of_exactly_the_limit_are_parsed(part: str) -> None:
+    head, parent = json.dumps(header("m")).encode(), b'{"msg_id": "p"}'
+    if part == "header":
+        head += b" " * (kernel_protocol.MAX_HEADER - len(head))
+    else:
+        parent += b" " * (kernel_protocol.MAX_HEADER - len(parent))
+    found = verify(signed(head, parent=parent))
+    assert found is not None and (found.msg_id, found.parent_id) == ("m", "p")
+    with pytest.raises(ProtocolError, match="header over"):
+        verify(signed(head + b" ", parent=parent) if part == "header" else signed(head, parent=parent + b" "))
+
+
+def test_a_signature_of_128_bytes_is_checked_and_one_of_129_refused_unread() -> None:
+    frames: list[bytes | None] = list(signed(header("m")))
+    frames[2] = b"0" * 128
+    with pytest.raises(ProtocolError, match="signature is wrong"):
+        verify(frames)
+    frames[2] = b"0" * 129
+    with pytest.raises(ProtocolError, match="header over"):
+        verify(frames)
+
+
+@pytest.mark.parametrize(("head", "parent", "words"), [
+    (b"[]", b"{}", r"^a message's header is not a JSON object$"),
+    (b"{", b"{}", r"^a header message is not valid UTF-8 JSON: "),
+    (b"{}", b"{", r"^a parent header message is not valid UTF-8 JSON: "),
+    (b'{"msg_type": "stream", "msg_id": 5}', b"{}",
+     r"^a message on iopub has a header without string msg_type and msg_id$"),
+    (b'{"msg_type": 5, "msg_id": "m"}', b"{}", "without string msg_type"),
+    (b'{"msg_type": "stream", "msg_id": "m"}', b'{"msg_id": 5}', "without string msg_type"),
+])
+def test_each_header_problem_is_named(head: bytes, parent: bytes, words: str) -> None:
+    with pytest.raises(ProtocolError, match=words):
+        verify(signed(head, parent=parent))
+
+
+def test_a_parent_without_an_id_is_no_parent() -> None:
+    found = verify(signed(header("m"), parent=b"{}"))
+    assert found is not None and (found.channel, found.msg_id, found.parent_id) == ("iopub", "m", "")
 
 
 def test_header_problems_are_named() -> None:

@@ -6,11 +6,18 @@ report, a cell's output budget and how stores serve what they store."""
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import resource
 
+import nbformat
 import pytest
 
+from nbexec.egress import budget
 from nbexec.errors import ConfigError
+from nbexec.notebook import viewer
+from nbexec.sandbox import lasterror
 from nbexec.service import sse
 from nbexec.stores import serving
 
@@ -134,3 +141,169 @@ def test_the_link_lifetime_is_read_from_the_environment(environ: dict[str, str],
         assert serving.expiry_from(environ, older=older) == expected
     assert serving.prefix_from({}) == serving.prefix_from({"NBEXEC_BLOB_PREFIX": ""}) == "nbexec"
     assert serving.prefix_from({"NBEXEC_BLOB_PREFIX": "runs"}) == "runs"
+
+
+# -- the report copy and the outputs a viewer is handed -----------------------------------------------------------
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+
+
+def test_a_report_copy_keeps_sources_and_plain_outputs_and_no_metadata() -> None:
+    markdown = nbformat.v4.new_markdown_cell(["# a ", "title"], metadata={"tags": ["x"]})
+    markdown.attachments = {"a.png": {"image/png": PNG, "image/svg+xml": "<svg/>"}, "b.svg": {"image/svg+xml": "<s/>"},
+                            "c.png": {"image/png": "not base64!"}, "d": "not a mapping", "e.gif": {"image/gif": 5}}
+    bare = nbformat.v4.new_markdown_cell("no attachments")
+    bare.attachments = {"b.svg": {"image/svg+xml": "<s/>"}}
+    code = nbformat.v4.new_code_cell("print(1)", execution_count=3, metadata={"jupyter": {"source_hidden": True}})
+    code.outputs = [
+        {"output_type": "stream", "name": "stderr", "text": ["a", "b"]},
+        {"output_type": "stream", "name": "other", "text": 5},
+        {"output_type": "error", "ename": "E", "evalue": ["v", "w"], "traceback": ["t1", 2]},
+        {"output_type": "error", "ename": 1, "evalue": "v", "traceback": "not a list"},
+        {"output_type": "execute_result", "execution_count": "7", "metadata": {"a": 1},
+         "data": {"text/plain": "r", "application/javascript": "x()", "image/png": PNG + "!"}},
+        {"output_type": "execute_result", "execution_count": 7, "data": {"text/latex": "$x$"}},
+        {"output_type": "display_data", "data": {"image/svg+xml": "<svg/>"}},
+        {"output_type": "display_data", "data": "not a mapping"},
+        {"output_type": "display_data", "data": {"image/jpeg": ["/9j", "/4A"], "text/markdown": ["*a*", 1]}},
+        {"output_type": "update_display_data", "data": {"text/plain": "u"}},
+        "not an output",
+    ]
+    uncounted = nbformat.v4.new_code_cell("x", execution_count=None)
+    uncounted.execution_count = "3"
+    raw_html = nbformat.v4.new_raw_cell("<b>x</b>", metadata={"raw_mimetype": "text/html", "other": 1})
+    raw_tex = nbformat.v4.new_raw_cell("\\x", metadata={"raw_mimetype": "text/latex"})
+    raw_bare = nbformat.v4.new_raw_cell("y")
+    nb = nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {"title": "t", "widgets": {"x": 1}},
+                             "cells": [markdown, bare, code, uncounted, raw_html, raw_tex, raw_bare,
+                                       {"cell_type": "unknown", "id": "u", "source": "z"}]})  # as a client may send
+    copy = viewer.report_copy(nb)
+    assert copy.metadata == {"language_info": {"name": "python"}}
+    assert [c.cell_type for c in copy.cells] == ["markdown", "markdown", "code", "code", "raw"]
+    first, second, ran, other, raw = copy.cells
+    assert first.source == "# a title" and first.metadata == {} and first.attachments == {"a.png": {"image/png": PNG}}
+    assert "attachments" not in second
+    assert (ran.source, ran.execution_count, ran.metadata) == ("print(1)", 3, {})
+    assert other.execution_count is None
+    assert ran.outputs == [
+        {"output_type": "stream", "name": "stderr", "text": "ab"},
+        {"output_type": "stream", "name": "stdout", "text": ""},
+        {"output_type": "error", "ename": "E", "evalue": "vw", "traceback": ["t1", ""]},
+        {"output_type": "error", "ename": "", "evalue": "v", "traceback": []},
+        {"output_type": "execute_result", "execution_count": None, "metadata": {}, "data": {"text/plain": "r"}},
+        {"output_type": "execute_result", "execution_count": 7, "metadata": {}, "data": {"text/latex": "$x$"}},
+        {"output_type": "display_data", "metadata": {}, "data": {"image/jpeg": "/9j/4A"}},
+    ]
+    assert (raw.source, raw.metadata) == ("<b>x</b>", {"raw_mimetype": "text/html"})
+
+
+def test_an_output_widget_keeps_its_view_references_and_plain_data_only() -> None:
+    view = "application/vnd.jupyter.widget-view+json"
+    outputs = viewer._plain_outputs([
+        {"output_type": "display_data", "data": {view: {"model_id": "m1", "version_major": 9, "x": 1}}},
+        {"output_type": "display_data", "data": {view: {"model_id": 5}, "text/plain": "t"}},
+        {"output_type": "display_data", "data": {view: "m1"}},
+        {"output_type": "display_data", "data": {"text/html": "<b>"}},
+    ], viewer._OUTPUT_WIDGET_MIMES)
+    assert outputs == [
+        {"output_type": "display_data", "metadata": {}, "data": {view: {"version_major": 2, "version_minor": 0,
+                                                                        "model_id": "m1"}}},
+        {"output_type": "display_data", "metadata": {}, "data": {"text/plain": "t"}},
+    ]
+    assert viewer._plain_outputs("not a list", viewer.REPORT_MIMES) == []
+
+
+# -- the kernel's last-error report ------------------------------------------------------------------------------
+
+def _asked(text: object, status: object = "ok") -> dict[str, object]:
+    return {"user_expressions": {lasterror.KEY: {"status": status, "data": {"text/plain": text}}}}
+
+
+def _quoted(report: object) -> str:
+    return "'" + base64.b64encode(json.dumps(report).encode()).decode() + "'"
+
+
+def test_a_report_keeps_its_lines_without_their_line_ends_only() -> None:
+    report = {"raised": True, "ename": "KeyError", "evalue": "'k'", "traceback": ["a\n", "bX\n\n", "c"]}
+    assert lasterror.read(_asked(_quoted(report))) == lasterror.LastError(True, "KeyError", "'k'", ("a", "bX", "c"))
+    assert lasterror.from_reply({"status": "error", **report}) == lasterror.LastError(True, "KeyError", "'k'",
+                                                                                     ("a", "bX", "c"))
+
+
+@pytest.mark.parametrize("reply", [
+    {}, {"user_expressions": []}, {"user_expressions": {lasterror.KEY: "x"}}, _asked(_quoted({"raised": True}), "x"),
+    {"user_expressions": {lasterror.KEY: {"status": "ok", "data": []}}}, _asked(5), _asked("abc"), _asked("''"),
+    _asked("'" + base64.b64encode(b"not json").decode() + "'"), _asked("'YWJj'"), _asked("'ab=c'"),
+    _asked(_quoted([1])), _asked(_quoted({"raised": "yes"})), _asked(_quoted({"raised": True, "ename": "E"})),
+    _asked(_quoted({"raised": True, "ename": "E", "evalue": 1, "traceback": []})),
+    _asked(_quoted({"raised": True, "ename": "E", "evalue": "v", "traceback": "t"})),
+], ids=["empty", "not-a-mapping", "not-an-answer", "not-ok", "data-not-a-mapping", "not-text", "not-quoted",
+        "empty-quoted", "not-json", "not-an-object-json", "bad-padding", "a-list", "raised-not-a-bool",
+        "no-value", "value-not-text", "traceback-not-a-list"])
+def test_a_malformed_answer_tells_nothing(reply: dict[str, object]) -> None:
+    assert lasterror.read(reply) is None
+
+
+def test_a_reply_with_another_status_says_which_cut_at_100_characters() -> None:
+    assert lasterror.from_reply({"status": "s" * 150}) == lasterror.LastError(
+        True, "KernelError", f"The kernel answered the cell with status {'s' * 100!r}.")
+    assert lasterror.from_reply({}).evalue == "The kernel answered the cell with status 'None'."  # type: ignore[union-attr]
+    assert lasterror.from_reply({"status": "error"}) is None  # it did not say what: the kernel is asked
+    assert lasterror.read(_asked(_quoted({"raised": False, "ename": 5}))) == lasterror.LastError(False)
+
+
+# -- the egress proxy's budgets and pace -------------------------------------------------------------------------
+
+def test_a_budget_charges_up_to_its_capacity_read_at_each_charge() -> None:
+    capacity = [4]
+    shared = budget.Budget(lambda: capacity[0])
+    assert shared.take(4) and not shared.take(1) and shared.used == 4
+    capacity[0] = 6  # a raised limit (ulimit -n) counts from the next charge
+    assert shared.capacity == 6 and shared.take(2) and not shared.take(1) and shared.used == 6
+    shared.give(6)
+    assert shared.used == 0 and not budget.Budget(1).take(2)
+
+
+@pytest.mark.parametrize(("soft", "capacity"), [(100, 50), (101, 50), (16384, 8192), (20000, budget.HOST_MOST)])
+def test_the_proxies_share_half_the_descriptor_limit_and_at_most_host_most(soft: int, capacity: int) -> None:
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft > before[1]:
+        pytest.fail(f"this test needs a hard descriptor limit of {soft} (it is {before[1]})", pytrace=False)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        assert budget.host_capacity() == capacity
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def test_the_pace_judges_each_window_at_its_exact_end() -> None:
+    pace = budget.Pace(window=2.0, least=10, now=100.0)
+    assert pace.wait(100.5) == 1.5 and pace.check(101.999) is None
+    pace.moved(10, 101.0)  # exactly the least: enough
+    assert pace.wait(101.5) == 0.5  # the window's end comes before the idle deadline
+    assert pace.check(102.0) is None and pace.ends == 104.0 and pace.count == 0
+    assert pace.wait(104.5) == 0.0  # a deadline in the past: no wait
+    pace.moved(9, 102.5)
+    assert pace.check(104.0) == ("closed: 9 bytes moved in 2 s, fewer than the 10 the minimum rate asks "
+                                 "(egress_min_rate)")
+    pace.moved(1000, 104.5)
+    assert pace.check(200.0).startswith("closed: 9 bytes")  # type: ignore[union-attr]  # once found, it stays
+
+
+def test_an_idle_tunnel_is_closed_exactly_after_the_window() -> None:
+    pace = budget.Pace(window=2.0, least=0, now=0.0)
+    pace.moved(5, 1.0)
+    assert pace.check(2.999) is None and pace.check(3.0) == "closed after 2 s without traffic"
+
+
+def test_windows_that_passed_unchecked_start_a_fresh_one() -> None:
+    pace = budget.Pace(window=1.0, least=1, now=0.0)
+    pace.moved(5, 0.5)
+    pace.moved(5, 1.4)  # judged the first window (5 bytes) on the way; the second starts at 1.0
+    assert pace.ends == 2.0 and pace.count == 5
+    pace.moved(5, 2.3)
+    pace.moved(5, 3.2)  # the window ending at 3.0 had 5; the next ends at 4.0
+    assert pace.ends == 4.0 and pace.reason is None
+    quiet = budget.Pace(window=1.0, least=0, now=0.0)
+    quiet.last = 9.5  # traffic was seen (not counted) while nothing judged the windows
+    assert quiet.check(10.0) is None and quiet.ends == 11.0  # not 2.0: the windows that passed are skipped
