@@ -7,13 +7,18 @@ report, a cell's output budget and how stores serve what they store."""
 from __future__ import annotations
 
 import base64
+import grp
 import json
 import logging
+import os
+import pwd
 import resource
+from pathlib import Path
 
 import nbformat
 import pytest
 
+from nbexec.cli import envfile
 from nbexec.egress import budget
 from nbexec.errors import ConfigError
 from nbexec.notebook import viewer
@@ -307,3 +312,29 @@ def test_windows_that_passed_unchecked_start_a_fresh_one() -> None:
     quiet = budget.Pace(window=1.0, least=0, now=0.0)
     quiet.last = 9.5  # traffic was seen (not counted) while nothing judged the windows
     assert quiet.check(10.0) is None and quiet.ends == 11.0  # not 2.0: the windows that passed are skipped
+
+
+# -- the router's own events and .env folders ---------------------------------------------------------------------
+
+def test_an_event_the_router_writes_itself_is_one_whole_event() -> None:
+    written = sse.frame("result", b'{"ok": true}')
+    assert written == b'event: result\ndata: {"ok": true}\n\n'
+    framer = sse.Framer(1000)
+    assert framer.feed(written) == [("event", b"result"), ("data-start", b""), ("data", b'{"ok": true}'),
+                                    ("data-end", b""), ("dispatch", b"result")]
+
+
+def test_a_env_folder_writable_by_your_own_private_group_still_loads(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A umask of 002 with user private groups (Debian's default for users) is no reason to refuse a .env."""
+    user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid())
+    if group.gr_name != user or set(group.gr_mem) - {user}:
+        pytest.fail(f"this test needs a private group named {user} (run it as root, as CI does)", pytrace=False)
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / ".env").write_text("NBEXEC_EDGE_PRIVATE=1\n")
+    os.chmod(folder, 0o775)
+    os.chmod(folder / ".env", 0o664)
+    monkeypatch.delenv("NBEXEC_EDGE_PRIVATE", raising=False)
+    assert envfile.load(folder) == ["NBEXEC_EDGE_PRIVATE"]
+    assert not envfile._private_group(os.getgid() + 1) and not envfile._private_group(2**31 - 2)
