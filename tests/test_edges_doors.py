@@ -19,11 +19,11 @@ import nbformat
 import pytest
 
 from nbexec.cli import envfile
-from nbexec.egress import budget
+from nbexec.egress import budget, request
 from nbexec.errors import ConfigError
 from nbexec.notebook import viewer
 from nbexec.sandbox import lasterror
-from nbexec.service import sse
+from nbexec.service import identity, sse
 from nbexec.stores import serving
 
 
@@ -338,3 +338,155 @@ def test_a_env_folder_writable_by_your_own_private_group_still_loads(tmp_path: P
     monkeypatch.delenv("NBEXEC_EDGE_PRIVATE", raising=False)
     assert envfile.load(folder) == ["NBEXEC_EDGE_PRIVATE"]
     assert not envfile._private_group(os.getgid() + 1) and not envfile._private_group(2**31 - 2)
+
+
+# -- the signed client header and router ids ---------------------------------------------------------------------
+
+NODE_TOKEN = b"node-token-" + b"n" * 24
+
+
+def _signed_at(stamp: str, *, client: str = "alice", node: str = "n1", nonce: str = "0" * 32,
+               method: str = "GET", target: str = "/v1/sessions/a") -> bytes:
+    mac = identity._mac(identity._request_key(NODE_TOKEN), method, target, client, node, stamp, nonce)
+    return ";".join((client, node, stamp, nonce, mac)).encode()
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"client": "c" * 64}, None), ({"client": "c" * 65}, "the client is malformed"),
+    ({"client": ""}, "the client is malformed"), ({"node": "n" * 63}, None),
+    ({"node": "n" * 64}, "the node name is malformed"), ({"node": ".n"}, "the node name is malformed"),
+    ({"nonce": "f" * 32}, None), ({"nonce": "f" * 31}, "the nonce is malformed"),
+    ({"nonce": "F" * 32}, "the nonce is malformed"),
+])
+def test_each_field_of_the_header_is_held_to_its_form(fields: dict[str, str], problem: str | None) -> None:
+    stamp = "1000000"
+    header = _signed_at(stamp, **fields)
+    if problem is None:
+        assert identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/a", header, now=1000000.0).client
+    else:
+        with pytest.raises(identity.SignatureError, match=rf"^{problem}$"):
+            identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/a", header, now=1000000.0)
+
+
+def test_the_header_is_sized_before_it_is_read() -> None:
+    header = _signed_at("1000000", client="c" * 64, node="n" * 63)
+    header = header + b" " * (identity.MAX_HEADER - len(header))  # exactly the limit: read (and refused as malformed)
+    with pytest.raises(identity.SignatureError, match=r"^the signature is malformed$"):
+        identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/a", header, now=1000000.0)
+    with pytest.raises(identity.SignatureError, match=r"^the header is over 512 bytes$"):
+        identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/a", header + b" ", now=1000000.0)
+    with pytest.raises(identity.SignatureError, match=r"^the header needs five fields: client;node;time;nonce;"):
+        identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/a", b"a;b;c;d", now=1000000.0)
+    with pytest.raises(identity.SignatureError, match=r"^the time is malformed$"):
+        identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/a", _signed_at("1" * 13), now=1000000.0)
+
+
+def test_nonces_are_remembered_for_twice_the_window_and_up_to_the_capacity() -> None:
+    verifier = identity.Verifier(window=60, capacity=2)
+    verifier._remember("a" * 32, 0.0)
+    verifier._remember("b" * 32, 10.0)
+    with pytest.raises(identity.SignatureError, match=r"^too many signed calls at once; try again shortly$"):
+        verifier._remember("c" * 32, 120.0)  # "a" is exactly twice the window old: still kept
+    verifier._remember("c" * 32, 120.5)  # now it is forgotten, "b" is not
+    with pytest.raises(identity.SignatureError, match=r"^the call was replayed$"):
+        verifier._remember("b" * 32, 121.0)
+    assert list(verifier._seen) == ["b" * 32, "c" * 32]
+
+
+def test_only_the_ids_a_node_made_are_rendered_for_the_caller() -> None:
+    key = identity.id_key(NODE_TOKEN)
+    view = identity.View(identity.For("alice", "n1", key), "0a")
+    data = {"id": 5, "execution_id": None, "node": "host", "other": "cafe"}
+    assert view.outward(dict(data), "cafe") == {**data, "node": "n1"}  # not text: left as it was
+    assert view.outward({"id": "beef"}, "cafe") == {"id": "beef"}  # not this node's id
+
+
+# -- the proxy's request heads and bodies -------------------------------------------------------------------------
+
+NOT_HTTP = "not an HTTP/1.x proxy request"
+NOT_PLAIN = "only CONNECT and http:// URLs without credentials go through this proxy"
+BAD_LINE = "a header line that is not name: value (or one with a control character)"
+BOTH = "Transfer-Encoding and Content-Length together (a request-smuggling pattern)"
+CODING = "only one Transfer-Encoding: chunked, in HTTP/1.1, is relayed"
+
+
+@pytest.mark.parametrize(("head", "reason"), [
+    (b"", NOT_HTTP), (b"GET http://a/ HTTP/2", NOT_HTTP), (b"GET  http://a/ HTTP/1.1", NOT_HTTP),
+    (b"G(ET http://a/ HTTP/1.1", NOT_HTTP), (b"GET http://a/", NOT_HTTP),
+    (b"GET http://a/ HTTP/1.1\r\nX: a\nb", "a bare CR or LF in the request head"),
+    (b"GET http://a/\r HTTP/1.1", "a bare CR or LF in the request head"),
+    (b"CONNECT a.example:0 HTTP/1.1", "CONNECT needs host:port"),
+    (b"CONNECT a.example:65536 HTTP/1.1", "CONNECT needs host:port"),
+    (b"CONNECT a.example HTTP/1.1", "CONNECT needs host:port"), (b"CONNECT :443 HTTP/1.1", "CONNECT needs host:port"),
+    (b"CONNECT []:443 HTTP/1.1", "CONNECT needs host:port"), (b"CONNECT a:x HTTP/1.1", "CONNECT needs host:port"),
+    (b"GET https://a/ HTTP/1.1", NOT_PLAIN), (b"GET http://u:p@a/ HTTP/1.1", NOT_PLAIN),
+    (b"GET http://u@a/ HTTP/1.1", NOT_PLAIN), (b"GET http://a:0/ HTTP/1.1", NOT_PLAIN),
+    (b"GET http://a:99999/ HTTP/1.1", NOT_PLAIN), (b"GET http:///x HTTP/1.1", NOT_PLAIN),
+    (b"GET /relative HTTP/1.1", NOT_PLAIN),
+    (b"GET http://a/ HTTP/1.1\r\nno colon", BAD_LINE), (b"GET http://a/ HTTP/1.1\r\nBad Name: 1", BAD_LINE),
+    (b"GET http://a/ HTTP/1.1\r\nX: a\x01b", BAD_LINE), (b"GET http://a/ HTTP/1.1\r\nX: a\x7f", BAD_LINE),
+    (b"GET http://a/ HTTP/1.1\r\n: empty name", BAD_LINE),
+    (b"POST http://a/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked", BOTH),
+    (b"POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip", CODING),
+    (b"POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked", CODING),
+    (b"POST http://a/ HTTP/1.0\r\nTransfer-Encoding: chunked", CODING),
+    (b"POST http://a/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1", "more than one Content-Length"),
+    (b"POST http://a/ HTTP/1.1\r\nContent-Length: " + b"1" * 19,
+     "a Content-Length that is not a number of at most 18 digits"),
+    (b"POST http://a/ HTTP/1.1\r\nContent-Length: 0x1", "a Content-Length that is not a number of at most 18 digits"),
+])
+def test_each_refused_head_says_why(head: bytes, reason: str) -> None:
+    assert request.parse(head) == reason
+
+
+@pytest.mark.parametrize(("head", "expected"), [
+    (b"CONNECT a.example:443 HTTP/1.1", request.Request("CONNECT", "a.example", 443)),
+    (b"CONNECT [::1]:1 HTTP/1.1", request.Request("CONNECT", "::1", 1)),
+    (b"CONNECT a.example:65535 HTTP/1.0", request.Request("CONNECT", "a.example", 65535)),
+    (b"GET http://a.example HTTP/1.0\r\nX-A: tab\there",
+     request.Request("GET", "a.example", 80, b"GET / HTTP/1.0\r\nHost: a.example\r\nX-A: tab\there\r\n"
+                                            b"Connection: close\r\n\r\n", 0)),
+    (b"POST http://a.example:8080/p?q=1 HTTP/1.1\r\nHost: evil\r\nX-A: 1\r\nContent-Length: 05\r\n"
+     b"Connection: Keep-Alive , X-B\r\nX-B: 2\r\nProxy-Authorization: x\r\nTE: trailers",
+     request.Request("POST", "a.example", 8080, b"POST /p?q=1 HTTP/1.1\r\nHost: a.example:8080\r\nX-A: 1\r\n"
+                                                 b"Content-Length: 5\r\nConnection: close\r\n\r\n", 5)),
+    (b"PUT http://a.example/ HTTP/1.1\r\nTransfer-Encoding:  Chunked ",
+     request.Request("PUT", "a.example", 80, b"PUT / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n"
+                                            b"Connection: close\r\n\r\n", None)),
+    (b"POST http://a.example/ HTTP/1.1\r\nContent-Length: " + b"9" * 18,
+     request.Request("POST", "a.example", 80, b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: "
+                                             + b"9" * 18 + b"\r\nConnection: close\r\n\r\n", 10**18 - 1)),
+])
+def test_a_judged_head_is_rebuilt_for_the_upstream(head: bytes, expected: request.Request) -> None:
+    assert request.parse(head) == expected
+
+
+def test_a_request_knows_how_its_body_is_framed() -> None:
+    assert isinstance(request.Request("POST", "a", 80, b"", None).body(), request.Chunked)
+    sized = request.Request("POST", "a", 80, b"", 3).body()
+    assert isinstance(sized, request.Length) and not sized.done and sized.feed(b"abcd") == b"abc" and sized.done
+    empty = request.Request("GET", "a", 80, b"").body()
+    assert empty.done and empty.feed(b"GET /next") == b""
+
+
+@pytest.mark.parametrize(("body", "sent", "problem"), [
+    (b"5;" + b"a" * 4092 + b"\r\nhello\r\n0\r\n\r\n", b"5\r\nhello\r\n0\r\n\r\n", None),  # a size line of 4,096
+    (b"5;" + b"a" * 4093 + b"\r\nhello\r\n0\r\n\r\n", b"", "an overlong line in a chunked body"),
+    (b"0000000000000005\r\nhello\r\n0\r\n\r\n", b"5\r\nhello\r\n0\r\n\r\n", None),
+    (b"00000000000000005\r\nhello\r\n0\r\n\r\n", b"", "a chunk size that is not 1 to 16 hex digits"),
+    (b"A\r\n0123456789\r\n0\r\n\r\n", b"a\r\n0123456789\r\n0\r\n\r\n", None),
+    (b"5\r\nhelloX\r\n0\r\n\r\n", b"", "an overlong line in a chunked body"),
+    (b"5\r\nhello\n0\r\n\r\n", b"", "a bare CR or LF in a chunked body"),
+    (b"5\r\nhello\r\n0\r\nX: " + b"v" * 4000 + b"\r\n" + (b"Y: " + b"v" * 4000 + b"\r\n") * 3 + b"Z: " + b"v" * 369
+     + b"\r\n\r\n", b"5\r\nhello\r\n0\r\n\r\n", None),  # trailers of exactly 16 KiB
+    (b"5\r\nhello\r\n0\r\nX: " + b"v" * 4000 + b"\r\n" + (b"Y: " + b"v" * 4000 + b"\r\n") * 3 + b"Z: " + b"v" * 370
+     + b"\r\n\r\n", b"", "a malformed trailer in a chunked body"),
+    (b"0\r\nno colon\r\n\r\n", b"", "a malformed trailer in a chunked body"),
+    (b"0\r\nX: a\x01\r\n\r\n", b"", "a malformed trailer in a chunked body"),
+], ids=["size-line-4096", "size-line-4097", "16-digits", "17-digits", "upper-hex", "data-too-long",
+        "bare-lf-after-data", "trailers-16k", "trailers-over-16k", "trailer-without-colon",
+        "trailer-control-character"])
+def test_each_chunked_body_edge(body: bytes, sent: bytes, problem: str | None) -> None:
+    chunked = request.Chunked()
+    assert chunked.feed(body) == sent
+    assert chunked.problem == problem and chunked.done == (problem is None)

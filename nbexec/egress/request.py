@@ -155,7 +155,7 @@ def parse(head: bytes) -> Request | str:
 def _absolute(method: str, target: str, version: bytes, lines: list[bytes]) -> Request | str:
     url = urlsplit(target)
     try:
-        port = url.port or 80
+        port = 80 if url.port is None else url.port  # an explicit :0 is refused, never taken for the default
     except ValueError:
         port = 0
     if url.scheme != "http" or not url.hostname or not 0 < port < 65536 or url.username or url.password:
