@@ -20,9 +20,10 @@ import pytest
 
 from nbexec.cli import envfile
 from nbexec.egress import budget, request
-from nbexec.errors import ConfigError
+from nbexec.errors import ConfigError, FileTransferError
 from nbexec.notebook import viewer
 from nbexec.sandbox import lasterror
+from nbexec.sandbox.remote import paths
 from nbexec.service import identity, sse
 from nbexec.stores import serving
 
@@ -63,6 +64,7 @@ def test_a_line_after_an_overlong_field_name_is_read_on_its_own() -> None:
     ("run/x.txt", "/plain", ("application/octet-stream", "attachment")),
     ("run/x.txt", "text/plain; a=b; c=d", ("text/plain; a=b; c=d", None)),
     ("run/x.txt", "text/plain; a=", ("application/octet-stream", "attachment")),
+    ("run/song.midi", "text/plain", ("text/plain", "attachment")),  # a type only the non-strict table knows
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_each_file_is_served_as_its_type_says(name: str, mime: str, expected: tuple[str, str | None]) -> None:
     assert serving.served(name, mime) == serving.Served(*expected)
@@ -490,3 +492,19 @@ def test_each_chunked_body_edge(body: bytes, sent: bytes, problem: str | None) -
     chunked = request.Chunked()
     assert chunked.feed(body) == sent
     assert chunked.problem == problem and chunked.done == (problem is None)
+
+
+# -- file names in a node's URLs ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("a//b", "an empty, '.' or '..' segment"), ("%2e%2e/x", "an empty, '.' or '..' segment"),
+    ("a\\b", "a NUL, a backslash or an encoded slash in a segment"),
+    ("a%2Fb", "a NUL, a backslash or an encoded slash in a segment"),
+    ("%2525252e", "a segment percent-encoded over and over"),
+])
+def test_a_refused_name_says_which_segment_rule_it_breaks(name: str, why: str) -> None:
+    with pytest.raises(FileTransferError) as refused:
+        paths.encode(name)
+    assert str(refused.value) == (
+        f"{name!r} is not a plain relative name: it has {why}. Name a file inside /mnt/data with segments that are "
+        "not empty, '.' or '..' and hold no NUL or backslash (also percent-encoded).")
