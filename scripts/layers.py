@@ -27,10 +27,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("nbexec.service", "nbexec.integrations"),
     ("nbexec",),  # the package's __init__: the public API
     ("nbexec.engine",),
-    ("nbexec.sandbox.source",),
-    ("nbexec.sandbox.docker", "nbexec.sandbox.remote"),
+    ("nbexec.sandbox.docker", "nbexec.sandbox.remote"),  # the sources behind the seam
     ("nbexec.packages", "nbexec.stores"),
-    ("nbexec.sandbox",),  # the kernel wire: kernel, messages, zmtp
+    ("nbexec.sandbox.source",),  # the seam: what the engine, packages and the service use of a sandbox
+    ("nbexec.sandbox",),  # the kernel wire: kernel, messages, lasterror, zmtp
     ("nbexec.egress", "nbexec.files"),
     ("nbexec.notebook",),
     ("nbexec.config", "nbexec.result"),

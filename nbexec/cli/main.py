@@ -367,6 +367,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
         import uvicorn
 
         from nbexec.service import server
+        from nbexec.service import settings as served
     except ImportError as exc:
         fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
@@ -384,7 +385,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     try:
         from nbexec.config import parse_size
 
-        settings = server.ServerSettings(
+        settings = served.ServerSettings(
             config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=store_from_env(store),
             max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
             max_running_per_token=max_running_per_token, result_ttl=result_ttl)

@@ -520,7 +520,8 @@ def _hostile_call(http: httpx.Client, fake: FakeNode, call: str, sid: str) -> in
 
 def _node_routes() -> list[tuple[str, str]]:
     """(method, path template) of every route of a node's app, from its own route table."""
-    from nbexec.service.server import ServerSettings, create_app
+    from nbexec.service.server import create_app
+    from nbexec.service.settings import ServerSettings
 
     app = create_app(ServerSettings(config=nbexec.SandboxConfig(), tokens=("t" * 16,)))
     found = []

@@ -13,50 +13,41 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import docker
 import docker.errors
 import docker.types
 
 from nbexec.config import SandboxConfig, running_as_root
-from nbexec.errors import DockerError, SandboxError
+from nbexec.errors import DockerError, PackageError, SandboxError
 from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
 from nbexec.sandbox import kernel
+from nbexec.sandbox.source import DATA_MOUNT, INPUT_MOUNT, PACKAGES_MOUNT, WHEELS_MOUNT, ContainerState, WheelFile
 
-from . import daemon, datafs, egress, inputmount
-from .workdir import WORKDIR_PREFIX, remove_stale_workdirs, remove_tree
+from . import daemon, datafs, egress, inputmount, users
+from .workdir import WORKDIR_PREFIX, remove_tree
 
-__all__ = ["WORKDIR_PREFIX", "ContainerState", "Sandbox", "remove_stale_workdirs", "remove_tree", "work_root"]
+if TYPE_CHECKING:
+    from nbexec.egress.proxy import Proxy
+
+__all__ = ["Sandbox"]
 
 log = logging.getLogger(__name__)
 
 RUNTIME_MOUNT = "/run/nbexec"
-DATA_MOUNT = "/mnt/data"
-INPUT_MOUNT = "/mnt/input"
-WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (see nbexec.packages)
-PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
 MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
 HOME = "/home/sandbox"
 LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    """What Docker says about a container that may have stopped."""
-
-    running: bool
-    exit_code: int | None
-    oom_killed: bool
 
 
 class Sandbox:
@@ -65,8 +56,9 @@ class Sandbox:
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
         self.config = config
         # Who the code runs as (the one place that decides it per sandbox): as root, a fresh uid with no account.
-        self.uid, self.gid = config.uid_gid()
+        self.uid, self.gid = users.uid_gid(config)
         self.id = sandbox_id
+        self.node: str | None = None  # on this host
         self.workdir = workdir
         self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
         self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
@@ -81,7 +73,7 @@ class Sandbox:
         self._connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
-        self.egress: Any = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
+        self.egress: Proxy | None = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
         self.disk: space.Reservation | None = None  # its share of the host's disk, held until destroy
 
     def file_owner(self) -> tuple[int, int] | None:
@@ -111,7 +103,8 @@ class Sandbox:
             sandbox._watch_data()
             sandbox._connect()
             if sandbox.egress is not None:
-                egress.start_forwarder(sandbox)
+                assert sandbox.client is not None
+                egress.start_forwarder(sandbox.client, config)
         except BaseException:
             sandbox.destroy()
             raise
@@ -311,6 +304,16 @@ class Sandbox:
         if reply.get("status") != "ok":
             log.warning("warm imports failed in the sandbox: %.200r", reply.get("evalue"))
 
+    def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
+                   ) -> dict[str, Any] | None:
+        """Run ``code`` outside the notebook (silent, no history): its execute_reply content, or None after
+        ``timeout`` seconds (the cell is then interrupted)."""
+        assert self.client is not None
+        reply = self.client.run_silent(code, timeout, expressions=expressions)
+        if reply is None:
+            self.interrupt()
+        return reply
+
     @property
     def kernel_lost(self) -> bool:
         """Whether the kernel closed a connection (it went away, or crashed its messaging)."""
@@ -343,6 +346,18 @@ class Sandbox:
     def input_notes(self) -> list[str]:
         """nbexec's notes on what of the input folder it withheld from the sandbox (its own settings files)."""
         return list(self._input_notes)
+
+    def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
+        """Link (or copy) each wheel into /mnt/wheels under its own file name."""
+        fd = os.open(self.workdir / "wheels", transfer.DIR_FLAGS)
+        try:
+            present = set(os.listdir(fd))
+            for wheel in wheels:
+                if wheel.filename not in present:
+                    _add_wheel(fd, wheel)
+                    present.add(wheel.filename)
+        finally:
+            os.close(fd)
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The egress connections since the last call and notes on what was capped; none without a proxy."""
@@ -410,6 +425,21 @@ class Sandbox:
         remove_tree(self.workdir)
         if self.disk is not None:
             self.disk.release()
+
+
+def _add_wheel(folder_fd: int, wheel: WheelFile) -> None:
+    """Hard-link ``wheel`` (checked by the host that resolved it) into the folder; a copy on another filesystem."""
+    if "/" in wheel.filename or not wheel.filename.endswith(".whl") or wheel.filename.startswith("."):
+        raise PackageError(f"{wheel.filename!r} is not a wheel's file name")
+    try:
+        os.link(wheel.path, wheel.filename, dst_dir_fd=folder_fd)
+        return
+    except OSError:  # another filesystem (or no hard links): copy
+        pass
+    with open(wheel.path, "rb") as blob:
+        out = os.open(wheel.filename, transfer.WRITE_FLAGS, 0o644, dir_fd=folder_fd)
+        with os.fdopen(out, "wb") as copy:
+            shutil.copyfileobj(blob, copy)
 
 
 def _process_identity(pid: Any) -> tuple[int, str] | None:
