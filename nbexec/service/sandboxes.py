@@ -219,6 +219,7 @@ def _wheel_routes(app: FastAPI, folders: Tenants, runs: Runs, owned: Owned, call
         fd, path = tempfile.mkstemp(prefix=".wheel-", dir=folders.root)
         try:
             size = await _receive(request, fd, budget - entry.wheel_bytes, sha256, runs, who)
+            os.chmod(path, 0o644)  # read by the sandbox's user, as the host's own wheel cache is
             entry.wheel_bytes += size
             entry.wheel_count += 1
             wheel = WheelFile(filename, sha256, size, folders.root / os.path.basename(path))

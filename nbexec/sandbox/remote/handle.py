@@ -109,7 +109,7 @@ class RemoteHandle:
         give_up = deadline + self.grace + SLACK
         with self._on_node(), self.client.stream("POST", f"{self.route}/run", "run code", json=body) as response:
             seen = Execution()
-            for chunk in response.iter_bytes(1 << 16):
+            for chunk in response.iter_bytes():  # as they arrive: a chunk size would hold them back
                 for frame in reader.feed(chunk):
                     ended = self._take(frame, seen, on_output)
                     if ended is not None:
