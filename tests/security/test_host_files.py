@@ -304,15 +304,16 @@ def _million_entries() -> bytes:
                        "files": [dict(entry, name=f"{i:07d}") for i in range(1_000_000)]}).encode()
 
 
-RUN_FILES = {"exact": 32 * MiB, "more": 512 * MiB, "chunked": 1}  # what the hostile node says each file is
+# file -> (the size its listing says, the size its download says, the bytes sent)
+RUN_FILES = {"exact": (1, 32 * MiB, 32 * MiB), "late": (1, 64 * MiB, 64 * MiB), "more": (512 * MiB,) * 3,
+             "chunked": (1, 1, 512 * MiB)}
 
 
 def _file(method: str, rest: str, query: dict[str, list[str]], body: bytes) -> seamnode.Reply:
     """A file whose body is larger than max_data: "sized" says so (512 MiB), "chunked" says 1 byte and sends
-    512 MiB; the run's files say their real sizes, but for "chunked"."""
+    512 MiB; a run's files lie in their listing ("exact" fills max_data, "late" would pass it)."""
     name = rest.rsplit("/", 1)[1]
-    said = {"sized": 512 * MiB, "chunked": 1}.get(name, RUN_FILES.get(name, 512 * MiB))
-    sent = 512 * MiB if name in ("sized", "chunked", "more") else said
+    _, said, sent = RUN_FILES.get(name, (0, 512 * MiB if name == "sized" else 1, 512 * MiB))
     return seamnode.Reply(200, seamnode.zeros(sent), {"X-Nbexec-Size": str(said)})
 
 
@@ -323,8 +324,8 @@ def _listing(method: str, rest: str, query: dict[str, list[str]], body: bytes) -
         listing = _million_entries()
         return seamnode.Reply(200, [listing], {"Content-Type": "application/json",
                                                "Content-Length": str(len(listing))}, False)
-    files = [{"name": name, "size": size, "mime": "application/octet-stream", "sha256": "0" * 64, "url": None}
-             for name, size in RUN_FILES.items()]
+    files = [{"name": name, "size": sizes[0], "mime": "application/octet-stream", "sha256": "0" * 64, "url": None}
+             for name, sizes in RUN_FILES.items()]
     return seamnode.json_reply({"sandbox": seamnode.SANDBOX, "files": files, "skipped_files": [], "notes": []})
 
 
@@ -380,14 +381,15 @@ def test_a_hostile_nodes_listing_is_refused_unparsed(small_remote: tuple[Any, Pa
 
 
 def test_a_hostile_nodes_run_files_stay_within_max_data(small_remote: tuple[Any, Path]) -> None:
-    """"exact" fills max_data exactly; "more" (512 MiB) and "chunked" must not get past the spent budget."""
+    """"exact" fills max_data exactly; "late" (past the spent budget), "more" (512 MiB) and "chunked" (larger than
+    it says) must not get past it."""
     session, out = small_remote
     with cost() as here:
         result = session.run("pass")
     kept = {f.name: f.size for f in result.files}
     assert sum(kept.values()) <= 32 * MiB and _host_bytes(out) <= 33 * MiB, (kept, _host_bytes(out))
     assert here.peak < 64 * MiB, here
-    assert {s.name for s in result.skipped_files} >= {"more", "chunked"}, result.skipped_files
+    assert {s.name for s in result.skipped_files} >= {"late", "more", "chunked"}, result.skipped_files
 
 
 # -- uploads to a real store ------------------------------------------------------------------------------------

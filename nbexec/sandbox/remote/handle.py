@@ -191,7 +191,7 @@ class RemoteHandle:
     # -- /mnt/data ----------------------------------------------------------------------------------------
 
     def put_file(self, name: str, content: bytes | BinaryIO) -> None:
-        route = f"{self.route}/files/{paths.encode(name)}"  # checked before anything is sent
+        route = f"{self.route}/files/{paths.encode(name)}"  # checked before a byte is sent
         body: Any = content if isinstance(content, bytes) else iter(lambda: content.read(1 << 20), b"")
         with self._on_node():
             self.client.send("PUT", route, "take a file", content=body)
