@@ -31,9 +31,10 @@ from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
 from nbexec.sandbox import kernel
-from nbexec.sandbox.source import DATA_MOUNT, INPUT_MOUNT, PACKAGES_MOUNT, WHEELS_MOUNT, ContainerState, WheelFile
+from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
+from .options import RUNTIME_MOUNT, Place, container_options
 from .workdir import WORKDIR_PREFIX, remove_tree
 
 if TYPE_CHECKING:
@@ -43,10 +44,6 @@ __all__ = ["Sandbox"]
 
 log = logging.getLogger(__name__)
 
-RUNTIME_MOUNT = "/run/nbexec"
-MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
-HOME = "/home/sandbox"
-LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
@@ -129,23 +126,7 @@ class Sandbox:
         if self.config.input_dir:  # nbexec's own settings files (.env ...) are never shown: see inputmount
             self._input_masks, self._input_notes = inputmount.prepare(self.config.input_dir, self.workdir, INPUT_MOUNT)
         if self.config.input_dir and self.config.link_input:
-            self._link_input(self.config.input_dir)
-
-    def _link_input(self, folder: str) -> None:
-        """Link each visible entry of the input folder from /mnt/data (the kernel's working folder) to its
-        place under /mnt/input, so `open('data.csv')` reads the file next to the notebook. The links point
-        inside the sandbox; the host never follows them (and drops them from the result's skipped files)."""
-        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))[:MAX_INPUT_LINKS]
-        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            for name in names:
-                os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
-                owner = self.file_owner()
-                if owner is not None:
-                    os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
-        finally:
-            os.close(fd)
-        self.input_links = frozenset(names)
+            self.input_links = inputmount.link_entries(self.config.input_dir, self.data_dir, self.file_owner())
 
     def _make_data_fs(self) -> None:
         """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
@@ -180,54 +161,9 @@ class Sandbox:
         except DockerError:
             self.kill()
 
-    def _container_options(self, role: str) -> dict[str, Any]:
-        config = self.config
-        uid, gid = self.uid, self.gid
-        memory = config.memory_bytes
-        options: dict[str, Any] = {
-            "image": config.image,
-            "command": ["nbexec-kernel", f"{RUNTIME_MOUNT}/kernel.json"],
-            "name": f"nbexec-{self.id}",
-            "hostname": "sandbox",
-            "detach": True,
-            "user": f"{uid}:{gid}",
-            # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
-            "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
-            "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role},
-            "network_mode": "bridge" if config.network is True else "none",
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
-            "read_only": True,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={config.tmp_size_bytes},mode=1777",
-                      HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700",
-                      PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={config.tmp_size_bytes},uid={uid},gid={gid},"
-                                      "mode=700"},
-            "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
-                       docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True),
-                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")]
-            + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]
-               if config.input_dir else []),
-            "mem_limit": memory,
-            "memswap_limit": memory,
-            "nano_cpus": int(config.cpus * 1e9),
-            "pids_limit": config.pids,
-            "shm_size": 64 * 1024**2,
-            # The kernel's own stdout/stderr (fd 1 and 2) go to Docker's log on the host's disk: capped.
-            "log_config": docker.types.LogConfig(type="json-file", config=LOG_OPTIONS),
-            "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0),
-                        docker.types.Ulimit(name="nofile", soft=4096, hard=4096)],
-            "working_dir": DATA_MOUNT,
-        }
-        if config.runtime:
-            options["runtime"] = config.runtime
-        options["mounts"] += self._input_masks  # over nbexec's settings files in /mnt/input (see inputmount)
-        if config.network == "allowlist":  # still no interface: HTTP(S) through the host's proxy
-            options["mounts"].append(egress.mount(self.workdir))
-            options["environment"].update(egress.ENVIRONMENT)
-        return options
-
     def _create_container(self, docker_client: docker.DockerClient, role: str) -> None:
-        options = self._container_options(role)
+        options = container_options(self.config, role, Place(self.id, self.uid, self.gid, self.workdir,
+                                                             tuple(self._input_masks)))
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
