@@ -45,7 +45,7 @@ def seam_node(docker_ready: None) -> Iterator[cluster.Server]:
     sandboxes per client."""
     tmp = Path(tempfile.mkdtemp(prefix="s-"))
     tmp.chmod(0o755)
-    server = cluster.node(0, tmp, running=2, sessions=2, tag="s")
+    server = cluster.node(0, tmp, running=2, sessions=2, timeout=600, tag="s")  # runs end only when stopped
     server.env.update({"NBEXEC_MAX_OUTPUT": "64k", "NBEXEC_MAX_DISPLAY": "64k", "NBEXEC_POOL_SIZE": "0",
                        "NBEXEC_MAX_PACKAGE_DOWNLOAD": "1m", "NBEXEC_MAX_PACKAGES": "3"})
     server.start()
@@ -275,7 +275,7 @@ DISPLAY = json.dumps({"data": {"text/html": "SMUGGLED-" * 40_000}, "metadata": {
 HOSTILE_RUNS = {
     "oversized-frame": (_m(2 << 30), b""),
     "endless-frame-past-the-limit": (_m(1 << 29), bytes(MiB)),
-    "endless-header-line": (b"M " + b"x" * 10_000, b"y" * 65536),
+    "endless-header-line": (b"M " + b"x" * 10_000 + b"y" * (64 * MiB), b""),  # 64 MiB without a line's end
     "length-smaller-than-sent": (_m(10) + LIES.encode(), b""),
     "size-smaller-than-carried": (seamnode.frame("M", {"type": "display_data", "channel": "iopub", "id": "m",
                                                        "parent": "p", "size": 100, "complete": True,
