@@ -2,7 +2,8 @@
 
 from .config import SandboxConfig, from_env
 from .engine.execute import execute_notebook, execute_notebook_async
-from .engine.session import Session, SessionManager
+from .engine.manager import SessionManager
+from .engine.session import Session
 from .errors import (
     ConfigError,
     DiskSpaceError,

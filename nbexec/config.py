@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
-import secrets
 import socket
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import egress
-from .egress import parse_rule
 from .errors import ConfigError
 
 DEFAULT_IMAGE = "nbexec-jupyter:latest"
@@ -22,14 +19,13 @@ _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-# Sandbox uids when nbexec runs as root: far above any login account (useradd stops at 60000), below 2**31 so
-# tools that keep uids in a signed 32-bit integer still work.
-SANDBOX_UID_BASE = 2_000_000_000
-SANDBOX_UID_SPAN = 140_000_000
 MIN_TOKEN_CHARS = 16  # every bearer token nbexec accepts or sends (serve, router, node token, MCP over HTTP)
-SANDBOX_SOURCES = ("local",)  # the places sandboxes come from (nbexec.sandbox.source.for_config)
-_ids_lock = threading.Lock()
-_ids_given: set[int] = set()
+SANDBOX_SOURCES = ("local", "remote")  # the places sandboxes come from (nbexec.engine.sources.for_config)
+DEFAULT_PORTS = (80, 443)  # of an allowed_hosts entry without one
+MAX_OPEN = 16  # connections one sandbox holds through its egress proxy at once (max_open_connections)
+IDLE_TIMEOUT = 60.0  # seconds a tunnel may move nothing (egress_idle_timeout); also the pace's window
+MIN_RATE = 1024  # bytes per second a tunnel must average over each such window (egress_min_rate)
+_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 def parse_size(value: str | int) -> int:
@@ -58,30 +54,49 @@ def parse_duration(value: str) -> float:
     return float(match.group(1)) * _SECONDS[match.group(2).lower()]
 
 
-def fresh_ids() -> tuple[int, int]:
-    """A uid and gid that no account or group on this host has and this process has not handed out yet."""
-    import grp
-    import pwd
+def host_rule(text: str) -> tuple[str, tuple[int, ...] | None]:
+    """An allowed_hosts entry (``name``, ``*.domain``, ``1.2.3.4`` or ``[::1]``, each optionally with ``:port`` or
+    ``:*``) as (its host, normalised; its ports, None for any): the grammar `nbexec.egress` builds its rules from."""
+    entry = text.strip().lower()
+    host, port = entry, ""
+    if entry.startswith("["):
+        host, _, tail = entry[1:].partition("]")
+        if tail and not tail.startswith(":"):
+            raise ConfigError(f"allowed_hosts entry {text!r}: write an IPv6 address as [addr] or [addr]:port")
+        port = tail[1:]
+    elif entry.count(":") == 1:
+        host, port = entry.split(":")
+    try:
+        ports = DEFAULT_PORTS if port == "" else None if port == "*" else (int(port),)
+    except ValueError:
+        raise ConfigError(f"allowed_hosts entry {text!r}: the port must be a number or *") from None
+    if ports and not all(0 < p < 65536 for p in ports):
+        raise ConfigError(f"allowed_hosts entry {text!r}: the port is out of range")
+    normal = normal_host(host)
+    if normal is None or (normal.startswith("*.") and ip_address(normal[2:]) is not None):
+        raise ConfigError(f"allowed_hosts entry {text!r} is not a host name, *.domain, or an IP address")
+    return normal, ports
 
-    with _ids_lock:
-        while True:
-            candidate = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
-            if candidate in _ids_given:
-                continue
-            try:
-                pwd.getpwuid(candidate)
-                continue
-            except KeyError:
-                pass
-            try:
-                grp.getgrgid(candidate)
-                continue
-            except KeyError:
-                pass
-            if len(_ids_given) > 100_000:  # a long-lived service: forget the oldest-made ones
-                _ids_given.clear()
-            _ids_given.add(candidate)
-            return candidate, candidate
+
+def normal_host(host: str) -> str | None:
+    """A host name lower-cased without its final dot, an address in its short form, or None when invalid."""
+    host = host.strip().lower()
+    address = ip_address(host)
+    if address is not None:
+        return str(address)
+    host = host[:-1] if host.endswith(".") else host
+    labels = host.split(".")
+    wildcard = labels[0] == "*" and len(labels) > 2
+    if len(host) > 253 or not all(_LABEL.match(label) for label in labels[1 if wildcard else 0:]):
+        return None
+    return host
+
+
+def ip_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
 
 class _Bytes:
@@ -110,61 +125,43 @@ class SandboxConfig:
     cpus: float = field(default=1.0, metadata=_doc("CPU limit (cores)."))
     pids: int = field(default=256, metadata=_doc("Limit on processes and threads in the sandbox."))
     timeout: float = field(default=60.0, metadata=_doc("Wall-clock limit for one execution, in seconds."))
-    cell_timeout: float | None = field(
-        default=None, metadata=_doc("Wall-clock limit for one cell, in seconds (default: the execution limit).")
-    )
+    cell_timeout: float | None = field(default=None, metadata=_doc(
+        "Wall-clock limit for one cell, in seconds (default: the execution limit)."))
     max_output: str = field(default="1m", metadata=_doc("Text kept per execution; the rest is dropped with a marker."))
-    max_display: str = field(
-        default="32m",
-        metadata=_doc("Rich output (images, HTML) kept per execution; the rest is dropped with a marker."),
-    )
-    max_outputs: int = field(
-        default=2000, metadata=_doc("Outputs kept per execution; later ones are dropped with a marker saying how many.")
-    )
-    max_data: str = field(
-        default="1g",
-        metadata=_doc("Size of /mnt/data, a filesystem of its own for each sandbox: writes past it fail with "
-                      "'No space left on device' (0: no cap)."),
-    )
-    max_files: int = field(
-        default=1000,
-        metadata=_doc("Files kept per execution (the rest are listed as not kept); /mnt/data holds at most "
-                      "a quarter more entries, for folders."),
-    )
+    max_display: str = field(default="32m", metadata=_doc(
+        "Rich output (images, HTML) kept per execution; the rest is dropped with a marker."))
+    max_outputs: int = field(default=2000, metadata=_doc(
+        "Outputs kept per execution; later ones are dropped with a marker saying how many."))
+    max_data: str = field(default="1g", metadata=_doc(
+        "Size of /mnt/data, a filesystem of its own for each sandbox: writes past it fail with 'No space left on "
+        "device' (0: no cap)."))
+    max_files: int = field(default=1000, metadata=_doc(
+        "Files kept per execution (the rest are listed as not kept); /mnt/data holds at most a quarter more "
+        "entries, for folders."))
     tmp_size: str = field(default="256m", metadata=_doc("Size of the in-memory /tmp (counts against memory)."))
     disk_margin: str = field(default="1g", metadata=_doc(
         "Host disk kept free: a sandbox is not started while the free space of the working or output folder's "
         "filesystem, less what running sandboxes may still write, is below what it may write (2 x max_data, "
         "max_display, 2 x (max_output + max_display), max_package_download) plus this."))
-    user: str | None = field(
-        default=None, metadata=_doc(
-            "uid:gid inside the sandbox, neither 0 (default: yours; when nbexec runs as root, a fresh uid per "
-            "sandbox above 2,000,000,000 that no account has).")
-    )
-    env: Mapping[str, str] = field(
-        default_factory=dict,
-        metadata=_doc("Environment variables for the sandbox; no host variable is passed otherwise."),
-    )
+    user: str | None = field(default=None, metadata=_doc(
+        "uid:gid inside the sandbox, neither 0 (default: yours; when nbexec runs as root, a fresh uid per sandbox "
+        "above 2,000,000,000 that no account has)."))
+    env: Mapping[str, str] = field(default_factory=dict, metadata=_doc(
+        "Environment variables for the sandbox; no host variable is passed otherwise."))
     runtime: str | None = field(default=None, metadata=_doc("OCI runtime, e.g. runsc for gVisor (default: Docker's)."))
     input_dir: str | None = field(default=None, metadata=_doc("Host folder mounted read-only at /mnt/input."))
-    link_input: bool = field(
-        default=False,
-        metadata=_doc("Link the entries of input_dir (up to 200, not hidden ones) from the working folder "
-                      "/mnt/data, so relative paths read the files next to a notebook; new files still land in "
-                      "/mnt/data."),
-    )
-    warm_imports: tuple[str, ...] = field(
-        default=("numpy", "pandas", "matplotlib.pyplot"),
-        metadata=_doc("Modules a waiting kernel imports in advance (only sys.modules changes)."),
-    )
+    link_input: bool = field(default=False, metadata=_doc(
+        "Link the entries of input_dir (up to 200, not hidden ones) from the working folder /mnt/data, so relative "
+        "paths read the files next to a notebook; new files still land in /mnt/data."))
+    warm_imports: tuple[str, ...] = field(default=("numpy", "pandas", "matplotlib.pyplot"), metadata=_doc(
+        "Modules a waiting kernel imports in advance (only sys.modules changes)."))
     pool_size: int = field(default=2, metadata=_doc("Warm sandboxes kept ready for one-shot calls (0: none)."))
     startup_timeout: float = field(default=60.0, metadata=_doc("Seconds to wait for a new sandbox's kernel."))
-    interrupt_grace: float = field(
-        default=5.0, metadata=_doc("Seconds an interrupted cell gets to stop before the sandbox is killed.")
-    )
-    source: str = field(
-        default="local", metadata=_doc("Where sandboxes come from: local (this host's Docker engine, warm pool).")
-    )
+    interrupt_grace: float = field(default=5.0, metadata=_doc(
+        "Seconds an interrupted cell gets to stop before the sandbox is killed."))
+    source: str = field(default="local", metadata=_doc(
+        "Where sandboxes come from: local (this host's Docker engine, warm pool) or remote (the nodes of "
+        "NBEXEC_NODES; the default when it is set)."))
 
     # -- packages (see nbexec.packages): resolved and downloaded on the host, installed offline in the sandbox --
     packages: str = field(default="allowlist", metadata=_doc(
@@ -198,13 +195,13 @@ class SandboxConfig:
     max_connections: int = field(default=64, metadata=_doc(
         "Connections one execution may open through the allowlist proxy (refused ones count); later ones are "
         "refused."))
-    max_open_connections: int = field(default=egress.MAX_OPEN, metadata=_doc(
+    max_open_connections: int = field(default=MAX_OPEN, metadata=_doc(
         "Connections one sandbox may hold open through the allowlist proxy at once (each costs the host two "
         "descriptors and a thread); more are refused (503) until one closes."))
-    egress_idle_timeout: float = field(default=egress.IDLE_TIMEOUT, metadata=_doc(
+    egress_idle_timeout: float = field(default=IDLE_TIMEOUT, metadata=_doc(
         "Seconds a connection through the allowlist proxy may move nothing before it is closed; also the window "
         "egress_min_rate is averaged over."))
-    egress_min_rate: int = field(default=egress.MIN_RATE, metadata=_doc(
+    egress_min_rate: int = field(default=MIN_RATE, metadata=_doc(
         "Bytes per second (both ways together) a connection through the allowlist proxy must average over each "
         "egress_idle_timeout window, or it is closed: trickled bytes do not keep it open."))
 
@@ -262,7 +259,7 @@ class SandboxConfig:
             raise ConfigError(f"network must be False, True or 'allowlist', got {self.network!r}")
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for entry in self.allowed_hosts:
-            parse_rule(entry)
+            host_rule(entry)
         if self.network == "allowlist" and not self.allowed_hosts:
             raise ConfigError("network='allowlist' needs allowed_hosts (NBEXEC_ALLOWED_HOSTS, --allow-host): "
                               "the hosts the code may reach")
@@ -302,17 +299,6 @@ class SandboxConfig:
     max_display_bytes = _Bytes()
     tmp_size_bytes = _Bytes()
     disk_margin_bytes = _Bytes()
-
-    def uid_gid(self) -> tuple[int, int]:
-        """The uid and gid a new sandbox runs as: ``user``; else yours (files in /mnt/data stay yours); else, when
-        nbexec runs as root, a fresh pair per call (per sandbox) that is no account on this host, so sandboxes
-        share no per-uid kernel limit with each other or with a login."""
-        if self.user:
-            uid, _, gid = self.user.partition(":")
-            return int(uid), int(gid or uid)
-        if not running_as_root():
-            return os.getuid(), os.getgid()
-        return fresh_ids()
 
 
 def describe(name: str) -> str:
@@ -402,6 +388,8 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Sand
         raw = environ.get(f"NBEXEC_{name.upper()}")
         if raw is not None:
             values[name] = _parse_field(name, raw)
+    if "source" not in values and environ.get("NBEXEC_NODES", "").strip():
+        values["source"] = "remote"  # NBEXEC_NODES (with NBEXEC_NODE_TOKEN, see host_from_env) names the nodes
     sandbox_env = {k[len("NBEXEC_ENV_"):]: v for k, v in environ.items() if k.startswith("NBEXEC_ENV_")}
     if sandbox_env:
         values["env"] = sandbox_env

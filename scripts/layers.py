@@ -27,16 +27,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("nbexec.service", "nbexec.integrations"),
     ("nbexec",),  # the package's __init__: the public API
     ("nbexec.engine",),
-    ("nbexec.sandbox.source",),
-    ("nbexec.sandbox.docker", "nbexec.sandbox.remote"),
+    ("nbexec.sandbox.docker", "nbexec.sandbox.remote"),  # the sources behind the seam
     ("nbexec.packages", "nbexec.stores"),
-    ("nbexec.sandbox",),  # the kernel wire: kernel, messages, zmtp
+    ("nbexec.sandbox.source",),  # the seam: what the engine, packages and the service use of a sandbox
+    ("nbexec.sandbox",),  # the kernel wire: kernel, messages, lasterror, zmtp
     ("nbexec.egress", "nbexec.files"),
     ("nbexec.notebook",),
     ("nbexec.config", "nbexec.result"),
     ("nbexec.errors",),
 ]
 LEAVES = {"nbexec.config": {"nbexec.errors"}}  # what these may import at all
+MAX_LINES = 400  # a longer module is a design conversation (STYLE.md)
 
 
 def module_name(path: Path) -> str:
@@ -133,6 +134,12 @@ def folder_of(module: str, modules: set[str]) -> str:
 FOLDERS: set[str] = set()
 
 
+def too_long(files: list[Path]) -> list[str]:
+    """The modules longer than MAX_LINES."""
+    lengths = {path: len(path.read_text().splitlines()) for path in files}
+    return [f"{p.relative_to(ROOT)}: {n} lines, over {MAX_LINES}" for p, n in lengths.items() if n > MAX_LINES]
+
+
 def check() -> list[str]:
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in files}
@@ -159,6 +166,7 @@ def check() -> list[str]:
             mine, theirs = folder_of(this, modules), folder_of(target, modules)
             if mine != theirs and not mine.startswith(theirs + ".") and not theirs.startswith(mine + "."):
                 folders[mine].add(theirs)
+    problems += too_long(files)
     for component in cycles(graph):
         problems.append("modules import each other in a circle: " + " -> ".join(component))
     for component in cycles(folders):
@@ -183,7 +191,7 @@ def main() -> int:
     if problems:
         print(f"{len(problems)} problem(s) in the import graph (see scripts/layers.py)", file=sys.stderr)
         return 1
-    print("import graph ok: arrows point down, no circles")
+    print(f"import graph ok: arrows point down, no circles, no module over {MAX_LINES} lines")
     return 0
 
 

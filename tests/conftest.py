@@ -24,8 +24,10 @@ import pytest
 from hypothesis import settings
 
 import nbexec
+from nbexec.files.folders import work_root
 from nbexec.sandbox.docker import daemon, pool
-from nbexec.sandbox.docker.container import Sandbox, remove_tree, work_root
+from nbexec.sandbox.docker.container import Sandbox
+from nbexec.sandbox.docker.workdir import remove_tree
 
 from . import azurite as azurite_module
 from . import (
@@ -184,7 +186,7 @@ def docker_ready() -> None:
 def _no_leftovers_at_end(_private_tmp: Path) -> Iterator[None]:
     yield
     pool.shutdown()
-    nbexec.engine.session.close_all()
+    nbexec.engine.reaper.close_all()
     pool.wait_for_teardown()
     try:
         left = own_containers(include_pool=True)

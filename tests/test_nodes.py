@@ -1,5 +1,5 @@
-"""The pure parts of running on nodes: placement, backoff, the event-stream reader and re-framer, router ids, the
-signed header, file names in URLs, the config, and how downloaded files are kept. No Docker, no network."""
+"""The pure parts of running on nodes: placement, backoff, the router's event re-framer, router ids, the signed
+header, file names in URLs, the config, and how downloaded files are kept. No Docker, no network."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -15,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbexec.config import host_from_env
-from nbexec.errors import ConfigError, FileTransferError, NodeError
+from nbexec.errors import ConfigError, FileTransferError
 from nbexec.files import folders
-from nbexec.sandbox.remote import noderun, paths
-from nbexec.sandbox.remote.nodes import BACKOFF_MAX, Capacity, EventReader, Health, rank
+from nbexec.sandbox.remote import files, paths
+from nbexec.sandbox.remote.nodes import BACKOFF_MAX, Capacity, Health, rank
 from nbexec.service import identity
 from nbexec.service.fleet import members
 from nbexec.service.sse import EventError, Framer, encode
@@ -52,28 +51,6 @@ def test_health_backs_off_and_recovers() -> None:
     assert not health.due() and health.down_until - time.monotonic() <= BACKOFF_MAX
     health.ok(cap("a", 1))
     assert health.up and health.due() and health.failures == 0
-
-
-@pytest.mark.parametrize(("lines", "events"), [
-    (["event: output", 'data: {"a": 1}', ""], [("output", {"a": 1})]),
-    ([": keep-alive", ""], [("comment", None)]),
-    (["event: result", 'data: {"ok":', "data: true}", ""], [("result", {"ok": True})]),
-    (["data: 1", ""], [("message", 1)]),
-    (["", ""], []),
-], ids=["output", "keep-alive", "multi-line", "unnamed", "blank"])
-def test_event_reader(lines: list[str], events: list[tuple[str, Any]]) -> None:
-    reader = EventReader()
-    assert [e for line in lines if (e := reader.feed(line)) is not None] == events
-
-
-def test_event_reader_refuses_malformed_and_oversized_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(NodeError, match="malformed"):
-        reader = EventReader()
-        reader.feed("data: {not json")
-        reader.feed("")
-    monkeypatch.setattr("nbexec.sandbox.remote.nodes.MAX_EVENT", 10)
-    with pytest.raises(NodeError, match="over 10 bytes"):
-        EventReader().feed("data: " + "x" * 20)
 
 
 @pytest.mark.parametrize(("environ", "nodes"), [
@@ -252,22 +229,22 @@ def test_the_framer_never_fails_but_with_its_own_error(chunks: list[bytes]) -> N
 def test_downloaded_names_stay_inside_the_folder(tmp_path: Path, name: str) -> None:
     with folders.OutputFolder.open(folders.make_output_dir(tmp_path / "out", may_exist=True)) as out, \
             pytest.raises(FileTransferError):
-        noderun.save(out, name, iter([b"x"]), 0)
+        files.save(out, name, iter([b"x"]), 0)
     assert os.listdir(tmp_path / "out") == []
 
 
 def test_downloaded_files_are_private_capped_and_never_follow_links(tmp_path: Path) -> None:
     with folders.OutputFolder.open(folders.make_output_dir(tmp_path / "out", may_exist=True)) as out:
-        kept = noderun.save(out, "sub/a.csv", iter([b"1,2\n", b"3,4\n"]), 0)
+        kept = files.save(out, "sub/a.csv", iter([b"1,2\n", b"3,4\n"]), 0)
         assert Path(kept.path).read_bytes() == b"1,2\n3,4\n" and kept.size == 8 and kept.mime == "text/csv"
         assert stat.S_IMODE(os.stat(kept.path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(tmp_path / "out" / "sub").st_mode) == 0o700
         with pytest.raises(FileTransferError, match="cap"):
-            noderun.save(out, "big.bin", iter([b"x" * 6, b"x" * 6]), 10)
+            files.save(out, "big.bin", iter([b"x" * 6, b"x" * 6]), 10)
         assert not (tmp_path / "out" / "big.bin").exists()
         os.symlink("/etc", tmp_path / "out" / "link")
         with pytest.raises(FileTransferError):
-            noderun.save(out, "link/passwd", iter([b"owned"]), 0)
+            files.save(out, "link/passwd", iter([b"owned"]), 0)
     assert sorted(os.listdir(tmp_path / "out")) == ["link", "sub"]
 
 

@@ -22,8 +22,8 @@ import pytest
 
 import nbexec
 from nbexec import Session, execute_notebook
-from nbexec.sandbox import Sandbox
 from nbexec.sandbox.docker import pool, runtimes
+from nbexec.sandbox.docker.container import Sandbox
 
 from .conftest import IMAGE, settle, wait_until
 from .security import test_hostile as hostile

@@ -14,7 +14,7 @@ from nbexec import __version__
 from nbexec.config import SandboxConfig, from_env, running_as_root
 from nbexec.errors import ConfigError, NbexecError
 from nbexec.notebook.outputs import clean
-from nbexec.sandbox.docker import daemon, datafs, image
+from nbexec.sandbox.docker import daemon, datafs, image, users
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
@@ -140,7 +140,7 @@ def _check_sandbox_uid(config: SandboxConfig) -> None:
     if not config.user and running_as_root():
         click.echo("ok   sandbox uid: a fresh uid per sandbox with no account (nbexec runs as root)")
         return
-    uid = config.uid_gid()[0]
+    uid = users.uid_gid(config)[0]
     try:
         account = pwd.getpwuid(uid)
     except KeyError:
@@ -168,7 +168,7 @@ def cleanup(everything: bool, older_than: str | None) -> None:
     output folders. Without it, outputs are kept: the CLI never deletes what it handed back."""
     from nbexec.config import parse_duration
     from nbexec.files import folders as host_folders
-    from nbexec.sandbox.docker.container import remove_stale_workdirs, remove_tree
+    from nbexec.sandbox.docker.workdir import remove_stale_workdirs, remove_tree
 
     try:
         old = host_folders.older_than(parse_duration(older_than)) if older_than is not None else []

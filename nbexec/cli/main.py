@@ -351,7 +351,6 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
           node_name: str | None, nodes: str | None, **options: Any) -> None:
     """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /v1/capacity, /healthz, /readyz,
     /metrics): as a node on this Docker engine, or with --nodes as a router in front of nodes."""
-    import ipaddress
 
     if node_name:
         os.environ["NBEXEC_NODE_NAME"] = node_name  # read wherever the node's name is needed (labels, results)
@@ -368,16 +367,13 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
         import uvicorn
 
         from nbexec.service import server
+        from nbexec.service import settings as served
     except ImportError as exc:
         fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
     if token_file:
         tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()]
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if no_auth and not loopback:
+    if no_auth and not _loopback(host):
         fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
     if no_auth:
         click.echo("nbexec: WARNING: authentication is OFF; anyone who can reach "
@@ -387,7 +383,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
 
         artifact_store = store_from_env(store)
         artifact_store.check()  # a store that refuses the key fails the start, not every later request
-        settings = server.ServerSettings(
+        settings = served.ServerSettings(
             config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=artifact_store,
             max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
             max_running_per_token=max_running_per_token, result_ttl=result_ttl)

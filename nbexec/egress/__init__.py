@@ -26,23 +26,17 @@ This module is pure (the rules; `resolve` is the one lookup); `proxy` is the par
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from nbexec.errors import ConfigError
+from nbexec.config import host_rule, ip_address, normal_host
 
 PORT = 3128  # where the forwarder listens inside the sandbox (its own loopback: nothing else uses it)
 MOUNT = "/run/nbexec-egress"
 SOCKET = "proxy.sock"
 ENVIRONMENT = {name: f"http://127.0.0.1:{PORT}" for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
                                                                "https_proxy")}
-DEFAULT_PORTS = (80, 443)
-MAX_OPEN = 16  # connections one sandbox holds through its proxy at once (max_open_connections)
-IDLE_TIMEOUT = 60.0  # seconds a tunnel may move nothing (egress_idle_timeout); also the pace's window
-MIN_RATE = 1024  # bytes per second a tunnel must average over each such window (egress_min_rate)
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
 
@@ -56,7 +50,7 @@ class Rule:
 
     @property
     def address(self) -> Address | None:
-        return _address(self.host)
+        return ip_address(self.host)
 
     def matches(self, host: str, port: int) -> bool:
         if self.ports is not None and port not in self.ports:
@@ -67,47 +61,9 @@ class Rule:
 
 
 def parse_rule(text: str) -> Rule:
-    """``name``, ``*.domain``, ``1.2.3.4`` or ``[::1]``, each optionally with ``:port`` or ``:*``."""
-    entry = text.strip().lower()
-    host, port = entry, ""
-    if entry.startswith("["):
-        host, _, tail = entry[1:].partition("]")
-        if tail and not tail.startswith(":"):
-            raise ConfigError(f"allowed_hosts entry {text!r}: write an IPv6 address as [addr] or [addr]:port")
-        port = tail[1:]
-    elif entry.count(":") == 1:
-        host, port = entry.split(":")
-    try:
-        ports = DEFAULT_PORTS if port == "" else None if port == "*" else (int(port),)
-    except ValueError:
-        raise ConfigError(f"allowed_hosts entry {text!r}: the port must be a number or *") from None
-    if ports and not all(0 < p < 65536 for p in ports):
-        raise ConfigError(f"allowed_hosts entry {text!r}: the port is out of range")
-    normal = normalise(host)
-    if normal is None or (normal.startswith("*.") and _address(normal[2:]) is not None):
-        raise ConfigError(f"allowed_hosts entry {text!r} is not a host name, *.domain, or an IP address")
-    return Rule(normal, ports)
-
-
-def normalise(host: str) -> str | None:
-    """A host name lower-cased without its final dot, an address in its short form, or None when invalid."""
-    host = host.strip().lower()
-    address = _address(host)
-    if address is not None:
-        return str(address)
-    host = host[:-1] if host.endswith(".") else host
-    labels = host.split(".")
-    wildcard = labels[0] == "*" and len(labels) > 2
-    if len(host) > 253 or not all(_LABEL.match(label) for label in labels[1 if wildcard else 0:]):
-        return None
-    return host
-
-
-def _address(text: str) -> Address | None:
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
+    """``name``, ``*.domain``, ``1.2.3.4`` or ``[::1]``, each optionally with ``:port`` or ``:*`` (the grammar is
+    the config's: `nbexec.config.host_rule`)."""
+    return Rule(*host_rule(text))
 
 
 def address_problem(address: Address) -> str | None:
@@ -149,7 +105,7 @@ class Allowlist:
 
     def judge(self, host: str, port: int) -> tuple[list[str], str | None]:
         """The addresses to connect to and None, or [] and why the destination is refused."""
-        normal = normalise(host)
+        normal = normal_host(host)
         if normal is None:
             return [], f"{host[:100]!r} is not a host name or an address"
         rule = self.match(normal, port)
@@ -162,7 +118,7 @@ class Allowlist:
         except OSError as exc:
             return [], f"{normal} does not resolve on the host ({exc.strerror or exc})"
         for text in addresses:
-            address = _address(text.split("%", 1)[0])
+            address = ip_address(text.split("%", 1)[0])
             problem = "an unparseable address" if address is None else address_problem(address)
             if problem is not None:
                 return [], (f"{normal} resolves to {text}, {problem}; such addresses are reached only when "

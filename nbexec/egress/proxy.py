@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nbexec.config import IDLE_TIMEOUT, MAX_OPEN, MIN_RATE
 from nbexec.result import Connection
 
-from . import IDLE_TIMEOUT, MAX_OPEN, MIN_RATE, Allowlist
+from . import Allowlist
 from .budget import HOST, PER_CONNECTION, Budget, Pace
 from .request import Body, Request, parse
 

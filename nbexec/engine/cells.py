@@ -108,8 +108,9 @@ def _misbehaved(sandbox: SandboxHandle, exc: ProtocolError) -> CellOutcome:
             return died
     sandbox.kill()
     log.warning("sandbox %s broke the kernel protocol and was stopped: %s", sandbox.id, exc)
+    where = f" on node {sandbox.node}" if sandbox.node and sandbox.node not in str(exc) else ""
     return CellOutcome(status="protocol", message=(
-        f"The sandbox misbehaved and was stopped: {exc}. The outputs received before are kept. "
+        f"The sandbox{where} misbehaved and was stopped: {exc}. The outputs received before are kept. "
         "Code that writes to the kernel's own sockets (or crashes its messaging) causes this."))
 
 

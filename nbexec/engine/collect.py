@@ -53,6 +53,7 @@ class Gathered:
     error: CellError | None
     notebook_path: str
     connections: tuple[Connection, ...] = ()  # network="allowlist": the proxy's log for this run
+    node: str | None = None  # the node whose sandbox ran it (None: this host)
 
 
 def limits(config: SandboxConfig) -> artifacts.Limits:
@@ -75,13 +76,12 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
     error = _as_limit(run.error, stopped, notes)
     connections, traffic_notes = sandbox.take_connections()
     # nbexec's own links to the input folder are not files the code left behind
-    ours: frozenset[str] = getattr(sandbox, "input_links", frozenset())
-    skipped = [s for s in found.skipped if s.name not in ours or "link" not in s.reason]
+    skipped = [s for s in found.skipped if s.name not in sandbox.input_links or "link" not in s.reason]
     _stamp(nb, run, error, str(folder.path / notebook_name))
     path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
     return Gathered(tuple(flat), images, found.files, skipped,
                     notes + sandbox.input_notes() + found.notes + traffic_notes + image_notes, error, str(path),
-                    connections)
+                    connections, sandbox.node)
 
 
 def _stamp(nb: NotebookNode, run: Run, error: CellError | None, output_path: str) -> None:
@@ -110,7 +110,7 @@ def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder,
         notebook=nb, notebook_path=gathered.notebook_path, output_dir=str(folder.path), duration_s=duration,
         timings={**run.timings, "total_s": duration}, truncated_bytes=run.dropped, uploads=stored.uploads,
         notes=tuple(gathered.notes + list(run.notes) + packages.notes(run.packages)), packages=run.packages,
-        connections=gathered.connections)
+        connections=gathered.connections, node=gathered.node)
 
 
 def _as_limit(error: CellError | None, stopped: bool, notes: list[str]) -> CellError | None:

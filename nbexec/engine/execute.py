@@ -14,6 +14,7 @@ from nbexec.files import inputs
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
 
+from . import sources
 from .cells import OutputCallback
 from .session import Session
 
@@ -35,18 +36,13 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     offline before the code runs, as the code's own ``%pip install`` lines are (see `nbexec.packages`).
     A notebook or script given as a path brings its folder, as `nbexec run` does: mounted read-only at
     /mnt/input, its entries linked from the working folder, so `open('data.csv')` reads the file next to it
-    (never the home folder or /; ``mount_folder=False`` mounts nothing, a config's input_dir wins).
-    With NBEXEC_NODES set, the same call runs on a remote node (see `nbexec.sandbox.remote.remote`).
+    (never the home folder or /; ``mount_folder=False`` mounts nothing, a config's input_dir wins). A source
+    whose sandboxes run elsewhere (NBEXEC_NODES: a remote node) mounts no folder of this host.
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
     """
-    from nbexec.sandbox.remote import remote
-
-    if remote.enabled():
-        return remote.execute(source, config=config, output_dir=output_dir, on_output=on_output, store=store,
-                              files=files, packages=packages, **overrides)
     nb = notebook.coerce(source)
     config = (config or from_env()).replace(**overrides)
-    if mount_folder and isinstance(source, os.PathLike):
+    if mount_folder and isinstance(source, os.PathLike) and sources.for_config(config).mounts_host_folders:
         config = inputs.with_folder(config, Path(source))
     session = Session(config, output_dir=None if output_dir is None else os.fspath(output_dir), ttl=None,
                       store=store, one_shot=True)

@@ -15,24 +15,28 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from nbformat import NotebookNode
 
 from nbexec import notebook
 from nbexec import packages as installs
 from nbexec.config import SandboxConfig
-from nbexec.errors import FileTooLargeError, FileTransferError, SessionClosedError, SessionDeadError
+from nbexec.errors import (
+    FileTooLargeError,
+    FileTransferError,
+    SessionClosedError,
+    SessionDeadError,
+    SessionLostError,
+)
 from nbexec.files import artifacts, folders, space, transfer
 from nbexec.notebook import papermill
 from nbexec.result import CellError, ExecutionResult, File, Package
 from nbexec.sandbox.docker.workdir import remove_tree
-from nbexec.sandbox.source import SandboxHandle, SandboxSource, for_config
+from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import budget, cells, collect, reaper, widgets
+from . import budget, cells, collect, reaper, sources, widgets
 from .budget import OutputCallback
-from .reaper import close_all, reap
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +53,6 @@ class Session(reaper.SessionBase):
     ``one_shot=True`` makes the throwaway session behind execute_notebook(): its sandbox comes warm from the
     pool, its one run freezes the sandbox before the files are collected (one moment) and hands it back as soon
     as they are copied, and the session is closed with the result."""
-
-    def __new__(cls, *args: Any, **options: Any) -> Any:
-        """With NBEXEC_NODES set, ``Session(...)`` is a RemoteSession on a node (the same surface)."""
-        from nbexec.sandbox.remote import remote
-
-        if cls is Session and remote.enabled():
-            from nbexec.sandbox.remote.remote_session import RemoteSession
-
-            return RemoteSession(*args, **options)
-        return super().__new__(cls)
 
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
@@ -134,7 +128,7 @@ class Session(reaper.SessionBase):
         return made
 
     def _source(self) -> SandboxSource:
-        return for_config(self.config)
+        return sources.for_config(self.config)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -185,6 +179,8 @@ class Session(reaper.SessionBase):
             if sandbox is not None:
                 try:
                     kept = self._copy_out(sandbox)  # its filesystem outlives a dead kernel until destroy
+                except SessionLostError:  # its node went away with its files: a fresh, empty one
+                    kept = []
                 finally:
                     self._source().release(sandbox, wait=True)
             self._dead_reason = None
@@ -278,9 +274,10 @@ class Session(reaper.SessionBase):
                                   self._displays)
         ran = time.monotonic()
         self.last_activity = ran
-        error, exit_cell, exit_notes = self._clean_exit(error)
+        error, exit_cell, exit_notes = papermill.settle_exit(self.notebook, error)
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
-        self.notebook.metadata.setdefault("nbexec", {}).update({"execution_id": execution_id, "ok": error is None})
+        self.notebook.metadata.setdefault("nbexec", {}).update(
+            {"execution_id": execution_id, "ok": error is None, **({"node": sandbox.node} if sandbox.node else {})})
         timings = {"run_s": ran - began}
         if self._start_s is not None:  # the first run reports the start of the sandbox it waited for
             timings = {"sandbox_s": self._start_s, "run_s": ran - began}
@@ -292,20 +289,6 @@ class Session(reaper.SessionBase):
                            started=started, timings=timings,
                            notes=(*self._widgets.take_notes(), *((kept,) if kept else ()), *exit_notes),
                            exit_cell=exit_cell)
-
-    def _clean_exit(self, error: CellError | None) -> tuple[CellError | None, int | None, tuple[str, ...]]:
-        """A run the code ended with sys.exit(0), SystemExit() or exit() succeeded (papermill's rule): (the error
-        left, the cell it ended in, the note that says so). The exit stays in the notebook, where it happened."""
-        value = papermill.clean_exit(self.notebook, error)
-        self.notebook.metadata.get("nbexec", {}).pop("exit", None)
-        if value is None or error is None or error.cell_index is None:
-            return error, None, ()
-        index, left = error.cell_index, papermill.cells_after(self.notebook, error.cell_index)
-        self.notebook.metadata.setdefault("nbexec", {})["exit"] = {"cell_index": index, "value": value,
-                                                                   "cells_not_run": left}
-        rest = f"{left} cell after it was not run" if left == 1 else f"{left} cells after it were not run"
-        return None, index, (f"The code ended the run at cell {index} with SystemExit({value!r}): a success, as in "
-                             f"papermill; {rest}.",)
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None
@@ -407,8 +390,3 @@ class Session(reaper.SessionBase):
         return f"<Session {self.id} {self.status}>"
 
 
-
-# SessionManager lives in nbexec.engine.manager; importable from here too, where it always was.
-from .manager import SessionManager  # noqa: E402
-
-__all__ = ["DEFAULT_TTL", "Session", "SessionManager", "close_all", "reap"]

@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from nbexec.errors import FileTooLargeError, FileTransferError
 from nbexec.notebook.outputs import ImageData
@@ -221,11 +221,22 @@ def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1
     return st.st_size, FileChunks(os.fdopen(fd, "rb", buffering=0), st.st_size, chunk)
 
 
+class Readable(Protocol):
+    """What FileChunks reads: an open binary file, or a body arriving from a node (`sandbox.remote.handle`)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def read(self, size: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class FileChunks:
     """At most ``size`` bytes of an open file, ``chunk`` at a time; the file is closed at the end, by ``close()``,
     or when the iterator is dropped unread (a client that left, an upload that failed)."""
 
-    def __init__(self, handle: BinaryIO, size: int, chunk: int) -> None:
+    def __init__(self, handle: Readable, size: int, chunk: int) -> None:
         self._handle, self._left, self._chunk = handle, size, chunk
 
     def __iter__(self) -> FileChunks:

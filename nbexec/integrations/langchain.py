@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from nbexec.config import SandboxConfig
-from nbexec.engine.session import SessionManager
+from nbexec.engine.manager import SessionManager
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
 
 from . import tools
-from .toolcall import _outcome
+from .toolcall import outcome
 
 try:
     from langchain_core.tools import StructuredTool, ToolException
@@ -70,7 +70,7 @@ def execute_python_tool(config: SandboxConfig | None = None, *, sessions: Sessio
         arguments: dict[str, Any] = {"code": code}
         if session_id:
             arguments["session_id"] = session_id
-        result, problem = _outcome(arguments, on_result=on_result, config=config, sessions=sessions, store=store,
+        result, problem = outcome(arguments, on_result=on_result, config=config, sessions=sessions, store=store,
                                     conversation=conversation)
         if problem:
             raise ToolException(problem)

@@ -31,12 +31,12 @@ from typing import Any
 from urllib.parse import quote
 
 from nbexec.config import MIN_TOKEN_CHARS, SandboxConfig
-from nbexec.engine import session
-from nbexec.engine.session import Session, SessionManager
+from nbexec.engine import reaper, sources
+from nbexec.engine.manager import SessionManager
+from nbexec.engine.session import Session
 from nbexec.errors import ConfigError, NbexecError
 from nbexec.files import artifacts
 from nbexec.result import ExecutionResult
-from nbexec.sandbox.docker import pool
 
 from . import tools
 
@@ -94,6 +94,7 @@ class Clients:
     """The nbexec Session of every connected MCP client. Thread-safe."""
 
     def __init__(self, config: SandboxConfig, max_sessions: int, max_resource: int = MAX_RESOURCE) -> None:
+        self.config = config
         self.manager = SessionManager(config, max_sessions=max_sessions, keep_files=False)
         self.max_resource = max_resource
         self._live: set[_Client] = set()
@@ -309,9 +310,9 @@ class _Stopper:
         with contextlib.suppress(Exception):
             self.clients.close_all()
         with contextlib.suppress(Exception):
-            session.close_all()
+            reaper.close_all()
         with contextlib.suppress(Exception):
-            pool.shutdown()
+            sources.for_config(self.clients.config).close()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -23,7 +23,8 @@ from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.engine.execute import execute_notebook
-from nbexec.engine.session import Session, SessionManager
+from nbexec.engine.manager import SessionManager
+from nbexec.engine.session import Session
 from nbexec.errors import NbexecError, SessionError
 from nbexec.files.folders import output_root
 from nbexec.result import ExecutionResult
@@ -105,7 +106,7 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
     return result
 
 
-def _outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None,
+def outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None,
              **options: Any) -> tuple[ExecutionResult | None, str | None]:
     arguments, problem = parse_arguments(raw_arguments)
     if arguments is None:
@@ -135,7 +136,7 @@ def _retire(result: ExecutionResult | None, options: Mapping[str, Any]) -> None:
 def handle_openai_tool_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
     """Chat Completions: take a tool call (SDK object or dict) and return the ``role: tool`` message."""
     function = _field(call, "function", {})
-    result, problem = _outcome(_field(function, "arguments", "{}"), **options)
+    result, problem = outcome(_field(function, "arguments", "{}"), **options)
     content = f"Tool error: {problem}" if problem else tools.render_for_llm(result, budget=budget)  # type: ignore[arg-type]
     _retire(result, options)
     return {"role": "tool", "tool_call_id": _field(call, "id", ""), "content": content}
@@ -143,7 +144,7 @@ def handle_openai_tool_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **
 
 def handle_openai_function_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
     """Responses API: take a ``function_call`` item and return the ``function_call_output`` item (with images)."""
-    result, problem = _outcome(_field(call, "arguments", "{}"), **options)
+    result, problem = outcome(_field(call, "arguments", "{}"), **options)
     output: Any = f"Tool error: {problem}" if problem else tools.openai_content(result, budget=budget)  # type: ignore[arg-type]
     _retire(result, options)
     return {"type": "function_call_output", "call_id": _field(call, "call_id", ""), "output": output}
@@ -151,7 +152,7 @@ def handle_openai_function_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET
 
 def handle_anthropic_tool_use(block: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
     """Messages API: take a ``tool_use`` block and return the ``tool_result`` block (text and images)."""
-    result, problem = _outcome(_field(block, "input", {}), **options)
+    result, problem = outcome(_field(block, "input", {}), **options)
     if problem:
         return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": True,
                 "content": [{"type": "text", "text": f"Tool error: {problem}"}]}

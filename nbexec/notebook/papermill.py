@@ -49,6 +49,21 @@ def clean_exit(nb: NotebookNode, error: CellError | None) -> str | None:
     return str(shown[0].get("evalue"))
 
 
+def settle_exit(nb: NotebookNode, error: CellError | None) -> tuple[CellError | None, int | None, tuple[str, ...]]:
+    """A run the code ended with sys.exit(0), SystemExit() or exit() succeeded (papermill's rule): (the error left,
+    the cell it ended in, the note that says so), recorded in ``nb.metadata.nbexec.exit``. The exit stays in the
+    notebook, where it happened."""
+    value = clean_exit(nb, error)
+    nb.metadata.get("nbexec", {}).pop("exit", None)
+    if value is None or error is None or error.cell_index is None:
+        return error, None, ()
+    index, left = error.cell_index, cells_after(nb, error.cell_index)
+    nb.metadata.setdefault("nbexec", {})["exit"] = {"cell_index": index, "value": value, "cells_not_run": left}
+    rest = f"{left} cell after it was not run" if left == 1 else f"{left} cells after it were not run"
+    return None, index, (f"The code ended the run at cell {index} with SystemExit({value!r}): a success, as in "
+                         f"papermill; {rest}.",)
+
+
 def stamp(nb: NotebookNode, *, first_cell: int, stopped_at: int | None, started: datetime.datetime,
           ended: datetime.datetime, input_path: str | None, output_path: str | None) -> None:
     """Write papermill's run metadata into ``nb`` (the run covered the cells from ``first_cell``; it stopped in

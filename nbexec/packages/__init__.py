@@ -41,7 +41,7 @@ from packaging.utils import canonicalize_name
 from nbexec.config import SandboxConfig, parse_size
 from nbexec.errors import PackageError, PackageLimitError, PackageRefusedError
 from nbexec.result import Package
-from nbexec.sandbox.docker.container import PACKAGES_MOUNT, WHEELS_MOUNT, Sandbox
+from nbexec.sandbox.source import PACKAGES_MOUNT, WHEELS_MOUNT, SandboxHandle
 
 from . import hostpip, wheelhouse
 from .policy import Policy, shipped
@@ -75,7 +75,7 @@ importlib.invalidate_caches()
 """
 _TARGET = ("__import__('json').dumps(['%d.%d.%d' % __import__('sys').version_info[:3], "
            "__import__('platform').machine(), __import__('os').confstr('CS_GNU_LIBC_VERSION') or ''])")
-_targets: weakref.WeakKeyDictionary[Sandbox, wheelhouse.Target] = weakref.WeakKeyDictionary()
+_targets: weakref.WeakKeyDictionary[SandboxHandle, wheelhouse.Target] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,10 @@ def source_of(config: SandboxConfig) -> wheelhouse.Source:
 
 
 @contextlib.contextmanager
-def prepared(sandbox: Any, nb: NotebookNode, config: SandboxConfig, *, requested: Sequence[str] = (),
+def prepared(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, requested: Sequence[str] = (),
              first_index: int = 0, deadline: float | None = None) -> Iterator[list[Package]]:
     """Provide what the call asks for and the pip lines of cells ``first_index``... ask for; yield the records.
-    ``sandbox`` is a local one (`nbexec.sandbox.docker.container.Sandbox`: its kernel and working folder are used).
+    ``sandbox`` is any source's: only its hidden runs and its /mnt/wheels are used (the wheels are resolved here).
     Everything here, the host's pip included, ends by ``deadline`` (time.monotonic(); default: ``config.timeout``
     from now): the execution's time limit, which the caller's cells share.
 
@@ -171,7 +171,7 @@ def notes(records: Sequence[Package]) -> list[str]:
 class _Request:
     """What every request of one execution shares: its sandbox, config, policy, budget and deadline."""
 
-    sandbox: Sandbox
+    sandbox: SandboxHandle
     config: SandboxConfig
     policy: Policy
     budget: wheelhouse.Budget  # the caps hold for all of the execution's requests together, failures included
@@ -211,7 +211,7 @@ def _provide_one(request: _Request, texts: list[str], records: list[Package], *,
     try:
         target = _target(sandbox, request.left(request.config.startup_timeout))
         wheels = wheelhouse.resolve(texts, request.policy, target, request.budget, deadline=request.deadline)
-        wheelhouse.link(wheels, sandbox.workdir / "wheels", request.budget.source)
+        sandbox.provide_wheels(wheelhouse.files(wheels, request.budget.source))
         asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:
             _run_hidden(sandbox, installer_call(texts, wheels, asked), request.left(request.config.timeout))
@@ -259,7 +259,7 @@ def _rewrite(nb: NotebookNode, line: PipLine, code: str, originals: dict[int, st
     cell.source = "\n".join(lines)
 
 
-def _target(sandbox: Sandbox, timeout: float) -> wheelhouse.Target:
+def _target(sandbox: SandboxHandle, timeout: float) -> wheelhouse.Target:
     """Set the kernel up for offline installs (once per sandbox) and learn its interpreter and platform."""
     known = _targets.get(sandbox)
     if known is not None:
@@ -281,14 +281,11 @@ def _target(sandbox: Sandbox, timeout: float) -> wheelhouse.Target:
     return target
 
 
-def _run_hidden(sandbox: Sandbox, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
+def _run_hidden(sandbox: SandboxHandle, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
                 ) -> dict[str, Any]:
     """Run ``code`` in the kernel outside the notebook (silent, no history); its reply, or PackageError."""
-    client = sandbox.client
-    assert client is not None
-    content = client.run_silent(code, timeout, expressions=expressions)
+    content = sandbox.run_hidden(code, timeout, expressions=expressions)
     if content is None:
-        sandbox.interrupt()
         raise PackageError(f"the sandbox did not finish installing within {timeout:g} s")
     if content.get("status") != "ok":
         raise PackageError(f"pip in the sandbox failed: {str(content.get('evalue', ''))[-1500:]}")

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -29,6 +28,7 @@ from packaging.utils import canonicalize_name
 
 from nbexec.errors import PackageError, PackageLimitError, PackageRefusedError
 from nbexec.files.folders import DIR_FLAGS, private_root
+from nbexec.sandbox.source import WheelFile
 
 from . import hostpip, resolver
 from .policy import Policy
@@ -286,32 +286,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def link(wheels: list[Wheel], folder: Path, source: Source) -> None:
-    """Put ``wheels`` into ``folder`` (a sandbox's /mnt/wheels on the host) under their own file names, each
-    checked against its sha256 first; a cache file that no longer matches is removed and raises."""
+def files(wheels: list[Wheel], source: Source) -> list[WheelFile]:
+    """The cached files of ``wheels``, each checked against its sha256 (a file that no longer matches is removed
+    and raises), for `SandboxHandle.provide_wheels`."""
     blobs = cache_root(source) / "blobs"
-    fd = os.open(folder, DIR_FLAGS)
-    try:
-        present = set(os.listdir(fd))
-        for wheel in wheels:
-            if wheel.filename in present:
-                continue
-            blob = blobs / wheel.sha256
-            if _sha256(blob) != wheel.sha256:
-                blob.unlink(missing_ok=True)
-                raise PackageError(f"the cached {wheel.filename} no longer matches its sha256; it was removed, "
-                                   "ask again to download it afresh")
-            try:
-                os.link(blob, wheel.filename, dst_dir_fd=fd)
-            except OSError:  # another filesystem (or no hard links): copy
-                _copy(blob, wheel.filename, fd)
-    finally:
-        os.close(fd)
-
-
-def _copy(blob: Path, name: str, dir_fd: int) -> None:
-    with open(blob, "rb") as src:
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-        with os.fdopen(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-
+    found = []
+    for wheel in wheels:
+        blob = blobs / wheel.sha256
+        if _sha256(blob) != wheel.sha256:
+            blob.unlink(missing_ok=True)
+            raise PackageError(f"the cached {wheel.filename} no longer matches its sha256; it was removed, "
+                               "ask again to download it afresh")
+        found.append(WheelFile(wheel.filename, wheel.sha256, wheel.size, blob))
+    return found

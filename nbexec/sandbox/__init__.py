@@ -1,19 +1,13 @@
-"""The sandbox edge: containers on the local Docker engine, their kernels and their /mnt/data.
+"""The sandbox edge: the seam every backend implements, the kernel wire they share, and the backends.
 
-    source     the seam: where sandboxes come from (SandboxSource) and what the engine uses of one (SandboxHandle)
-    container  one throwaway container with a ready IPython kernel (`Sandbox`, the local SandboxHandle)
-    pool       warm pools per container shape, background teardown (behind source.LocalSource)
+    source     the seam: where sandboxes come from (SandboxSource) and what a sandbox offers (SandboxHandle)
     kernel     the host's one kernel client: handshake, execute loop, interrupt, warm imports; one receive path
     messages   a kernel message as kept (sized, content unparsed until asked) and the one hostile-JSON parser
     lasterror  asking a kernel how its last cell ended, when its own messages were too large to keep (pure)
     zmtp       the ZeroMQ wire protocol under it
-    workdir    a sandbox's working folder on the host: removed safely, swept when its process is gone
-    datafs     /mnt/data as a filesystem of fixed size, and its snapshot
-    daemon     the Docker engine: connect, translate errors, sweep what nbexec left
-    runtimes   the OCI runtimes (runc, runsc, crun): known, working, registration
-    image      the runtime image: build and describe
+    docker/    the local source: this host's Docker engine, warm pools, containers, /mnt/data, egress wiring
+    remote/    the remote source: nodes of NBEXEC_NODES, each sandbox driven over HTTP
+
+May import: nbexec's values (config, errors, result), files and egress. The engine (`nbexec.engine.sources`)
+picks a source; nothing here imports the engine.
 """
-
-from .docker.container import Sandbox
-
-__all__ = ["Sandbox"]

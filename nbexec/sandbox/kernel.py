@@ -43,8 +43,7 @@ _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
 _REPLY_AFTER_IDLE = 5.0  # seconds to wait for the shell reply once iopub is idle (the reply says how the cell ended)
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
-OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data",
-                          "clear_output"})
+OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
 COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
 
 
@@ -107,7 +106,6 @@ class KernelClient:
         for connection in self._connections.values():
             connection.close()
         self._connections = {}
-
 
     # -- requests ---------------------------------------------------------------------------------
 

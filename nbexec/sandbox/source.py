@@ -1,43 +1,89 @@
-"""Where sandboxes come from: the seam between the engine (`nbexec.engine.session`) and the places that run sandboxes.
+"""Where sandboxes come from: the seam between the engine (`nbexec.engine.session`) and the places that run them.
 
-Two protocols, and everything the engine uses of a sandbox is in them:
+Two protocols, and everything the engine, packages, egress and the service use of a sandbox is in them (no
+``getattr`` probing, no ``Any`` across):
 
 ``SandboxSource``: ``acquire(config, purpose=...)`` gives a ready sandbox (its kernel answers, /mnt/data is empty
-or holds what was put there), ``release(sandbox)`` takes it back for good (a sandbox is never reused), and
-``sweep()`` removes what dead processes of this node left behind. ``purpose`` is "oneshot" (one execution: a warm,
-pooled sandbox when the config has a pool) or "session" (kept for many runs).
+or holds what was put there), ``release(sandbox, wait=...)`` takes it back for good (a sandbox is never reused),
+``sweep()`` removes what dead processes of this host left behind. ``purpose`` is "oneshot" (one execution: a warm,
+pooled sandbox when there is a pool) or "session" (kept for many runs). For a service it also says how much it has
+ready (``capacity``), whether it can serve at all (``readiness``), starts filling its pool (``warm_up``) and
+removes everything at shutdown (``close``). What it cannot do it says: ``mounts_host_folders`` is False for a
+source whose sandboxes do not run on this host (a config with ``input_dir`` is then refused at ``acquire``).
 
 ``SandboxHandle``: what a sandbox offers. No method hands out a host path, so a sandbox whose kernel and files
-live on another machine implements it over the network: kernel operations (``run``, ``interrupt``,
-``kernel_lost``), its life (``state``, ``seems_alive``, ``freeze``, ``kill``, ``destroy``) and its /mnt/data
-(``put_file``, ``snapshot`` into an output folder held open here, ``open_file`` for streaming, ``list_files``,
-``data_notes``), and what of /mnt/input it withheld (``input_notes``). Every byte a handle returns came from the
-sandbox and is treated as hostile by the engine; a remote handle must keep the same limits (``config``'s output
-budget, max_data, max_files) on its side of the wire.
+live on another machine implements it over the network: kernel operations (``run``, ``run_hidden``,
+``interrupt``, ``kernel_lost``), its life (``state``, ``seems_alive``, ``freeze``, ``kill``, ``destroy``), its
+/mnt/data (``put_file``, ``snapshot`` into an output folder held open here, ``open_file`` for streaming,
+``list_files``, ``data_notes``), its /mnt/wheels (``provide_wheels``), what of /mnt/input it withheld or linked
+(``input_notes``, ``input_links``) and its egress log (``take_connections``). Every byte a handle returns came from
+the sandbox and is hostile: a remote handle keeps the same limits (``config``'s output budget, max_data,
+max_files) on its side of the wire, where the bytes are kept, as the node keeps them where they first arrive.
 
 ``run`` hands each output message to the engine as a `messages.Message` (its size known, its content still raw
-bytes), so the engine charges the output budget before anything is parsed; a remote handle builds them from what
-its node relays. ``release(sandbox, wait=...)`` destroys before returning, or in the background for a one-shot.
+bytes), so the engine charges the output budget before anything is parsed; a remote handle builds them from the
+frames its node relays, sized by what arrived.
 
-``LocalSource`` is the one implementation today: this host's Docker engine and its warm pools (`pool`), with
-`container.Sandbox` as the handle. ``for_config`` picks the source a SandboxConfig names (``config.source``); a new
-place to run sandboxes is one class here, its name in `config.SANDBOX_SOURCES`, and a branch in ``for_config``.
+The sources: `nbexec.sandbox.docker.local.LocalSource` (this host's Docker engine and its warm pools) and
+`nbexec.sandbox.remote.source.RemoteSource` (nodes of NBEXEC_NODES); `nbexec.engine.sources.for_config` picks the
+one ``config.source`` names. A new place to run sandboxes is a source and a handle beside them, its name in
+`config.SANDBOX_SOURCES`, and a branch in ``for_config``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.result import Connection
 
-from .docker import pool
-from .docker.container import ContainerState
-from .kernel import Execution, Message
+from .kernel import Execution
+from .messages import Message
+
+DATA_MOUNT = "/mnt/data"  # the sandbox's files: its working folder, collected after each run
+INPUT_MOUNT = "/mnt/input"  # a host folder, read-only (sources that mount host folders)
+WHEELS_MOUNT = "/mnt/wheels"  # read-only to the code; wheels the host resolved are put there (provide_wheels)
+PACKAGES_MOUNT = "/mnt/packages"  # in memory, where the installer unpacks them (exec: native extensions load)
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """Whether a sandbox still runs, and how it ended."""
+
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    """A wheel the host resolved for a sandbox, checked against its sha256: ``path`` is this host's copy."""
+
+    filename: str
+    sha256: str
+    size: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a source has ready for one config: sandboxes waiting warm (``ready``) of the ``size`` it keeps."""
+
+    ready: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether a source can give sandboxes now, and what it checked (for /readyz)."""
+
+    ready: bool
+    checks: dict[str, Any] = field(default_factory=dict)
 
 
 class SandboxHandle(Protocol):
@@ -46,10 +92,17 @@ class SandboxHandle(Protocol):
     id: str
     config: SandboxConfig
     language_info: dict[str, Any]
+    node: str | None  # where it runs: a node's name, or None for this host
+    input_links: frozenset[str]  # names in /mnt/data nbexec linked to /mnt/input (never the code's files)
 
     def run(self, code: str, *, deadline: float, on_output: Callable[[Message], None]) -> Execution:
         """Run code on the kernel, each output message to ``on_output``; interrupt at ``deadline``
         (time.monotonic()), kill interrupt_grace seconds later; status "gone" when the sandbox stopped."""
+
+    def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
+                   ) -> dict[str, Any] | None:
+        """Run ``code`` outside the notebook (silent, no history); its execute_reply content (read within the
+        kernel's control limit), or None when it did not finish within ``timeout`` seconds."""
 
     def interrupt(self) -> None:
         """Interrupt the running cell; safe from another thread."""
@@ -81,8 +134,7 @@ class SandboxHandle(Protocol):
         """Copy the regular files of /mnt/data into ``target`` within ``limits``; ``known`` spares unchanged ones."""
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
-        """/mnt/data/``name`` for streaming: (its size, its chunks); links and over-size files are refused.
-        (A remote handle wraps the response body, a binary file object, in transfer.FileChunks.)"""
+        """/mnt/data/``name`` for streaming: (its size, its chunks); links and over-size files are refused."""
 
     def list_files(self, limits: artifacts.Limits, known: artifacts.Known | None = None) -> artifacts.Collection:
         """The regular files now in /mnt/data within ``limits`` (hashed, never past them; ``known`` spares hashing
@@ -94,12 +146,18 @@ class SandboxHandle(Protocol):
     def input_notes(self) -> list[str]:
         """Notes on what of the input folder was withheld from the sandbox (nbexec's own settings files)."""
 
+    def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
+        """Put ``wheels`` (checked against their sha256 here) into /mnt/wheels; PackageError when one does not
+        match or does not fit."""
+
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """Egress connections since the last call (network="allowlist"), and notes on what was capped."""
 
 
 class SandboxSource(Protocol):
-    """Gives ready sandboxes, takes them back, sweeps what dead processes left."""
+    """Gives ready sandboxes, takes them back, sweeps what dead processes left (see the module docstring)."""
+
+    mounts_host_folders: bool
 
     def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
         """A ready sandbox for ``purpose`` ("oneshot" or "session"); NbexecError when none can be had."""
@@ -109,32 +167,16 @@ class SandboxSource(Protocol):
         does not wait for the teardown)."""
 
     def sweep(self) -> None:
-        """Remove sandboxes and folders left by processes of this node that died."""
+        """Remove sandboxes and folders left by processes of this host that died."""
 
+    def capacity(self, config: SandboxConfig) -> Capacity:
+        """Sandboxes ready now for ``config``, of how many kept ready (no I/O)."""
 
-class LocalSource:
-    """Sandboxes on this host's Docker engine: one-shots from the warm pool, sessions started for themselves."""
+    def readiness(self, config: SandboxConfig) -> Readiness:
+        """Whether sandboxes for ``config`` can be had now (may ask the engine or the nodes)."""
 
-    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
-        if purpose == "oneshot" or config.pool_size:
-            return pool.acquire(config)
-        return pool.start_sandbox(config, role="session", warm_up=True)
+    def warm_up(self, config: SandboxConfig) -> None:
+        """Start readying sandboxes for ``config`` in the background."""
 
-    def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
-        if wait:
-            sandbox.destroy()
-        else:  # destroyed in the background, and its pool refilled
-            pool.release(sandbox)  # type: ignore[arg-type]
-
-    def sweep(self) -> None:
-        pool.sweep_orphans()
-
-
-_LOCAL = LocalSource()
-
-
-def for_config(config: SandboxConfig) -> SandboxSource:
-    """The source ``config.source`` names."""
-    if config.source == "local":
-        return _LOCAL
-    raise ConfigError(f"unknown sandbox source {config.source!r}: use local")
+    def close(self) -> None:
+        """Remove every sandbox this source holds ready (at shutdown)."""

@@ -3,8 +3,10 @@ sessions and one-shot results, each streamed in chunks from its owner's folder t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
@@ -16,7 +18,7 @@ from nbexec.files import artifacts
 from nbexec.sandbox.remote import paths
 
 from .runs import Runs, Shown, owner
-from .schemas import FileListModel, FileModel, SkippedFileModel, StoredModel
+from .schemas import LISTING, StoredModel
 from .tenants import RouteStore, Tenants
 
 DOWNLOAD = {"description": "The file's bytes.", "content": {"application/octet-stream": {}}}
@@ -40,20 +42,21 @@ def plain(name: str) -> str:
     return name
 
 
+def listing(found: artifacts.Collection, base: str) -> dict[str, Any]:
+    """A listing of /mnt/data in its public shape (`nbexec.result`), each file's URL a route under ``base``."""
+    files = [dataclasses.replace(f, url=RouteStore.url(base, "files", f.name)).to_dict(public=True)
+             for f in found.files]
+    return {"files": files, "skipped_files": [s.to_dict() for s in found.skipped], "notes": list(found.notes)}
+
+
 def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     cap = parse_size(folders.config.max_data)
 
-    @app.get("/v1/sessions/{session_id}/files")
-    async def list_files(session_id: str, shown: Shown, who: str = Depends(owner)) -> FileListModel:
+    @app.get("/v1/sessions/{session_id}/files", responses={200: LISTING})
+    async def list_files(session_id: str, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
         """/mnt/data as a run would collect it: files within max_data and max_files, the rest skipped with why."""
         session = owned(folders, who, session_id)
-        found = await runs.io(who, session.listing)
-        base = f"/v1/sessions/{shown.id(session.id)}"
-        return FileListModel(files=[FileModel(name=f.name, size=f.size, mime=f.mime, sha256=f.sha256,
-                                              url=RouteStore.url(base, "files", f.name))
-                                    for f in found.files],
-                             skipped_files=[SkippedFileModel(name=s.name, reason=s.reason) for s in found.skipped],
-                             notes=found.notes)
+        return listing(await runs.io(who, session.listing), f"/v1/sessions/{shown.id(session.id)}")
 
     @app.put("/v1/sessions/{session_id}/files/{name:path}", status_code=201)
     async def put_file(session_id: str, name: str, request: Request, who: str = Depends(owner)) -> StoredModel:
@@ -71,7 +74,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     async def get_file(session_id: str, name: str, who: str = Depends(owner)) -> StreamingResponse:
         session = owned(folders, who, session_id)  # /mnt/data as it is now, like the listing; max_data caps it
         plain(name)
-        return await _download(runs, who, lambda: session.open_file(name, max_bytes=cap))
+        return await download(runs, who, lambda: session.open_file(name, max_bytes=cap))
 
     _image_routes(app, folders, runs, cap)
 
@@ -101,12 +104,14 @@ async def _download_from(runs: Runs, who: str, folder: Path | None, name: str, c
     if folder is None:
         raise HTTPException(404, "no such file")
     plain(name)
-    return await _download(runs, who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
+    return await download(runs, who, lambda: artifacts.open_stream(folder, name, max_bytes=cap))
 
 
-async def _download(runs: Runs, who: str, opener: Callable[[], tuple[int, artifacts.FileChunks]]) -> StreamingResponse:
-    """Stream a regular file in chunks on the token's I/O threads (never loaded whole)."""
-    _, chunks = await runs.io(who, opener)
+async def download(runs: Runs, who: str, opener: Callable[[], tuple[int, artifacts.FileChunks]], *,
+                   sized: bool = False) -> StreamingResponse:
+    """Stream a regular file in chunks on the token's I/O threads (never loaded whole); ``sized``: its size at
+    opening in X-Nbexec-Size (the node protocol: the most bytes that follow)."""
+    size, chunks = await runs.io(who, opener)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -116,7 +121,8 @@ async def _download(runs: Runs, who: str, opener: Callable[[], tuple[int, artifa
             _close(chunks)
 
     return StreamingResponse(body(), media_type="application/octet-stream",
-                             headers={"Content-Disposition": "attachment", "X-Content-Type-Options": "nosniff"})
+                             headers={"Content-Disposition": "attachment", "X-Content-Type-Options": "nosniff",
+                                      **({"X-Nbexec-Size": str(size)} if sized else {})})
 
 
 def _close(chunks: Iterator[bytes]) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -61,11 +62,12 @@ class Gateway:
     ``public`` are the paths answered without a token; ``signed`` (nodes) honours X-Nbexec-For."""
 
     def __init__(self, app: ASGIApp, *, tokens: tuple[str, ...], auth: bool, max_body: int, signed: bool = False,
-                 public: frozenset[str] = PUBLIC_PATHS) -> None:
+                 public: frozenset[str] = PUBLIC_PATHS, larger: Mapping[re.Pattern[str], int] | None = None) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
         self.auth = auth
         self.max_body = max_body
+        self.larger = dict(larger or {})  # paths (matched whole) whose bodies may be this large instead
         self.public = public
         self.verifier = Verifier() if signed else None
 
@@ -118,17 +120,17 @@ class Gateway:
             except SignatureError as exc:
                 await _answer(send, 401, f"the X-Nbexec-For header was refused: {exc}")
                 return
+        limit = next((n for p, n in self.larger.items() if owner and p.fullmatch(scope["path"])), self.max_body)
         length = _header(scope, b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _answer(send, 413, f"request body over {self.max_body} bytes")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await _answer(send, 413, f"request body over {limit} bytes")
             return
         state = scope.setdefault("state", {})
         state[OWNER_KEY], state[FOR_KEY] = owner, signed
-        await self.app(scope, self._counted(receive), send)
+        await self.app(scope, self._counted(receive, limit), send)
 
-    def _counted(self, receive: Receive) -> Receive:
+    def _counted(self, receive: Receive, limit: int) -> Receive:
         seen = 0
-        limit = self.max_body
 
         async def counted() -> Message:
             nonlocal seen

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -17,13 +17,11 @@ from nbexec.errors import DiskSpaceError, DockerError, FileTooLargeError, FileTr
 from . import streaming
 from .gateway import FOR_KEY, OWNER_KEY
 from .identity import View
+from .settings import ServerSettings
 from .tenants import Tenants
 
-if TYPE_CHECKING:
-    from .server import ServerSettings
-
 log = logging.getLogger(__name__)
-Render = Callable[[Any], dict[str, Any]]  # runs in a worker thread: (on_output or None) -> the public result
+Render = Callable[[Any], Any]  # runs in a worker thread: (on_output or None) -> the answer (a public result)
 
 # Declares the scheme in the OpenAPI document only: the gateway has checked the token before any body was read.
 bearer = HTTPBearer(auto_error=False, description="One of the server's API tokens (--token-file, NBEXEC_API_TOKENS).")

@@ -1,13 +1,17 @@
 """The JSON shapes of `nbexec serve`: request bodies and typed responses, so the OpenAPI document describes both.
 
-Result models allow extra keys: a field the result gains reaches clients before it is described here.
+A result, a file and a listing are not described here: their shape (and its JSON schema) is read off the value
+types in `nbexec.result`, the one definition (``public``: without host paths), which allows extra keys, so a field
+the result gains reaches clients before they know it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from nbexec.result import File, SkippedFile, json_schema
 
 MAX_CODE = 1_000_000
 MAX_TIMEOUT = 3600
@@ -27,66 +31,23 @@ class ExecuteBody(SessionExecuteBody):
         default=None, description="Files to put in /mnt/data first: name -> base64 content (one-shot only).")
 
 
+class SandboxBody(BaseModel):
+    purpose: Literal["oneshot", "session"] = Field(
+        default="session", description="oneshot: a warm, pooled sandbox for one execution; session: kept for many.")
+
+
+class RunBody(BaseModel):
+    code: str = Field(max_length=MAX_CODE, description="Python source to run as one cell.")
+    timeout: float = Field(gt=0, le=MAX_TIMEOUT, description="Seconds; capped by the node's limit.")
+
+
+class HiddenBody(RunBody):
+    expressions: dict[str, str] = Field(default_factory=dict, max_length=8,
+                                        description="user_expressions evaluated after the code.")
+
+
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
-
-
-class CellErrorModel(_Open):
-    ename: str
-    evalue: str
-    traceback: list[str]
-    kind: str = Field(description="exception, timeout, oom, kernel_died, limit, ...")
-    cell_index: int | None = None
-
-
-class ImageModel(_Open):
-    name: str
-    mime: str
-    cell_index: int
-    size: int
-    url: str | None = Field(None, description="A relative route of this server, or the artifact store's URL.")
-
-
-class FileModel(_Open):
-    name: str = Field(description="Relative to /mnt/data.")
-    size: int
-    mime: str
-    sha256: str
-    url: str | None = None
-
-
-class SkippedFileModel(_Open):
-    name: str
-    reason: str
-
-
-class UploadModel(_Open):
-    name: str
-    kind: str
-    status: str
-    url: str | None = None
-    reason: str | None = None
-    blob: str | None = None
-
-
-class ResultModel(_Open):
-    """An execution's result: the library's result JSON without host paths."""
-
-    ok: bool
-    execution_id: str
-    stdout: str
-    stderr: str
-    text: str
-    error: CellErrorModel | None
-    outputs: list[dict[str, Any]]
-    images: list[ImageModel]
-    files: list[FileModel]
-    skipped_files: list[SkippedFileModel]
-    duration_s: float
-    timings: dict[str, float]
-    truncated_bytes: int = 0
-    uploads: list[UploadModel] = []
-    notes: list[str] = []
 
 
 class SessionModel(BaseModel):
@@ -94,13 +55,6 @@ class SessionModel(BaseModel):
     status: str = Field(description="ready, busy or closed")
     idle_s: float
     cells: int
-
-
-class FileListModel(BaseModel):
-    files: list[FileModel] = Field(description="Regular files within max_data and max_files, hashed.")
-    skipped_files: list[SkippedFileModel] = Field(default_factory=list, description=(
-        "Entries not listed as files, with why (over a cap: never read; links, devices, ...)."))
-    notes: list[str] = Field(default_factory=list)
 
 
 class StoredModel(BaseModel):
@@ -125,8 +79,18 @@ class ProblemModel(BaseModel):
     detail: Any
 
 
-STREAMED = {
+RESULT = {
     "description": "The result as JSON; with ?stream=true, server-sent events instead: `output` (one per output, "
                    "with its cell_index), then `result` (the result JSON) or `error` ({status, detail}).",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"application/json": {"schema": json_schema(public=True)},
+                "text/event-stream": {"schema": {"type": "string"}}},
+}
+LISTING = {
+    "description": "/mnt/data as a run would collect it: `files` within max_data and max_files (hashed), "
+                   "`skipped_files` (over a cap: never read; links, devices, ...) with why, and `notes`.",
+    "content": {"application/json": {"schema": {
+        "type": "object", "required": ["files", "skipped_files", "notes"],
+        "properties": {"files": {"type": "array", "items": json_schema(File, public=True)},
+                       "skipped_files": {"type": "array", "items": json_schema(SkippedFile, public=True)},
+                       "notes": {"type": "array", "items": {"type": "string"}}}}}},
 }

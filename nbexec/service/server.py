@@ -19,59 +19,33 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from nbexec import __version__
-from nbexec.config import SandboxConfig
+from nbexec.config import parse_size
 from nbexec.engine.session import Session
-from nbexec.errors import ConfigError, NbexecError, SessionError
-from nbexec.sandbox.docker import daemon, pool
-from nbexec.stores.storage import ArtifactStore
+from nbexec.errors import SessionError
 
 from . import node
 from .gateway import Gateway, token_id
+from .settings import ServerSettings
 from .tenants import Tenants, public
 
 try:
     from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.responses import JSONResponse
 
-    from . import files, playground
+    from . import files, playground, sandboxes
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
     from .runs import Runs, Shown, owner, too_many
-    from .schemas import STREAMED, ExecuteBody, HealthModel, ReadyModel, ResultModel, SessionExecuteBody, SessionModel
+    from .schemas import RESULT, ExecuteBody, HealthModel, ReadyModel, SessionExecuteBody, SessionModel
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec-sandbox[server]'") from exc
 
-__all__ = ["ServerSettings", "create_app", "token_id"]
+__all__ = ["create_app", "token_id"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerSettings:
-    """The service's policy. ``tokens`` are the accepted bearer tokens (empty only with ``auth=False``)."""
-
-    config: SandboxConfig
-    tokens: tuple[str, ...] = field(default=(), repr=False)
-    auth: bool = True
-    store: ArtifactStore | None = None
-    max_body: int = 16 * 1024**2
-    max_sessions_per_token: int = 8
-    max_running_per_token: int = 4
-    session_ttl: float = 20 * 60.0
-    result_ttl: float = 15 * 60.0  # seconds a one-shot result's files stay downloadable, then they are deleted
-    keepalive: float = 15.0  # seconds between SSE keep-alive comments on a quiet stream
-
-    def __post_init__(self) -> None:
-        if self.auth and not self.tokens:
-            raise ConfigError("no API token: give --token-file or NBEXEC_API_TOKENS (or --no-auth on loopback)")
-        if any(len(t) < 16 for t in self.tokens):
-            raise ConfigError("API tokens must be at least 16 characters long")
-        if self.result_ttl <= 0 or self.keepalive <= 0:
-            raise ConfigError("result_ttl and keepalive must be above 0 seconds")
 
 
 def _decode_files(files: dict[str, str] | None) -> dict[str, bytes]:
@@ -86,12 +60,12 @@ def create_app(settings: ServerSettings) -> Any:
     folders = Tenants(settings.config, max_sessions=1024, session_ttl=settings.session_ttl,
                       result_ttl=settings.result_ttl, runs_per_token=settings.max_running_per_token)
     runs = Runs(folders, settings)
-    metrics = Metrics(lambda: len(folders.sessions), lambda: pool.ready_count(settings.config))
+    metrics = Metrics(lambda: len(folders.sessions), lambda: folders.source.capacity(settings.config).ready)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         folders.open()
-        pool.warm_up(settings.config)
+        folders.source.warm_up(settings.config)
         janitor = asyncio.create_task(folders.sweep_forever())
         try:
             yield
@@ -110,8 +84,10 @@ def create_app(settings: ServerSettings) -> Any:
     _session_routes(app, folders, runs, metrics)
     files.add_routes(app, folders, runs)
     playground.add_routes(app)
-    node.add_routes(app, folders, runs, owner)  # /v1/capacity: this server as a node of a cluster
-    app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True)
+    node.add_routes(app, folders, runs, lambda: len(folders.held), owner)  # /v1/capacity: this server as a node
+    sandboxes.add_routes(app, folders, runs, settings)  # the seam over HTTP, for library clients (NBEXEC_NODES)
+    app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True,
+                       larger={sandboxes.WHEEL_ROUTE: parse_size(settings.config.max_package_download)})
     return app
 
 
@@ -124,17 +100,9 @@ def _ops_routes(app: FastAPI, folders: Tenants, metrics: Metrics) -> None:
 
     @app.get("/readyz", response_model=ReadyModel, responses={503: {"model": ReadyModel}})
     def readyz() -> JSONResponse:
-        checks: dict[str, Any] = {"docker": "ok", "image": "ok"}
-        try:
-            daemon.require_image(daemon.connect(), config.image)
-        except NbexecError as exc:
-            checks["error"] = str(exc)
-        checks["pool_ready"] = pool.ready_count(config)
-        checks["pool_filled"] = pool.has_filled(config)  # full once since start: later dips are load, not illness
-        ok = "error" not in checks and checks["pool_filled"]
-        if "error" not in checks:
-            pool.warm_up(config)
-        return JSONResponse({"ready": ok, **checks}, status_code=200 if ok else 503)
+        """Whether this node's sandbox source can give sandboxes (locally: Docker, the image, a pool full once)."""
+        ready = folders.source.readiness(config)
+        return JSONResponse({"ready": ready.ready, **ready.checks}, status_code=200 if ready.ready else 503)
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE: {}}}})
@@ -145,7 +113,7 @@ def _ops_routes(app: FastAPI, folders: Tenants, metrics: Metrics) -> None:
 def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics) -> None:
     settings = runs.settings
 
-    @app.post("/v1/execute", response_model=ResultModel, responses={200: STREAMED})
+    @app.post("/v1/execute", responses={200: RESULT})
     async def execute(body: ExecuteBody, request: Request, shown: Shown, stream: bool = False,
                       who: str = Depends(owner)) -> Any:
         """One-shot execution in a fresh sandbox from the warm pool; ?stream=true for server-sent events.
@@ -186,7 +154,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
     async def get_session(session_id: str, shown: Shown, who: str = Depends(owner)) -> SessionModel:
         return _describe(files.owned(folders, who, session_id), shown)
 
-    @app.post("/v1/sessions/{session_id}/execute", response_model=ResultModel, responses={200: STREAMED})
+    @app.post("/v1/sessions/{session_id}/execute", responses={200: RESULT})
     async def execute_in_session(session_id: str, body: SessionExecuteBody, request: Request, shown: Shown,
                                  stream: bool = False, who: str = Depends(owner)) -> Any:
         """Run a cell in the session (state kept); ?stream=true for server-sent events."""

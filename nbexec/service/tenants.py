@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -26,12 +27,16 @@ from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from nbexec.config import SandboxConfig, host_from_env
-from nbexec.engine.session import Session, SessionManager
+from nbexec.engine import sources
+from nbexec.engine.manager import SessionManager
+from nbexec.engine.session import Session
 from nbexec.errors import SessionNotFoundError, StorageError
+from nbexec.files.folders import work_root
 from nbexec.result import ExecutionResult
-from nbexec.sandbox.docker import pool
-from nbexec.sandbox.docker.container import WORKDIR_PREFIX, remove_tree, work_root
+from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.stores.storage import ArtifactStore
+
+from .held import Held
 
 log = logging.getLogger(__name__)
 IO_THREADS = 2  # per token, for file and session work besides runs
@@ -76,17 +81,11 @@ def _served(store: ArtifactStore | None, base: str, folder: Path) -> ArtifactSto
 
 
 def public(result: ExecutionResult, execution_id: str | None = None) -> dict[str, Any]:
-    """The result as sent to HTTP clients: relative names and URLs, no host path."""
-    data = result.to_dict()
-    for key in ("output_dir", "notebook_path"):
-        data.pop(key, None)
-    for item in data["files"]:
-        item.pop("path", None)
-    for item in data["images"]:
-        item["name"] = Path(item.pop("path")).name
+    """The result as sent to HTTP clients: its public shape (relative names and URLs, no host path), naming this
+    node (a service is one)."""
+    data = dataclasses.replace(result, node=host_from_env().node_name).to_dict(public=True)
     if execution_id is not None:
         data["execution_id"] = execution_id
-    data["node"] = host_from_env().node_name  # this service is a node: say which
     return data
 
 
@@ -119,6 +118,8 @@ class Tenants:
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self.source = sources.for_config(self.config)  # where this node's sandboxes come from
+        self.held = Held(lambda handle, wait: self.source.release(handle, wait=wait), self.session_ttl)
         self.sessions = SessionManager(self.config, max_sessions=self.max_sessions, ttl=self.session_ttl,
                                        keep_files=False)  # a session's folder goes when it is closed or reaped
         self._owners: dict[str, str] = {}  # session id -> owner
@@ -175,9 +176,10 @@ class Tenants:
         return session.output_dir
 
     def live_for(self, who: str) -> int:
+        """Sessions and held sandboxes of ``who``: one cap counts both."""
         live = set(self.sessions.ids())
         with self._lock:
-            return sum(1 for sid, o in self._owners.items() if o == who and sid in live)
+            return self.held.count(who) + sum(1 for sid, o in self._owners.items() if o == who and sid in live)
 
     def delete_session(self, session_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):
@@ -206,7 +208,7 @@ class Tenants:
             kept = self._results.get(execution_id)
         if kept is None:
             return
-        pool.warm_up(self.config)  # the throwaway session took a pooled sandbox: start its replacement
+        self.source.warm_up(self.config)  # the throwaway session took a pooled sandbox: start its replacement
         kept.session.close()
         kept.expires = time.monotonic() + self.result_ttl
 
@@ -220,7 +222,8 @@ class Tenants:
     # -- retention --------------------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Delete the folders of expired results and of sessions that were reaped."""
+        """Delete the folders of expired results and of sessions that were reaped; release idle held sandboxes."""
+        self.held.reap()
         now = time.monotonic()
         live = set(self.sessions.ids())
         with self._lock:
@@ -243,7 +246,9 @@ class Tenants:
                 log.exception("could not delete expired folders")
 
     def close(self) -> None:
-        """Shutdown: interrupt every run, close every session, stop the threads, delete every folder."""
+        """Shutdown: interrupt every run, close every session and held sandbox, stop the threads, delete every
+        folder."""
+        self.held.close()
         with self._lock:
             self._closed = True
             lanes = list(self._lanes.values())
@@ -262,7 +267,7 @@ class Tenants:
         for lane in lanes:
             lane.runs.shutdown(wait=False, cancel_futures=True)
             lane.io.shutdown(wait=False, cancel_futures=True)
-        pool.shutdown()  # under SIGTERM uvicorn ends the process without atexit handlers: nothing else would
+        self.source.close()  # under SIGTERM uvicorn ends the process without atexit handlers: nothing else would
         if self.root is not None:
             remove_tree(self.root)
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 import nbexec
+from nbexec.files.folders import work_root
 from nbexec.sandbox.docker import datafs, pool
-from nbexec.sandbox.docker.container import remove_stale_workdirs, work_root
+from nbexec.sandbox.docker.workdir import remove_stale_workdirs
 
 from ..conftest import IMAGE
 

@@ -95,7 +95,7 @@ def small_disk(cleanup_ledger: None, tmp_path: Path, monkeypatch: pytest.MonkeyP
         yield disk
     finally:
         pool.shutdown()  # pools of the small disk's configs hold sandboxes whose folders live there
-        nbexec.engine.session.close_all()
+        nbexec.engine.reaper.close_all()
         pool.wait_for_teardown()
         left = [name for name in own_containers(include_pool=True) if name not in before]
         entries = [e for e in disk.entries() if not e.startswith("nbexec-output")]  # outputs are handed back

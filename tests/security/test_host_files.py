@@ -17,11 +17,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import http.server
 import json
 import os
 import signal
-import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -35,10 +33,10 @@ import pytest
 import nbexec
 from nbexec.errors import FileTransferError, NbexecError
 from nbexec.files import artifacts
-from nbexec.sandbox.remote import remote
+from nbexec.sandbox.remote import source
 from nbexec.stores import uploads
 
-from .. import cluster
+from .. import cluster, seamnode
 from ..azurite import Azurite
 from ..conftest import IMAGE
 from ..test_storage import store_for
@@ -63,10 +61,7 @@ SMALL_FILES = ("import os, hashlib\nfor i in range(30):\n    open(f'/mnt/data/f{
 
 def forget_nodes() -> None:
     """Drop the process's node clients (closing their connections), so the next test starts from NBEXEC_NODES."""
-    for known in remote._clusters.values():
-        for client in known.clients.values():
-            client.close()
-    remote._clusters.clear()
+    source.forget_all()
 
 
 def rchar(pid: int | str = "self") -> int:
@@ -278,7 +273,7 @@ def one_node(docker_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_remote_listing_and_download_are_bounded(one_node: cluster.Server, tmp_path: Path) -> None:
     node_pid = one_node.process.pid if one_node.process else 0
-    config = nbexec.SandboxConfig(image=IMAGE, max_data="600m", max_files=20)
+    config = nbexec.SandboxConfig(image=IMAGE, max_data="600m", max_files=20, source="remote")
     with nbexec.Session(config, output_dir=tmp_path / "out") as session:
         made = session.run(sparse(("eight", 8 * GiB)) + SMALL_FILES)
         assert made.ok, made.error
@@ -305,104 +300,54 @@ def test_remote_listing_and_download_are_bounded(one_node: cluster.Server, tmp_p
 def _million_entries() -> bytes:
     """A file listing of a million entries (120 MB of JSON), made once per test run."""
     entry = {"size": 1, "mime": "text/plain", "sha256": "0" * 64, "url": None}
-    return json.dumps({"files": [dict(entry, name=f"{i:07d}") for i in range(1_000_000)]}).encode()
+    return json.dumps({"sandbox": seamnode.SANDBOX,
+                       "files": [dict(entry, name=f"{i:07d}") for i in range(1_000_000)]}).encode()
 
 
-class _HostileNode(http.server.ThreadingHTTPServer):
-    """A loopback "node" that answers like an nbexec node, then lies about files: endless bodies, a listing of a
-    million entries, and a run whose files add up to far more than max_data."""
-
-    daemon_threads = True
-    sizes = {"exact": 32 * MiB}  # bytes of each file it sends (512 MiB unless named here)
+# file -> (the size its listing says, the size its download says, the bytes sent)
+RUN_FILES = {"exact": (1, 32 * MiB, 32 * MiB), "late": (1, 64 * MiB, 64 * MiB), "more": (512 * MiB,) * 3,
+             "chunked": (1, 1, 512 * MiB)}
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _HostileNode
+def _file(method: str, rest: str, query: dict[str, list[str]], body: bytes) -> seamnode.Reply:
+    """A file whose body is larger than max_data: "sized" says so (512 MiB), "chunked" says 1 byte and sends
+    512 MiB; a run's files lie in their listing ("exact" fills max_data, "late" would pass it)."""
+    name = rest.rsplit("/", 1)[1]
+    _, said, sent = RUN_FILES.get(name, (0, 512 * MiB if name == "sized" else 1, 512 * MiB))
+    return seamnode.Reply(200, seamnode.zeros(sent), {"X-Nbexec-Size": str(said)})
 
-    def log_message(self, *args: Any) -> None:
-        pass
 
-    def _json(self, data: Any, status: int = 200) -> None:
-        raw = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+def _listing(method: str, rest: str, query: dict[str, list[str]], body: bytes) -> seamnode.Reply:
+    if method != "GET":
+        return seamnode.Reply(404)
+    if _HostileNode.listing == "million":
+        listing = _million_entries()
+        return seamnode.Reply(200, [listing], {"Content-Type": "application/json",
+                                               "Content-Length": str(len(listing))}, False)
+    files = [{"name": name, "size": sizes[0], "mime": "application/octet-stream", "sha256": "0" * 64, "url": None}
+             for name, sizes in RUN_FILES.items()]
+    return seamnode.json_reply({"sandbox": seamnode.SANDBOX, "files": files, "skipped_files": [], "notes": []})
 
-    def _zeros(self, total: int, *, length: int | None) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        if length is None:
-            self.send_header("Transfer-Encoding", "chunked")
-        else:
-            self.send_header("Content-Length", str(length))
-        self.end_headers()
-        chunk = bytes(MiB)
-        with contextlib.suppress(OSError):
-            for _ in range(total // MiB):
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if length is None else chunk)
-            if length is None:
-                self.wfile.write(b"0\r\n\r\n")
 
-    def do_GET(self) -> None:
-        if self.path == "/v1/capacity":
-            return self._json({"node": "hostile", "instance": "i1", "sessions": 0, "pool_free": 9, "pool_size": 9,
-                               "running": 0})
-        if self.path == "/v1/sessions/s1/files":
-            listing = _million_entries()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(listing)))
-            self.end_headers()
-            with contextlib.suppress(OSError):
-                self.wfile.write(listing)
-            return None
-        if self.path.startswith("/v1/sessions/s1/files/"):
-            name = self.path.rsplit("/", 1)[1]
-            size = self.server.sizes.get(name, 512 * MiB)
-            return self._zeros(size, length=None if name == "chunked" else size)
-        return self._json({"detail": "no"}, 404)
+class _HostileNode:
+    """A loopback "node" (`tests/seamnode.py`) that answers the node protocol, then lies about files: endless
+    bodies, a listing of a million entries, and a run whose files add up to far more than max_data."""
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        if self.path == "/v1/sessions":
-            return self._json({"id": "s1"}, 201)
-        if self.path.startswith("/v1/sessions/s1/execute"):
-            files = [{"name": name, "size": 1, "mime": "application/octet-stream", "sha256": "0" * 64,
-                      "url": f"/v1/sessions/s1/files/{name}"} for name in ("exact", "more", "chunked")]
-            result = {"ok": True, "outputs": [], "files": files, "skipped_files": [], "node": "hostile"}
-            raw = f"event: result\ndata: {json.dumps(result)}\n\n".encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-            return None
-        return self._json({"detail": "no"}, 404)
-
-    def do_DELETE(self) -> None:
-        self.send_response(204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+    listing = "run"
 
 
 @pytest.fixture
-def hostile_node(monkeypatch: pytest.MonkeyPatch) -> Iterator[_HostileNode]:
-    server = _HostileNode(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("NBEXEC_NODES", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
-    forget_nodes()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+def hostile_node(monkeypatch: pytest.MonkeyPatch) -> Iterator[seamnode.SeamNode]:
+    with seamnode.SeamNode() as server:
+        server.answers.update({"/files/*": _file, "/files": _listing})
+        monkeypatch.setenv("NBEXEC_NODES", server.url)
+        monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
         forget_nodes()
+        try:
+            yield server
+        finally:
+            forget_nodes()
+            _HostileNode.listing = "run"
 
 
 def _host_bytes(root: Path) -> int:
@@ -410,9 +355,9 @@ def _host_bytes(root: Path) -> int:
 
 
 @pytest.fixture
-def small_remote(hostile_node: _HostileNode, tmp_path: Path) -> Iterator[tuple[Any, Path]]:
+def small_remote(hostile_node: seamnode.SeamNode, tmp_path: Path) -> Iterator[tuple[Any, Path]]:
     out = tmp_path / "out"
-    config = nbexec.SandboxConfig(image=IMAGE, max_data="32m", max_files=20)
+    config = nbexec.SandboxConfig(image=IMAGE, max_data="32m", max_files=20, source="remote")
     with nbexec.Session(config, output_dir=out) as session:
         yield session, out
 
@@ -429,20 +374,22 @@ def test_a_hostile_nodes_download_stops_at_max_data(small_remote: tuple[Any, Pat
 def test_a_hostile_nodes_listing_is_refused_unparsed(small_remote: tuple[Any, Path]) -> None:
     session, _ = small_remote
     _million_entries()  # made by the "node" before the client's cost is measured
+    _HostileNode.listing = "million"
     with cost() as here, pytest.raises(NbexecError, match="listing"):
         session.files()
     assert here.peak < 64 * MiB, here  # a million entries (120 MB of JSON) are never read whole nor parsed
 
 
 def test_a_hostile_nodes_run_files_stay_within_max_data(small_remote: tuple[Any, Path]) -> None:
-    """"exact" fills max_data exactly; "more" (512 MiB) and "chunked" must not get past the spent budget."""
+    """"exact" fills max_data exactly; "late" (past the spent budget), "more" (512 MiB) and "chunked" (larger than
+    it says) must not get past it."""
     session, out = small_remote
     with cost() as here:
         result = session.run("pass")
     kept = {f.name: f.size for f in result.files}
     assert sum(kept.values()) <= 32 * MiB and _host_bytes(out) <= 33 * MiB, (kept, _host_bytes(out))
     assert here.peak < 64 * MiB, here
-    assert {s.name for s in result.skipped_files} >= {"more", "chunked"}, result.skipped_files
+    assert {s.name for s in result.skipped_files} >= {"late", "more", "chunked"}, result.skipped_files
 
 
 # -- uploads to a real store ------------------------------------------------------------------------------------

@@ -32,9 +32,7 @@ from nbexec.files import transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.integrations import toolcall, tools
 from nbexec.notebook import outputs
-from nbexec.result import ERROR_KINDS
 from nbexec.sandbox import lasterror
-from nbexec.sandbox.remote import noderun
 
 from ..cluster import NODE_TOKEN, Server, node, wait_ready
 from ..conftest import IMAGE
@@ -192,40 +190,6 @@ def test_the_model_always_sees_the_error(text: str, traceback: tuple[str, ...]) 
     assert len(shown) <= 8000
     assert "Error (exception" in shown and "KeyError" in shown and "Fix the code" in shown, shown[-3000:]
     assert render.error_text(_failed(text, traceback))
-
-
-# -- a hostile node's answer ---------------------------------------------------------------------------------
-
-NODE_ANSWERS: list[tuple[str, dict[str, Any]]] = [
-    ("not-ok-without-an-error", {"ok": False, "error": None, "outputs": []}),
-    ("error-only-in-its-outputs", {"ok": False, "error": None, "outputs": [
-        {"cell_index": 0, "output_type": "error", "ename": "KeyError", "evalue": "v", "traceback": ["t"]}]}),
-    ("error-without-a-name", {"ok": False, "error": {"evalue": "v"}}),
-    ("error-of-the-wrong-types", {"ok": False, "error": {"ename": 5, "evalue": ["v"], "traceback": "abc",
-                                                         "kind": {}, "cell_index": "x"}}),
-    ("huge-error", {"ok": True, "error": {"ename": "E" * MIB, "evalue": "v" * 8 * MIB, "traceback": ["t" * MIB] * 8,
-                                          "kind": "exception", "cell_index": 0}}),
-    ("error-with-terminal-controls", {"ok": False, "error": {"ename": "\x1b]0;x\x07E", "evalue": "\x1b[2Jv",
-                                                             "traceback": ["\x9b31m"]}}),
-    ("error-not-an-object", {"ok": False, "error": "KeyError"}),
-]
-
-
-@pytest.mark.parametrize("answer", [a[1] for a in NODE_ANSWERS], ids=[a[0] for a in NODE_ANSWERS])
-def test_a_nodes_failure_survives_its_answer(answer: dict[str, Any], tmp_path: Path) -> None:
-    nb = v4.new_notebook(cells=[v4.new_code_cell("x")])
-    run = noderun.Run(nb, [0], nbexec.SandboxConfig(), None)
-    run.take(answer)
-    out = tmp_path / "out"
-    out.mkdir(mode=0o700)
-    with OutputFolder.open(out) as folder:
-        result = noderun.finish(run, "e", out, folder, 0.0)
-    assert not result.ok and result.error is not None, result.error
-    error = result.error
-    assert error.kind in ERROR_KINDS and isinstance(error.ename, str) and error.ename
-    size = len((error.ename + error.evalue + "".join(error.traceback)).encode())
-    assert size <= budget.MAX_ERROR, size
-    assert not any(c in "".join((error.ename, error.evalue, *error.traceback)) for c in "\x1b\x07\x9b")
 
 
 # -- one charge, one copy -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from nbformat import NotebookNode, v4
 from nbexec import SandboxConfig
 from nbexec.engine import budget, cells
 from nbexec.result import CellError
-from nbexec.sandbox.docker.container import ContainerState
+from nbexec.sandbox.source import ContainerState
 
 from ..test_cells import FakeSandbox, cell, stream
 from ..test_kernel import FakeKernel

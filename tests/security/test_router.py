@@ -9,6 +9,7 @@ process's peak memory (/proc/<pid>/status), a request that is refused, a run tha
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
 import re
 import signal
@@ -520,7 +521,8 @@ def _hostile_call(http: httpx.Client, fake: FakeNode, call: str, sid: str) -> in
 
 def _node_routes() -> list[tuple[str, str]]:
     """(method, path template) of every route of a node's app, from its own route table."""
-    from nbexec.service.server import ServerSettings, create_app
+    from nbexec.service.server import create_app
+    from nbexec.service.settings import ServerSettings
 
     app = create_app(ServerSettings(config=nbexec.SandboxConfig(), tokens=("t" * 16,)))
     found = []
@@ -535,29 +537,45 @@ def test_every_node_route_is_reachable_through_the_router(pair: tuple[Server, Se
     _, front = pair
     routes = _node_routes()
     assert ("POST", "/v1/sessions/{session_id}/execute") in routes and len(routes) > 15
-    with client(front) as http:
+    assert ("POST", "/v1/sandboxes/{sandbox_id}/run") in routes  # the seam's routes, for library clients
+    with client(front) as http, client(front, OTHER_TOKEN) as other:  # other: a client with room for new ones
         sid = http.post("/v1/sessions").json()["id"]
+        box = http.post("/v1/sandboxes", json={"purpose": "session"}).json()["id"]
         try:
             assert http.put(f"/v1/sessions/{sid}/files/f.txt", content=b"f").status_code == 201
+            assert http.put(f"/v1/sandboxes/{box}/files/f.txt", content=b"f").status_code == 201
             session_image = http.post(f"/v1/sessions/{sid}/execute", json={"code": PNG}).json()["images"][0]["name"]
             once = http.post("/v1/execute", json={"code": PNG + "open('/mnt/data/f.txt', 'w').write('f')"}).json()
-            names = {"session_id": sid, "execution_id": once["execution_id"]}
+            names = {"session_id": sid, "execution_id": once["execution_id"], "sandbox_id": box, "filename": "f.whl"}
             unreachable = []
             for method, template in sorted(routes, key=lambda r: (r[0] == "DELETE", r)):
                 image = session_image if "{session_id}" in template else once["images"][0]["name"]
                 path = template.format(**names, name=image if "/images/" in template else "f.txt")
-                options: dict[str, Any] = {"json": {"code": "1"}} if path.endswith("execute") else {}
-                if method == "PUT":
-                    options = {"content": b"f"}
-                answer = http.request(method, path, **options)
-                forwarded = path.startswith(("/v1/sessions", "/v1/executions/")) or path == "/v1/execute"
+                making = method == "POST" and path in ("/v1/sessions", "/v1/sandboxes")
+                answer = (other if making else http).request(method, path, **_options(method, path))
+                forwarded = path.startswith(("/v1/sessions", "/v1/executions/", "/v1/sandboxes")) \
+                    or path == "/v1/execute"
                 if answer.status_code >= 400 or (forwarded and "x-nbexec-node" not in answer.headers):
                     unreachable.append((method, template, answer.status_code, answer.text[:120]))
-                if method == "POST" and path == "/v1/sessions" and answer.status_code == 201:
-                    http.delete(f"/v1/sessions/{answer.json()['id']}")
+                if making and answer.status_code == 201:
+                    other.delete(f"{path}/{answer.json()['id']}")
             assert unreachable == []
         finally:
             http.delete(f"/v1/sessions/{sid}")
+            http.delete(f"/v1/sandboxes/{box}")
+
+
+def _options(method: str, path: str) -> dict[str, Any]:
+    """What one route needs to succeed: a cell's code, a sandbox's purpose, a file's or a wheel's bytes."""
+    if path.endswith("execute"):
+        return {"json": {"code": "1"}}
+    if path.endswith(("/run", "/hidden")):
+        return {"json": {"code": "1", "timeout": 30}}
+    if path == "/v1/sandboxes":
+        return {"json": {"purpose": "session"}}
+    if "/wheels/" in path:
+        return {"content": b"f", "params": {"sha256": hashlib.sha256(b"f").hexdigest()}}
+    return {"content": b"f"} if method == "PUT" else {}
 
 
 def test_a_route_the_router_never_heard_of_is_forwarded_with_its_checks(hostile: tuple[FakeNode, Server]) -> None:

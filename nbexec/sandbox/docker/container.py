@@ -13,50 +13,38 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import docker
 import docker.errors
 import docker.types
 
 from nbexec.config import SandboxConfig, running_as_root
-from nbexec.errors import DockerError, SandboxError
+from nbexec.errors import DockerError, PackageError, SandboxError
 from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
 from nbexec.sandbox import kernel
+from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
-from . import daemon, datafs, egress, inputmount
-from .workdir import WORKDIR_PREFIX, remove_stale_workdirs, remove_tree
+from . import daemon, datafs, egress, inputmount, users
+from .options import RUNTIME_MOUNT, Place, container_options
+from .workdir import WORKDIR_PREFIX, remove_tree
 
-__all__ = ["WORKDIR_PREFIX", "ContainerState", "Sandbox", "remove_stale_workdirs", "remove_tree", "work_root"]
+if TYPE_CHECKING:
+    from nbexec.egress.proxy import Proxy
+
+__all__ = ["Sandbox"]
 
 log = logging.getLogger(__name__)
 
-RUNTIME_MOUNT = "/run/nbexec"
-DATA_MOUNT = "/mnt/data"
-INPUT_MOUNT = "/mnt/input"
-WHEELS_MOUNT = "/mnt/wheels"  # read-only; the host links wheels into it later (see nbexec.packages)
-PACKAGES_MOUNT = "/mnt/packages"  # in memory, where pip installs them (exec: native extensions load from it)
-MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
-HOME = "/home/sandbox"
-LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    """What Docker says about a container that may have stopped."""
-
-    running: bool
-    exit_code: int | None
-    oom_killed: bool
 
 
 class Sandbox:
@@ -65,8 +53,9 @@ class Sandbox:
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
         self.config = config
         # Who the code runs as (the one place that decides it per sandbox): as root, a fresh uid with no account.
-        self.uid, self.gid = config.uid_gid()
+        self.uid, self.gid = users.uid_gid(config)
         self.id = sandbox_id
+        self.node: str | None = None  # on this host
         self.workdir = workdir
         self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
         self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
@@ -81,7 +70,7 @@ class Sandbox:
         self._connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
-        self.egress: Any = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
+        self.egress: Proxy | None = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
         self.disk: space.Reservation | None = None  # its share of the host's disk, held until destroy
 
     def file_owner(self) -> tuple[int, int] | None:
@@ -111,7 +100,8 @@ class Sandbox:
             sandbox._watch_data()
             sandbox._connect()
             if sandbox.egress is not None:
-                egress.start_forwarder(sandbox)
+                assert sandbox.client is not None
+                egress.start_forwarder(sandbox.client, config)
         except BaseException:
             sandbox.destroy()
             raise
@@ -136,23 +126,7 @@ class Sandbox:
         if self.config.input_dir:  # nbexec's own settings files (.env ...) are never shown: see inputmount
             self._input_masks, self._input_notes = inputmount.prepare(self.config.input_dir, self.workdir, INPUT_MOUNT)
         if self.config.input_dir and self.config.link_input:
-            self._link_input(self.config.input_dir)
-
-    def _link_input(self, folder: str) -> None:
-        """Link each visible entry of the input folder from /mnt/data (the kernel's working folder) to its
-        place under /mnt/input, so `open('data.csv')` reads the file next to the notebook. The links point
-        inside the sandbox; the host never follows them (and drops them from the result's skipped files)."""
-        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))[:MAX_INPUT_LINKS]
-        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            for name in names:
-                os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
-                owner = self.file_owner()
-                if owner is not None:
-                    os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
-        finally:
-            os.close(fd)
-        self.input_links = frozenset(names)
+            self.input_links = inputmount.link_entries(self.config.input_dir, self.data_dir, self.file_owner())
 
     def _make_data_fs(self) -> None:
         """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
@@ -187,54 +161,9 @@ class Sandbox:
         except DockerError:
             self.kill()
 
-    def _container_options(self, role: str) -> dict[str, Any]:
-        config = self.config
-        uid, gid = self.uid, self.gid
-        memory = config.memory_bytes
-        options: dict[str, Any] = {
-            "image": config.image,
-            "command": ["nbexec-kernel", f"{RUNTIME_MOUNT}/kernel.json"],
-            "name": f"nbexec-{self.id}",
-            "hostname": "sandbox",
-            "detach": True,
-            "user": f"{uid}:{gid}",
-            # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
-            "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
-            "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role},
-            "network_mode": "bridge" if config.network is True else "none",
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
-            "read_only": True,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={config.tmp_size_bytes},mode=1777",
-                      HOME: f"rw,nosuid,nodev,size={64 * 1024**2},uid={uid},gid={gid},mode=700",
-                      PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={config.tmp_size_bytes},uid={uid},gid={gid},"
-                                      "mode=700"},
-            "mounts": [docker.types.Mount(DATA_MOUNT, str(self.data_dir), type="bind"),
-                       docker.types.Mount(WHEELS_MOUNT, str(self.workdir / "wheels"), type="bind", read_only=True),
-                       docker.types.Mount(RUNTIME_MOUNT, str(self.runtime_dir), type="bind")]
-            + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]
-               if config.input_dir else []),
-            "mem_limit": memory,
-            "memswap_limit": memory,
-            "nano_cpus": int(config.cpus * 1e9),
-            "pids_limit": config.pids,
-            "shm_size": 64 * 1024**2,
-            # The kernel's own stdout/stderr (fd 1 and 2) go to Docker's log on the host's disk: capped.
-            "log_config": docker.types.LogConfig(type="json-file", config=LOG_OPTIONS),
-            "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0),
-                        docker.types.Ulimit(name="nofile", soft=4096, hard=4096)],
-            "working_dir": DATA_MOUNT,
-        }
-        if config.runtime:
-            options["runtime"] = config.runtime
-        options["mounts"] += self._input_masks  # over nbexec's settings files in /mnt/input (see inputmount)
-        if config.network == "allowlist":  # still no interface: HTTP(S) through the host's proxy
-            options["mounts"].append(egress.mount(self.workdir))
-            options["environment"].update(egress.ENVIRONMENT)
-        return options
-
     def _create_container(self, docker_client: docker.DockerClient, role: str) -> None:
-        options = self._container_options(role)
+        options = container_options(self.config, role, Place(self.id, self.uid, self.gid, self.workdir,
+                                                             tuple(self._input_masks)))
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
@@ -311,6 +240,16 @@ class Sandbox:
         if reply.get("status") != "ok":
             log.warning("warm imports failed in the sandbox: %.200r", reply.get("evalue"))
 
+    def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
+                   ) -> dict[str, Any] | None:
+        """Run ``code`` outside the notebook (silent, no history): its execute_reply content, or None after
+        ``timeout`` seconds (the cell is then interrupted)."""
+        assert self.client is not None
+        reply = self.client.run_silent(code, timeout, expressions=expressions)
+        if reply is None:
+            self.interrupt()
+        return reply
+
     @property
     def kernel_lost(self) -> bool:
         """Whether the kernel closed a connection (it went away, or crashed its messaging)."""
@@ -343,6 +282,18 @@ class Sandbox:
     def input_notes(self) -> list[str]:
         """nbexec's notes on what of the input folder it withheld from the sandbox (its own settings files)."""
         return list(self._input_notes)
+
+    def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
+        """Link (or copy) each wheel into /mnt/wheels under its own file name."""
+        fd = os.open(self.workdir / "wheels", transfer.DIR_FLAGS)
+        try:
+            present = set(os.listdir(fd))
+            for wheel in wheels:
+                if wheel.filename not in present:
+                    _add_wheel(fd, wheel)
+                    present.add(wheel.filename)
+        finally:
+            os.close(fd)
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The egress connections since the last call and notes on what was capped; none without a proxy."""
@@ -410,6 +361,21 @@ class Sandbox:
         remove_tree(self.workdir)
         if self.disk is not None:
             self.disk.release()
+
+
+def _add_wheel(folder_fd: int, wheel: WheelFile) -> None:
+    """Hard-link ``wheel`` (checked by the host that resolved it) into the folder; a copy on another filesystem."""
+    if "/" in wheel.filename or not wheel.filename.endswith(".whl") or wheel.filename.startswith("."):
+        raise PackageError(f"{wheel.filename!r} is not a wheel's file name")
+    try:
+        os.link(wheel.path, wheel.filename, dst_dir_fd=folder_fd)
+        return
+    except OSError:  # another filesystem (or no hard links): copy
+        pass
+    with open(wheel.path, "rb") as blob:
+        out = os.open(wheel.filename, transfer.WRITE_FLAGS, 0o644, dir_fd=folder_fd)
+        with os.fdopen(out, "wb") as copy:
+            shutil.copyfileobj(blob, copy)
 
 
 def _process_identity(pid: Any) -> tuple[int, str] | None:

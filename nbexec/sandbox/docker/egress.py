@@ -4,15 +4,13 @@ folder, and the forwarder the sandbox's kernel starts on 127.0.0.1:3128 (see `nb
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from nbexec.config import SandboxConfig, parse_size
 from nbexec.egress import ENVIRONMENT, MOUNT, PORT, SOCKET, Allowlist
+from nbexec.egress.proxy import Limits, Proxy
 from nbexec.errors import SandboxError
-
-if TYPE_CHECKING:
-    from nbexec.config import SandboxConfig
-
-    from .container import Sandbox
+from nbexec.sandbox.kernel import KernelClient
 
 # -- the sandbox's side: the proxy's folder, the forwarder, the log --------------------------------------------
 
@@ -64,11 +62,8 @@ listener.close()
 """
 
 
-def open_proxy(workdir: Path, config: SandboxConfig) -> Any:
+def open_proxy(workdir: Path, config: SandboxConfig) -> Proxy:
     """Start the host proxy of a sandbox about to be made, on ``workdir``/egress/proxy.sock."""
-    from nbexec.config import parse_size
-    from nbexec.egress.proxy import Limits, Proxy
-
     folder = workdir / "egress"
     folder.mkdir(mode=0o755)
     limits = Limits(max_bytes=parse_size(config.max_egress), max_connections=config.max_connections,
@@ -83,11 +78,9 @@ def mount(workdir: Path) -> Any:
     return docker.types.Mount(MOUNT, str(workdir / "egress"), type="bind", read_only=True)
 
 
-def start_forwarder(sandbox: Sandbox) -> None:
+def start_forwarder(client: KernelClient, config: SandboxConfig) -> None:
     """Start the in-sandbox forwarder with a silent execution (no history, nothing in the notebook)."""
-    client = sandbox.client
-    assert client is not None
-    content = client.run_silent(_SPAWN, sandbox.config.startup_timeout) or {}
+    content = client.run_silent(_SPAWN, config.startup_timeout) or {}
     if content.get("status") != "ok":
         raise SandboxError(f"the sandbox could not start its egress forwarder: {str(content.get('evalue'))[:200]}")
 

@@ -19,7 +19,8 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
 
 from . import daemon, runtimes
-from .container import Sandbox, remove_stale_workdirs
+from .container import Sandbox
+from .workdir import remove_stale_workdirs
 
 log = logging.getLogger(__name__)
 

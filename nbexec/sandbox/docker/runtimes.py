@@ -28,7 +28,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
 from nbexec.files.folders import work_root
 
-from . import daemon
+from . import daemon, users
 
 DEFAULT = "runc"
 SUPPORTED = {
@@ -128,7 +128,7 @@ def check(name: str, *, image: str, client: docker.DockerClient | None = None, t
 
 def _probe(client: docker.DockerClient, name: str, image: str, folder: Path, timeout: float) -> str:
     """Run the probe container; return "" when it worked, else the reason."""
-    uid, gid = SandboxConfig(image=image).uid_gid()
+    uid, gid = users.uid_gid(SandboxConfig(image=image))
     container: Any = None
     try:
         container = client.containers.create(

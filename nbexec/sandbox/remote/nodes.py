@@ -1,8 +1,9 @@
 """Remote nodes (`nbexec serve` agents): their capacity, their health, where a call goes, and the one HTTP hop.
 
-The pure parts (``Capacity``, ``rank``, ``Health``, ``EventReader``) are shared by the library's remote client
-(`remote`, blocking) and the router (`service.router`, asyncio); ``NodeClient`` is the library's hop. Every hop
-has timeouts: connect, write, and a read timeout that the node's keep-alive comments reset on long runs.
+The pure parts (``Capacity``, ``rank``, ``Health``) are shared by the library's remote source (`source`, blocking)
+and the router (`service.fleet`, asyncio); ``NodeClient`` is the library's hop. Every hop has timeouts: connect,
+write, and a read timeout that the node's keep-alive frames reset on long runs. Every answer is read within a cap
+while it arrives (an error's body too), never whole and then judged.
 
 A failure is sorted by whether the request reached the node: not reached (connect refused or timed out) is a
 ``NodeUnavailableError`` and safe to send elsewhere; reached and then lost is a ``NodeLostError``, never retried,
@@ -15,7 +16,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,17 +27,17 @@ from nbexec.errors import (
     NodeError,
     NodeLostError,
     NodeUnavailableError,
+    ProtocolError,
     SessionError,
     SessionLimitError,
 )
-from nbexec.files.artifacts import MAX_SKIPPED, Collection
-from nbexec.result import File, SkippedFile
+from nbexec.sandbox.messages import parse
 
 CONNECT_TIMEOUT = 3.0  # seconds to open a connection to a node
 PROBE_TIMEOUT = 3.0  # seconds for a capacity probe, end to end
 READ_TIMEOUT = 60.0  # seconds without a byte from a node (keep-alive comments arrive every 15 s on a run)
-MAX_EVENT = 128 * 1024**2  # bytes of one streamed event (a result carries at most max_output + max_display)
-LISTED_ENTRY = 8192  # bytes one entry of a file listing may take (a 1,024-byte name escaped, its URL, its hash)
+ERROR_BODY = 64 * 1024  # bytes of an error answer read at most
+MAX_PROBE = 64 * 1024  # bytes of a /v1/capacity answer
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 5.0  # seconds a failed node is left alone, doubling per failure
 
 
@@ -106,69 +107,6 @@ class Health:
         self.down_until = time.monotonic() + min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self.failures - 1))
 
 
-class EventReader:
-    """Server-sent events, one line at a time: returns ``(event, data)`` at each blank line; comments (keep-alive)
-    return ``("comment", None)``. Events past MAX_EVENT bytes are refused."""
-
-    def __init__(self) -> None:
-        self.kind = "message"
-        self.data: list[str] = []
-        self.size = 0
-
-    def feed(self, line: str) -> tuple[str, Any] | None:
-        if line.startswith(":"):
-            return ("comment", None)
-        if line == "":
-            if not self.data:
-                return None
-            text, kind = "\n".join(self.data), self.kind
-            self.kind, self.data, self.size = "message", [], 0
-            try:
-                return (kind, json.loads(text))
-            except json.JSONDecodeError as exc:
-                raise NodeError(f"a node sent a malformed {kind} event") from exc
-        self.size += len(line)
-        if self.size > MAX_EVENT:
-            raise NodeError(f"a node sent an event over {MAX_EVENT} bytes")
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            self.kind = value
-        elif name == "data":
-            self.data.append(value)
-        return None
-
-
-def parse_listing(raw: bytes, max_files: int, node: str) -> Collection:
-    """A node's answer to GET /v1/sessions/{id}/files (already capped in bytes): at most ``max_files`` files and
-    MAX_SKIPPED skipped entries kept, each field checked; anything else is a NodeError."""
-    try:
-        data = json.loads(raw)
-        files = [File(_text(f["name"]), "", _count(f["size"]), _text(f["mime"]), _text(f["sha256"]),
-                      None if f.get("url") is None else _text(f["url"])) for f in data["files"][:max_files]]
-        skipped = [SkippedFile(_text(s["name"]), _text(s["reason"]))
-                   for s in data.get("skipped_files", [])[:MAX_SKIPPED]]
-        notes = [_text(n) for n in data.get("notes", [])[:MAX_SKIPPED]]
-        more = len(data["files"]) - len(files)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise NodeError(f"node {node} sent a malformed file listing ({type(exc).__name__})") from exc
-    if more > 0:
-        notes.append(f"{more:,} more files were listed by node {node}; at most {max_files:,} are kept (max_files)")
-    return Collection(files, skipped, notes)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError("not a string")
-    return value
-
-
-def _count(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TypeError("not a count")
-    return value
-
-
 def http_error(status: int, detail: str, node: str) -> Exception:
     """The nbexec error for a node's HTTP error answer."""
     where = f"node {node}"
@@ -193,10 +131,6 @@ def _httpx() -> Any:
     return httpx
 
 
-class Interrupted(Exception):
-    """The caller closed a run's stream on purpose (``NodeClient.interrupt``)."""
-
-
 class NodeClient:
     """The blocking HTTP hop to one node, with the node's token and timeouts on every request."""
 
@@ -204,8 +138,6 @@ class NodeClient:
         httpx = _httpx()
         self.url = url
         self.name = url  # until the node says its name
-        self._streams: set[Any] = set()  # runs being streamed, closed by interrupt()
-        self._interrupted: set[int] = set()
         self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                                  timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT, pool=CONNECT_TIMEOUT))
 
@@ -225,94 +157,62 @@ class NodeClient:
                 f"node {self.name} ({self.url}) was lost while it was asked to {what} "
                 f"({type(exc).__name__}); not retried, since the code may have run") from exc
 
+    @contextlib.contextmanager
+    def stream(self, method: str, path: str, what: str, **options: Any) -> Iterator[Any]:
+        """The node's answer to one request, its error (if any) raised after reading at most ERROR_BODY bytes."""
+        with self.call(what), self.http.stream(method, path, **options) as response:
+            self.check(response)
+            yield response
+
     def capacity(self) -> Capacity:
-        with self.call("report its capacity"):
-            response = self.http.get("/v1/capacity", timeout=PROBE_TIMEOUT)
-        self.check(response)
-        capacity = Capacity.from_json(response.json())
+        capacity = Capacity.from_json(self.json("GET", "/v1/capacity", "report its capacity", MAX_PROBE,
+                                                timeout=PROBE_TIMEOUT))
         self.name = capacity.node
         return capacity
 
     def check(self, response: Any) -> None:
-        """Raise the nbexec error for an HTTP error answer (the body is read, at most 64 KiB of it)."""
+        """Raise the nbexec error for an HTTP error answer (at most ERROR_BODY bytes of its body are read)."""
         if response.status_code < 400:
             return
+        body = b""
         with contextlib.suppress(Exception):
-            response.read()
+            body = read(response, ERROR_BODY, what="an error", node=self.name, truncate=True)
         try:
-            detail = str(json.loads(response.content[:65536]).get("detail", ""))
-        except (ValueError, AttributeError):
-            detail = response.text[:300]
+            detail = str(json.loads(body).get("detail", ""))[:2000]
+        except (ValueError, AttributeError, RecursionError):
+            detail = body[:300].decode("utf-8", "replace")
         raise http_error(response.status_code, detail, self.name)
 
-    def request(self, method: str, path: str, what: str, **options: Any) -> Any:
-        with self.call(what):
-            response = self.http.request(method, path, **options)
-        self.check(response)
-        return response
+    def json(self, method: str, path: str, what: str, max_bytes: int, **options: Any) -> Any:
+        """The JSON answer to one request, read within ``max_bytes`` (FileTooLargeError past them, nothing
+        parsed; NodeError when it is not JSON)."""
+        with self.stream(method, path, what, **options) as response:
+            body = read(response, max_bytes, what=what, node=self.name)
+        try:
+            return parse(body, f"answer to {what}")
+        except ProtocolError as exc:
+            raise NodeError(f"node {self.name} sent a malformed answer when asked to {what}") from exc
 
-    def fetch(self, path: str, what: str, max_bytes: int) -> bytes:
-        """GET ``path`` and return its body, refused (FileTooLargeError) once it passes ``max_bytes`` (0: no cap):
-        by its Content-Length before a byte is read, else as soon as what arrived passes the cap."""
-        with self.call(what), self.http.stream("GET", path) as response:
-            self.check(response)
-            with contextlib.suppress(ValueError):
-                if max_bytes and int(response.headers.get("content-length", "0")) > max_bytes:
-                    raise FileTooLargeError(f"what node {self.name} sent to {what} is larger than {max_bytes:,} "
-                                            "bytes by its Content-Length; nothing was read")
-            chunks, total = [], 0
-            for chunk in response.iter_bytes(1 << 20):
-                total += len(chunk)
-                if max_bytes and total > max_bytes:
-                    raise FileTooLargeError(f"what node {self.name} sent to {what} is larger than {max_bytes:,} "
-                                            "bytes; the rest was not read")
-                chunks.append(chunk)
-        return b"".join(chunks)
-
-    def run(self, path: str, body: dict[str, Any], on_event: Callable[[str, Any], None]) -> dict[str, Any]:
-        """POST ``body`` to ``path`` as a stream: each ``output`` event goes to ``on_event``; return the result.
-
-        Raises Interrupted when ``interrupt()`` closed the stream (the node then interrupts the run)."""
-        with self.call("run code"), self.http.stream("POST", path, params={"stream": "true"}, json=body) as response:
-            self._streams.add(response)
-            try:
-                return self._result(response, on_event)
-            except Exception:
-                if id(response) in self._interrupted:
-                    raise Interrupted() from None
-                raise
-            finally:
-                self._streams.discard(response)
-                self._interrupted.discard(id(response))
-
-    def _result(self, response: Any, on_event: Callable[[str, Any], None]) -> dict[str, Any]:
-        self.check(response)
-        reader = EventReader()
-        for line in response.iter_lines():
-            event = reader.feed(line)
-            if event is None or event[0] == "comment":
-                continue
-            kind, data = event
-            if kind == "result":
-                return dict(data)
-            if kind == "error":
-                raise http_error(int(data.get("status", 500)), str(data.get("detail", "")), self.name)
-            on_event(kind, data)
-        raise NodeLostError(f"node {self.name} ({self.url}) ended the stream without a result; not retried, "
-                            "since the code may have run")
-
-    def interrupt(self) -> None:
-        """Close every run being streamed: the node sees its client go and interrupts the run."""
-        import socket
-
-        for response in list(self._streams):
-            self._interrupted.add(id(response))
-            stream = response.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            with contextlib.suppress(Exception):  # wakes the reading thread at once; closing alone would not
-                if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)
-                response.close()
+    def send(self, method: str, path: str, what: str, **options: Any) -> None:
+        """A request whose answer carries nothing (its body, if any, is read within ERROR_BODY bytes)."""
+        with self.stream(method, path, what, **options) as response:
+            read(response, ERROR_BODY, what=what, node=self.name, truncate=True)
 
     def close(self) -> None:
         self.http.close()
+
+
+def read(response: Any, max_bytes: int, *, what: str, node: str, truncate: bool = False) -> bytes:
+    """At most ``max_bytes`` of ``response``'s body, read as it arrives: past them the rest is left unread and
+    FileTooLargeError raised (with ``truncate``, the first ``max_bytes`` returned instead)."""
+    chunks, total = [], 0
+    for chunk in response.iter_bytes(1 << 16):
+        total += len(chunk)
+        if total > max_bytes:
+            if truncate:
+                chunks.append(chunk[:len(chunk) - (total - max_bytes)])
+                break
+            raise FileTooLargeError(f"what node {node} sent to {what} is larger than {max_bytes:,} bytes; the rest "
+                                    "was not read")
+        chunks.append(chunk)
+    return b"".join(chunks)

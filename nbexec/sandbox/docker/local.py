@@ -1,0 +1,58 @@
+"""The local source: sandboxes on this host's Docker engine, one-shots from the warm pool (see `pool`), sessions
+started for themselves, each a `container.Sandbox` (the local SandboxHandle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import NbexecError
+from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
+
+from . import daemon, pool
+from .container import Sandbox
+
+
+class LocalSource:
+    """Sandboxes on this host's Docker engine (see the module docstring)."""
+
+    mounts_host_folders = True
+
+    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
+        if purpose == "oneshot" or config.pool_size:
+            return pool.acquire(config)
+        return pool.start_sandbox(config, role="session", warm_up=True)
+
+    def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
+        if not isinstance(sandbox, Sandbox):
+            raise TypeError(f"{sandbox!r} is not a sandbox of this host")
+        if wait:
+            sandbox.destroy()
+        else:  # destroyed in the background, and its pool refilled
+            pool.release(sandbox)
+
+    def sweep(self) -> None:
+        pool.sweep_orphans()
+
+    def capacity(self, config: SandboxConfig) -> Capacity:
+        return Capacity(ready=pool.ready_count(config), size=config.pool_size)
+
+    def readiness(self, config: SandboxConfig) -> Readiness:
+        """The engine answers, the image is there, and the pool was full once since start (later dips are load,
+        not illness); a pool that can be filled is asked to."""
+        checks: dict[str, Any] = {"docker": "ok", "image": "ok"}
+        try:
+            daemon.require_image(daemon.connect(), config.image)
+        except NbexecError as exc:
+            checks["error"] = str(exc)
+        checks["pool_ready"] = pool.ready_count(config)
+        checks["pool_filled"] = pool.has_filled(config)
+        if "error" not in checks:
+            pool.warm_up(config)
+        return Readiness("error" not in checks and bool(checks["pool_filled"]), checks)
+
+    def warm_up(self, config: SandboxConfig) -> None:
+        pool.warm_up(config)
+
+    def close(self) -> None:
+        pool.shutdown()

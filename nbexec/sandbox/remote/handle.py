@@ -1,0 +1,341 @@
+"""A sandbox on a node, driven over HTTP: every `SandboxHandle` method is one call to the node's /v1/sandboxes
+routes (`nbexec.service.sandboxes`), so the engine runs it exactly as a local one and builds the result here.
+
+What the node sends is hostile and read within this host's limits while it arrives: a run's frames through
+`frames.Reader` (each message charged by the bytes that came, before anything is parsed, past this side's frame
+limit or allowance read past unkept), every other answer within a cap (`nodes.NodeClient`), files into the local
+output folder through directory descriptors (`files`). Every answer must name this sandbox. The run's honesty
+travels too: the node's `kernel.Execution` (its reply, its last error, an exit) is checked field by field, and an
+error message seen here fails the cell whatever the node's end says.
+
+A node that goes away makes the handle lost for good: for a session, every later call raises SessionLostError
+naming the node; for a one-shot, NodeLostError (never retried: the code may have run). A node that breaks the
+frame protocol is a sandbox that misbehaved (ProtocolError): the engine stops it and says so in the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import (
+    FileTooLargeError,
+    FileTransferError,
+    NodeError,
+    NodeLostError,
+    NodeUnavailableError,
+    ProtocolError,
+    SessionLostError,
+)
+from nbexec.files import artifacts, transfer
+from nbexec.files.folders import OutputFolder
+from nbexec.result import Connection, File
+from nbexec.sandbox import kernel
+from nbexec.sandbox.kernel import Execution
+from nbexec.sandbox.messages import Message
+from nbexec.sandbox.source import ContainerState, WheelFile
+
+from . import files, frames, paths
+from .nodes import NodeClient
+
+SMALL = 64 * 1024  # bytes of a small answer (state, notes)
+MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's answer
+MAX_CONNECTIONS = 4 * 1024 * 1024  # bytes of an egress log
+SLACK = 30.0  # seconds past a run's time limit and grace after which a node that has not ended it is given up
+RELAYED = kernel.OUTPUT_KINDS | kernel.COMM_KINDS  # what a node may relay of a run
+
+
+class RemoteHandle:
+    """One sandbox on one node (see the module docstring); made by `source.RemoteSource.acquire`."""
+
+    def __init__(self, client: NodeClient, answer: Any, config: SandboxConfig, purpose: str) -> None:
+        if not isinstance(answer, dict) or not isinstance(answer.get("id"), str) or not answer["id"] \
+                or not isinstance(answer.get("language_info", {}), dict):
+            raise NodeError(f"node {client.name} answered a new sandbox with something else")
+        self.client, self.purpose = client, purpose
+        self.id: str = answer["id"]
+        self.route = "/v1/sandboxes/" + paths.encode(self.id)
+        self.node: str | None = str(answer.get("node") or client.name)[:64]
+        self.language_info: dict[str, Any] = answer.get("language_info", {})
+        memory = answer.get("memory")  # the node's policy: named honestly when the code runs out of it
+        self.config = config.replace(memory=memory) if isinstance(memory, str) and len(memory) < 32 else config
+        grace = answer.get("interrupt_grace")
+        self.grace = float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 600 else 60.0
+        self.input_links: frozenset[str] = frozenset()
+        self.lost: str | None = None
+        self._kernel_lost = False
+        self._input_notes: list[str] = []
+        self._wheels: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<RemoteHandle {self.id} on {self.node}>"
+
+    # -- the node going away ------------------------------------------------------------------------------
+
+    def _lost_error(self) -> Exception:
+        assert self.lost is not None
+        if self.purpose == "session":
+            return SessionLostError(f"{self.lost}. Files already downloaded stay; start a new session.")
+        return NodeLostError(f"{self.lost}; the execution is not retried, since it may have run")
+
+    @contextlib.contextmanager
+    def _on_node(self) -> Iterator[None]:
+        """A call to the node; its loss (unreachable, lost mid-call, the sandbox gone) makes this handle lost."""
+        if self.lost is not None:
+            raise self._lost_error()
+        try:
+            yield
+        except (NodeUnavailableError, NodeLostError, SessionLostError) as exc:
+            self.lost = f"the sandbox on node {self.node} is lost: {exc}"
+            raise self._lost_error() from exc
+
+    def _answer(self, data: Any) -> dict[str, Any]:
+        """``data`` when it is an object about this sandbox; ProtocolError for an answer about another."""
+        if not isinstance(data, dict) or data.get("sandbox") != self.id:
+            raise ProtocolError(f"node {self.node} answered for another sandbox than {self.id}")
+        return data
+
+    # -- the kernel ---------------------------------------------------------------------------------------
+
+    def run(self, code: str, *, deadline: float, on_output: Callable[[Message], None]) -> Execution:
+        config = self.config
+        reader = frames.Reader(self.id, max_message=config.max_output_bytes + config.max_display_bytes
+                               + kernel.MAX_HEADER, allowance=config.max_output_bytes + config.max_display_bytes)
+        body = {"code": code, "timeout": max(0.001, deadline - time.monotonic())}
+        give_up = deadline + self.grace + SLACK
+        with self._on_node(), self.client.stream("POST", f"{self.route}/run", "run code", json=body) as response:
+            seen = Execution()
+            for chunk in response.iter_bytes():  # as they arrive: a chunk size would hold them back
+                for frame in reader.feed(chunk):
+                    ended = self._take(frame, seen, on_output)
+                    if ended is not None:
+                        return ended
+                if time.monotonic() > give_up:
+                    raise frames.FrameError(f"node {self.node} did not end the run {SLACK:g} s after its time limit")
+            raise NodeLostError(f"node {self.node} ended the run's stream without its end")
+
+    def _take(self, frame: frames.Frame, seen: Execution, on_output: Callable[[Message], None]) -> Execution | None:
+        if frame.kind == "M":
+            msg = frame.message
+            assert msg is not None
+            if msg.msg_type not in RELAYED:
+                raise frames.FrameError(f"node {self.node} relayed a {msg.msg_type[:40]!r} message, not an output")
+            if msg.msg_type == "error":  # known by its header: an error past a cap still fails the cell
+                seen.errors_read += msg.complete
+                seen.errors_dropped += 0 if msg.complete else msg.size
+            on_output(msg)
+        elif frame.kind == "E":
+            ended = frame.execution
+            assert ended is not None
+            ended.errors_read, ended.errors_dropped = seen.errors_read, seen.errors_dropped
+            if ended.status == "ok" and (seen.errors_read or seen.errors_dropped):
+                ended.status = "error"  # an error message came: the cell failed, whatever the node says
+            return ended
+        elif frame.kind == "X":
+            if frame.header.get("kind") == "protocol":
+                self._kernel_lost = frame.header.get("kernel_lost") is True
+                raise ProtocolError(f"{frame.detail[:2000]} (on node {self.node})")
+            raise NodeError(f"node {self.node} could not run the cell: {frame.detail[:2000]}")
+        return None
+
+    def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
+                   ) -> dict[str, Any] | None:
+        body = {"code": code, "timeout": timeout, "expressions": expressions or {}}
+        with self._on_node():
+            data = self.client.json("POST", f"{self.route}/hidden", "run nbexec's code", MAX_REPLY, json=body,
+                                    timeout=timeout + SLACK)
+        reply = self._answer(data).get("reply")
+        if reply is not None and not isinstance(reply, dict):
+            raise ProtocolError(f"node {self.node} answered a hidden run with something else")
+        return reply
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(NodeError):  # safe from any thread; a lost node has nothing left to interrupt
+            self.client.send("POST", f"{self.route}/interrupt", "interrupt a cell")
+
+    @property
+    def kernel_lost(self) -> bool:
+        return self._kernel_lost
+
+    # -- its life -----------------------------------------------------------------------------------------
+
+    def state(self) -> ContainerState:
+        with self._on_node():
+            data = self._answer(self.client.json("GET", f"{self.route}/state", "report a sandbox's state", SMALL))
+        running, code, oom = data.get("running"), data.get("exit_code"), data.get("oom_killed")
+        if not isinstance(running, bool) or not isinstance(oom, bool) \
+                or not (code is None or (isinstance(code, int) and not isinstance(code, bool))):
+            raise ProtocolError(f"node {self.node} described a sandbox's state with something else")
+        self._kernel_lost = self._kernel_lost or data.get("kernel_lost") is True
+        return ContainerState(running, code, oom)
+
+    def seems_alive(self) -> bool:
+        return self.lost is None  # a cheap check: no call (the node's own checks run there)
+
+    def freeze(self) -> None:
+        with self._on_node():
+            self.client.send("POST", f"{self.route}/freeze", "freeze a sandbox")
+
+    def kill(self) -> None:
+        with contextlib.suppress(NodeError):  # a lost node's sandbox is stopped already
+            self.client.send("POST", f"{self.route}/kill", "stop a sandbox")
+
+    def destroy(self) -> None:
+        with contextlib.suppress(NodeError, ProtocolError):  # a lost node took it with it
+            self.client.send("DELETE", self.route, "remove a sandbox")
+
+    # -- /mnt/data ----------------------------------------------------------------------------------------
+
+    def put_file(self, name: str, content: bytes | BinaryIO) -> None:
+        route = f"{self.route}/files/{paths.encode(name)}"  # checked before a byte is sent
+        body: Any = content if isinstance(content, bytes) else iter(lambda: content.read(1 << 20), b"")
+        with self._on_node():
+            self.client.send("PUT", route, "take a file", content=body)
+
+    def list_files(self, limits: artifacts.Limits, known: artifacts.Known | None = None) -> artifacts.Collection:
+        cap = files.listing_cap(limits)
+        with self._on_node():
+            try:
+                data = self._answer(self.client.json("GET", f"{self.route}/files", "list files", cap))
+            except FileTooLargeError as exc:
+                raise NodeError(f"node {self.node} sent a file listing over {cap:,} bytes; refused unread") from exc
+        return files.within(files.parse_listing(data, limits.max_files or 10**6, str(self.node)), limits)
+
+    def snapshot(self, target: OutputFolder, limits: artifacts.Limits,
+                 known: artifacts.Known | None = None) -> artifacts.Collection:
+        """Copy the node's files into ``target`` within ``limits``; ``known`` spares fetching unchanged ones."""
+        known = {} if known is None else known
+        found = self.list_files(limits)
+        kept: list[File] = []
+        total = 0
+        for item in found.files:
+            if files.unchanged(known, item) and _exists(target, item.name):
+                copy = File(item.name, str(target.path / item.name), item.size, item.mime, item.sha256)
+            else:
+                try:  # a file that changed since the listing is kept as it arrives, within what is left
+                    size, chunks = self.open_file(item.name, max_bytes=_room(limits, total))
+                    copy = files.save(target, item.name, chunks, size)
+                except FileTransferError as exc:
+                    found.skipped.append(artifacts.SkippedFile(item.name, str(exc)))
+                    continue
+                files.remember(known, copy)
+            total += copy.size
+            kept.append(copy)
+        files.forget_gone(target, known, {f.name for f in kept})
+        return artifacts.Collection(kept, found.skipped, found.notes)
+
+    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
+        route = f"{self.route}/files/{paths.encode(name)}"  # checked before anything is sent
+        with self._on_node():
+            stream = self.client.stream("GET", route, f"send {name!r}")
+            response = stream.__enter__()
+        said = response.headers.get("x-nbexec-size", "")
+        if not said.isdigit() or len(said) > 18 or (max_bytes and int(said) > max_bytes):
+            stream.__exit__(None, None, None)
+            if not said.isdigit() or len(said) > 18:
+                raise ProtocolError(f"node {self.node} sent a file without its size")
+            raise FileTooLargeError(f"{name!r} on node {self.node} is larger than the cap of {max_bytes:,} bytes "
+                                    f"({int(said):,} bytes); nothing was read")
+        return int(said), transfer.FileChunks(_Body(stream, response, int(said), self), int(said), 1 << 20)
+
+    def data_notes(self) -> tuple[list[str], bool]:
+        with self._on_node():
+            data = self._answer(self.client.json("GET", f"{self.route}/notes", "report on /mnt/data", SMALL))
+        notes, stopped, inputs = _texts(data.get("data_notes")), data.get("stopped"), _texts(data.get("input_notes"))
+        if notes is None or not isinstance(stopped, bool) or inputs is None:
+            raise ProtocolError(f"node {self.node} reported on /mnt/data with something else")
+        self._input_notes = inputs
+        return notes, stopped
+
+    def input_notes(self) -> list[str]:
+        return list(self._input_notes)  # nothing of this host is mounted; the node's own, read with data_notes
+
+    def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
+        for wheel in wheels:
+            if wheel.filename in self._wheels:
+                continue
+            route = f"{self.route}/wheels/{paths.encode(wheel.filename)}"
+            with self._on_node(), open(wheel.path, "rb") as blob:
+                self.client.send("PUT", route, f"take {wheel.filename}", params={"sha256": wheel.sha256},
+                                 content=iter(lambda: blob.read(1 << 20), b""))
+            self._wheels.add(wheel.filename)
+
+    def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
+        with self._on_node():
+            data = self._answer(self.client.json("POST", f"{self.route}/connections", "report connections",
+                                                 MAX_CONNECTIONS))
+        try:
+            found = tuple(Connection.from_dict(c) for c in data["connections"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"node {self.node} reported connections with something else") from exc
+        notes = _texts(data.get("notes"))
+        if notes is None:
+            raise ProtocolError(f"node {self.node} reported connections with something else")
+        return found, notes
+
+
+class _Body:
+    """A file's body as a binary file object for `transfer.FileChunks`: never past its declared size (a node
+    that sends more is refused), the response closed at the end."""
+
+    def __init__(self, stream: Any, response: Any, size: int, handle: RemoteHandle) -> None:
+        self._stream, self._chunks, self._left, self._handle = stream, response.iter_bytes(1 << 20), size, handle
+        self._pending = b""
+        self.closed = False
+
+    def read(self, count: int) -> bytes:
+        if self.closed:
+            return b""
+        try:
+            with self._handle.client.call("send a file"):
+                while not self._pending:
+                    self._pending = next(self._chunks, b"")
+                    if not self._pending:
+                        return b""
+                    if len(self._pending) > self._left:
+                        raise FileTransferError(f"node {self._handle.node} sent a file larger than it said")
+                    self._left -= len(self._pending)
+        except Exception:
+            self.close()
+            raise
+        data, self._pending = self._pending[:count], self._pending[count:]
+        return data
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self._stream.__exit__(None, None, None)
+
+
+def _room(limits: artifacts.Limits, total: int) -> int:
+    """The most bytes the next file may take (0: no cap); FileTooLargeError when max_data is spent (a spent
+    budget is never "no cap")."""
+    caps = [c for c, on in ((limits.max_file, limits.max_file), (limits.max_total - total, limits.max_total)) if on]
+    if caps and min(caps) <= 0:
+        raise FileTooLargeError("over the cap on a run's files (max_data), spent by the files before it")
+    return min(caps) if caps else 0
+
+
+def _exists(target: OutputFolder, name: str) -> bool:
+    """Whether the copy of ``name`` is still in ``target`` (through descriptors, links not followed)."""
+    with contextlib.suppress(OSError, FileTransferError):
+        parts = transfer.relative_parts(name)
+        parent = transfer.open_parent(target.fd, parts)
+        try:
+            os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            return True
+        finally:
+            os.close(parent)
+    return False
+
+
+def _texts(value: Any) -> list[str] | None:
+    """``value`` when it is a list of at most 1,000 strings, else None."""
+    if isinstance(value, list) and len(value) <= 1000 and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None

@@ -1,0 +1,154 @@
+"""The remote source: sandboxes on the nodes of NBEXEC_NODES (`nbexec serve` agents, or one router in front of
+them), each driven through its `handle.RemoteHandle`.
+
+A sandbox goes to the node with the most free capacity (asked at /v1/capacity, see `nodes.rank`); a node that
+cannot be reached, or is lost while it makes the sandbox, is skipped for a backoff and the next one is asked (no
+code ran yet); once a sandbox is held, its node is never swapped (the code may have run there). Nothing of this
+host is mounted on a node (``mounts_host_folders`` is False: a config with ``input_dir`` is refused); the nodes'
+own policy (memory, network, image) shapes the sandbox, this host's config caps what it keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from nbexec.config import SandboxConfig, host_from_env
+from nbexec.errors import ConfigError, NodeError, NodeUnavailableError, SessionLimitError
+from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
+
+from .handle import SMALL, RemoteHandle
+from .nodes import Health, NodeClient, rank
+
+log = logging.getLogger(__name__)
+ACQUIRE_TIMEOUT = 300.0  # seconds a node may take to make a sandbox (a cold start waits for its kernel)
+
+
+class Cluster:
+    """The nodes of one NBEXEC_NODES list, their health, and the order to try them in. Thread-safe; no I/O until
+    used."""
+
+    def __init__(self, urls: tuple[str, ...], token: str) -> None:
+        self.clients = {url: NodeClient(url, token) for url in urls}
+        self.health = {url: Health() for url in urls}
+        self.inflight = {url: 0 for url in urls}  # sandboxes this process holds on each node
+        self._lock = threading.Lock()
+        self._probes = ThreadPoolExecutor(min(16, len(urls)), thread_name_prefix="nbexec-probe")
+
+    def _probe(self, url: str) -> None:
+        try:
+            capacity = self.clients[url].capacity()
+        except Exception as exc:  # any failure: the node is skipped for its backoff
+            self.failed(url, str(exc))
+            return
+        with self._lock:
+            self.health[url].ok(capacity)
+
+    def failed(self, url: str, reason: str) -> None:
+        with self._lock:
+            self.health[url].failed(reason)
+        log.info("node %s is down: %s", url, reason)
+
+    def candidates(self) -> list[NodeClient]:
+        """Nodes to try, most free first; those in backoff are left out (all of them, when every node is)."""
+        due = [url for url, health in self.health.items() if health.due()]
+        list(self._probes.map(self._probe, due or list(self.health)))
+        with self._lock:
+            up = {url: h.capacity for url, h in self.health.items() if h.up and h.capacity is not None}
+            order = rank(up, self.inflight)
+        if not order:
+            raise NodeUnavailableError("no node of NBEXEC_NODES answers: " + "; ".join(
+                f"{url}: {h.last_error or 'not probed'}" for url, h in self.health.items()))
+        return [self.clients[url] for url in order]
+
+    def held(self, url: str, change: int) -> None:
+        with self._lock:
+            self.inflight[url] += change
+
+
+class RemoteSource:
+    """Sandboxes on remote nodes (see the module docstring)."""
+
+    mounts_host_folders = False
+
+    def __init__(self, urls: tuple[str, ...], token: str) -> None:
+        if not urls:
+            raise ConfigError("the remote source needs NBEXEC_NODES (and NBEXEC_NODE_TOKEN): the nodes to run on")
+        self.cluster = Cluster(urls, token)
+
+    @classmethod
+    def from_env(cls) -> RemoteSource:
+        """The source of NBEXEC_NODES and NBEXEC_NODE_TOKEN (one per process and setting)."""
+        host = host_from_env()
+        key = (host.nodes, host.node_token)
+        with _sources_lock:
+            if key not in _sources:
+                _sources[key] = cls(host.nodes, host.node_token)
+            return _sources[key]
+
+    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
+        if config.input_dir:
+            raise ConfigError("input_dir (--mount-input) is a folder of this host, which nodes cannot mount: pass "
+                              "the files with files={name: bytes} or upload() instead, or unset NBEXEC_NODES")
+        last: NodeError | SessionLimitError | None = None
+        for client in self.cluster.candidates():
+            try:
+                answer = client.json("POST", "/v1/sandboxes", "make a sandbox", SMALL, json={"purpose": purpose},
+                                     timeout=ACQUIRE_TIMEOUT)
+                handle = RemoteHandle(client, answer, config, purpose)
+            except SessionLimitError as exc:  # this node is at its cap for this client: the next is asked
+                last = exc
+                continue
+            except NodeError as exc:  # nothing ran there: the next node is asked, this one left alone a while
+                self.cluster.failed(client.url, str(exc))
+                last = exc
+                continue
+            self.cluster.held(client.url, 1)
+            return handle
+        assert last is not None
+        raise last
+
+    def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
+        """Remove the sandbox from its node (a one-shot's in the node's background either way)."""
+        if not isinstance(sandbox, RemoteHandle):
+            raise TypeError(f"{sandbox!r} is not a sandbox of a node")
+        sandbox.destroy()
+        self.cluster.held(sandbox.client.url, -1)
+
+    def sweep(self) -> None:
+        """Nothing here: each node sweeps what its own dead processes left."""
+
+    def capacity(self, config: SandboxConfig) -> Capacity:
+        """The warm sandboxes the nodes last said they had (no I/O)."""
+        known = [h.capacity for h in self.cluster.health.values() if h.up and h.capacity is not None]
+        return Capacity(ready=sum(c.pool_free for c in known), size=sum(c.pool_size for c in known))
+
+    def readiness(self, config: SandboxConfig) -> Readiness:
+        try:
+            up = len(self.cluster.candidates())
+        except NodeUnavailableError as exc:
+            return Readiness(False, {"nodes_up": 0, "error": str(exc)})
+        return Readiness(True, {"nodes_up": up})
+
+    def warm_up(self, config: SandboxConfig) -> None:
+        """Nothing here: each node keeps its own pool warm."""
+
+    def close(self) -> None:
+        for client in self.cluster.clients.values():
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+_sources: dict[tuple[tuple[str, ...], str], RemoteSource] = {}
+_sources_lock = threading.Lock()
+
+
+def forget_all() -> None:
+    """Close and forget every remote source of this process (its node clients and their connections)."""
+    with _sources_lock:
+        found = list(_sources.values())
+        _sources.clear()
+    for source in found:
+        source.close()

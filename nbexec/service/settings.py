@@ -1,0 +1,33 @@
+"""The policy of one `nbexec serve` node: its sandbox config, tokens, caps and lifetimes (set by `nbexec serve`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import ConfigError
+from nbexec.stores.storage import ArtifactStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """The service's policy. ``tokens`` are the accepted bearer tokens (empty only with ``auth=False``)."""
+
+    config: SandboxConfig
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+    auth: bool = True
+    store: ArtifactStore | None = None
+    max_body: int = 16 * 1024**2
+    max_sessions_per_token: int = 8
+    max_running_per_token: int = 4
+    session_ttl: float = 20 * 60.0
+    result_ttl: float = 15 * 60.0  # seconds a one-shot result's files stay downloadable, then they are deleted
+    keepalive: float = 15.0  # seconds between SSE keep-alive comments on a quiet stream
+
+    def __post_init__(self) -> None:
+        if self.auth and not self.tokens:
+            raise ConfigError("no API token: give --token-file or NBEXEC_API_TOKENS (or --no-auth on loopback)")
+        if any(len(t) < 16 for t in self.tokens):
+            raise ConfigError("API tokens must be at least 16 characters long")
+        if self.result_ttl <= 0 or self.keepalive <= 0:
+            raise ConfigError("result_ttl and keepalive must be above 0 seconds")
