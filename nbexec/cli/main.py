@@ -371,8 +371,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     except ImportError as exc:
         fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
     tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
-    if token_file:
-        tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()]
+    tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()] if token_file else []
     if no_auth and not _loopback(host):
         fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
     if no_auth:
@@ -380,7 +379,6 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
                    f"{host}:{port} can run code", err=True)
     try:
         from nbexec.config import parse_size
-
         artifact_store = store_from_env(store)
         artifact_store.check()  # a store that refuses the key fails the start, not every later request
         settings = served.ServerSettings(
@@ -395,7 +393,6 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
     # every run and removes its folders (uvicorn re-raises SIGTERM afterwards: no atexit handler runs).
     uvicorn.run(server.create_app(settings), host=host, port=port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=3)
-
 
 
 for _command in (commands.image_group, commands.doctor, commands.cleanup):
