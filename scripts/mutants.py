@@ -69,7 +69,7 @@ SCOPE: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "paths": ("nbexec/sandbox/remote/paths.py", ("*",), True),
     "envfile": ("nbexec/cli/envfile.py", ("*",), True),
     "transfer": ("nbexec/files/transfer.py", ("valid_name", "relative_parts"), True),
-    "noderun": ("nbexec/sandbox/remote/noderun.py", ("_parts",), True),
+    "node_files": ("nbexec/sandbox/remote/files.py", ("_parts",), True),
     "serving": ("nbexec/stores/serving.py", ("*",), True),
 }
 NOT_CAUGHT = ("survived", "no tests", "not checked", "skipped")

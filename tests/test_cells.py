@@ -89,6 +89,7 @@ class FakeSandbox:
     """The sandbox around the scripted kernel: always running; ``kill`` is recorded."""
 
     id = "fake"
+    node: str | None = None  # on this host
     language_info: dict[str, Any] = {}
 
     def __init__(self, kernel: ScriptedKernel) -> None:

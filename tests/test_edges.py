@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec import egress
+from nbexec import config, egress
 from nbexec.cli import envfile
 from nbexec.errors import ConfigError, FileTransferError, ProtocolError
 from nbexec.files import folders
@@ -28,7 +28,7 @@ from nbexec.sandbox import kernel as kernel_protocol
 from nbexec.sandbox import zmtp
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
-from nbexec.sandbox.remote import noderun
+from nbexec.sandbox.remote import files as node_files
 
 from .test_fuzz_wire import KEY, header, signed, verify
 from .test_kernel import PEER, STREAM, FakeKernel, frame
@@ -615,9 +615,9 @@ def test_a_node_name_segment_is_at_most_255_bytes_and_has_no_nul(tmp_path: Path,
     with folders.OutputFolder.open(folders.make_output_dir(tmp_path / "out", may_exist=True)) as out:
         if refused:
             with pytest.raises(FileTransferError, match=r"is not a plain relative name$"):
-                noderun.save(out, name, iter([b"x"]), 0)
+                node_files.save(out, name, iter([b"x"]), 0)
         else:
-            assert Path(noderun.save(out, name, iter([b"x"]), 0).path).read_bytes() == b"x"
+            assert Path(node_files.save(out, name, iter([b"x"]), 0).path).read_bytes() == b"x"
 
 
 # -- allowlist rules ----------------------------------------------------------------------------------------------
@@ -686,7 +686,7 @@ def test_the_ports_at_the_edges_are_allowed(entry: str, host: str, ports: tuple[
     ("-a.b.c", None), ("a.-b.c", None), ("*.com", None), ("*.a.com", "*.a.com"), ("A.Example.", "a.example"),
     ("a." * 126 + "b", "a." * 126 + "b"), ("a." * 126 + "bc", None)])  # 253 characters at most
 def test_names_are_normalised_or_refused(host: str, normal: str | None) -> None:
-    assert egress.normalise(host) == normal
+    assert config.normal_host(host) == normal
 
 
 def test_an_unparseable_answer_is_refused_with_the_reason() -> None:

@@ -1,7 +1,7 @@
 """Property-based tests of the names and rules made from sandbox- or client-controlled text: allowlist entries and
 the judgement of a destination (`egress`), the proxy's request heads (`egress.request`), link rewriting (`links`),
 wheel member names and the RECORD written (`wheelinstall`), router ids (`service.identity`), file names into and out
-of /mnt/data (`files.transfer`, `sandbox.remote.noderun`), `.env` files (`cli.envfile`) and output cleaning
+of /mnt/data (`files.transfer`, `sandbox.remote.files`), `.env` files (`cli.envfile`) and output cleaning
 (`notebook.outputs`).
 
 Properties: never an exception but the documented one; never a host, address or path outside the one judged
@@ -25,14 +25,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from nbexec import egress
+from nbexec import config, egress
 from nbexec.cli import envfile
 from nbexec.egress import request
 from nbexec.errors import ConfigError, FileTransferError
 from nbexec.files import folders, transfer
 from nbexec.notebook import links, outputs
 from nbexec.packages import wheelinstall
-from nbexec.sandbox.remote import noderun
+from nbexec.sandbox.remote import files as node_files
 from nbexec.service import identity
 
 from .fuzzing import assert_linear
@@ -52,7 +52,7 @@ def test_an_allowlist_entry_is_a_rule_or_a_config_error(entry: str) -> None:
         rule = egress.parse_rule(entry)
     except ConfigError:
         return
-    assert egress.normalise(rule.host) == rule.host  # kept in its normal form: compared as it is later
+    assert config.normal_host(rule.host) == rule.host  # kept in its normal form: compared as it is later
     assert rule.ports is None or all(0 < p < 65536 for p in rule.ports)
 
 
@@ -72,7 +72,7 @@ def test_a_destination_is_reached_only_as_judged(rules: list[str], host: str, po
     allowlist = egress.Allowlist(parsed, resolver)
     reached, reason = allowlist.judge(host, port)
     assert (reached == []) == (reason is not None)
-    normal = egress.normalise(host)
+    normal = config.normal_host(host)
     rule = allowlist.match(normal, port) if normal is not None else None
     assert asked in ([], [(normal, port)])  # the resolver is asked about the judged name only, once
     if not reached:
@@ -329,7 +329,7 @@ def test_a_name_a_node_gives_lands_inside_the_output_folder_or_nowhere(name: str
         root = Path(scratch) / "out"
         with folders.OutputFolder.open(folders.make_output_dir(root, may_exist=True)) as out:
             try:
-                kept = noderun.save(out, name, iter([b"x"]), 0)
+                kept = node_files.save(out, name, iter([b"x"]), 0)
             except FileTransferError:
                 assert list(everything_under(Path(scratch))) in ([root], [])
                 return
