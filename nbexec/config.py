@@ -17,6 +17,18 @@ from .egress import parse_rule
 from .errors import ConfigError
 
 DEFAULT_IMAGE = "nbexec-jupyter:latest"
+# Named images (`nbexec image build --name NAME`): a name is lower-case words joined by . _ or -, and runs the image
+# tagged nbexec-image-NAME:latest (its newest build; each build is also tagged with the hash of its inputs).
+IMAGE_NAME = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
+MAX_IMAGE_NAME = 48
+NAMED_IMAGE_PREFIX = "nbexec-image-"
+DEFAULT_IMAGE_NAME = "default"  # what a call names to get the configured image; no named image may take it
+# A Docker image reference (distribution/reference's grammar): [domain/]path[:tag][@digest], or an image id.
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+DOCKER_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?|sha256:[0-9a-f]{64}")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -102,7 +114,12 @@ def _doc(text: str) -> dict[str, str]:
 class SandboxConfig:
     """Where and how code runs. Every field is documented once, here; the CLI and NBEXEC_* reuse these texts."""
 
-    image: str = field(default=DEFAULT_IMAGE, metadata=_doc("Runtime image (build it with `nbexec image build`)."))
+    image: str = field(default=DEFAULT_IMAGE, metadata=_doc(
+        "Runtime image: a Docker tag (build it with `nbexec image build`), or the name of a named image (`nbexec "
+        "image build --name NAME`), which must be one of images."))
+    images: tuple[str, ...] = field(default=(), metadata=_doc(
+        "Named images that may be asked for by name (image=NAME here, --image, HTTP bodies, tool arguments); a "
+        "name not on this list is refused. The default image is always allowed."))
     network: bool | str = field(default=False, metadata=_doc(
         "The sandbox's network: off (no interface but loopback), on (Docker's bridge: anywhere), or allowlist "
         "(still no interface; HTTP and HTTPS to allowed_hosts only, through nbexec's proxy on the host)."))
@@ -231,7 +248,19 @@ class SandboxConfig:
             object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
         object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
 
+    def _check_images(self) -> None:
+        object.__setattr__(self, "images", tuple(self.images))
+        for name in self.images:
+            check_image_name(name)
+        if is_image_name(self.image):
+            if self.image not in self.images:
+                raise ConfigError(_not_allowed(self.image, self.images))
+        elif not (isinstance(self.image, str) and len(self.image) <= 255 and DOCKER_REFERENCE.fullmatch(self.image)):
+            raise ConfigError(f"image {str(self.image)[:80]!r} is neither a named image nor a Docker image "
+                              "reference (repository:tag, e.g. nbexec-jupyter:latest)")
+
     def _check_names(self) -> None:
+        self._check_images()
         if self.source not in SANDBOX_SOURCES:
             raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:\d+)?", self.user):
@@ -286,6 +315,20 @@ class SandboxConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     @property
+    def image_tag(self) -> str:
+        """The Docker image a sandbox starts from: ``image`` itself, or a named image's newest build."""
+        return named_image_tag(self.image) if is_image_name(self.image) else self.image
+
+    def choose_image(self, asked: str | None) -> SandboxConfig:
+        """This config with the image a caller asked for (a body, a tool argument): None or "default" keep the
+        configured one; any other value must be a name on ``images`` (never a Docker tag). ConfigError otherwise."""
+        if asked is None or asked == DEFAULT_IMAGE_NAME:
+            return self
+        if not isinstance(asked, str) or asked not in self.images:
+            raise ConfigError(_not_allowed(asked, self.images))
+        return dataclasses.replace(self, image=asked)
+
+    @property
     def container_key(self) -> tuple[Any, ...]:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
         return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
@@ -312,6 +355,34 @@ class SandboxConfig:
         if not running_as_root():
             return os.getuid(), os.getgid()
         return fresh_ids()
+
+
+def is_image_name(value: str) -> bool:
+    """Whether ``value`` names a named image (a Docker tag has a ``:``, ``/`` or ``@``)."""
+    return isinstance(value, str) and len(value) <= MAX_IMAGE_NAME and IMAGE_NAME.fullmatch(value) is not None
+
+
+def check_image_name(name: str) -> str:
+    """``name`` when it can name a named image; ConfigError saying why not."""
+    if not is_image_name(name):
+        raise ConfigError(f"{str(name)[:80]!r} is not a valid image name: lower-case letters and digits, words "
+                          f"joined by '.', '_' or '-', at most {MAX_IMAGE_NAME} characters (e.g. geo or ml-2025)")
+    if name == DEFAULT_IMAGE_NAME:
+        raise ConfigError(f"the image name {name!r} is reserved: it asks for the configured image")
+    return name
+
+
+def named_image_tag(name: str, version: str = "latest") -> str:
+    """The Docker tag of a named image: its newest build (``latest``) or the build with this inputs hash."""
+    return f"{NAMED_IMAGE_PREFIX}{name}:{version}"
+
+
+def _not_allowed(asked: object, allowed: tuple[str, ...]) -> str:
+    shown = repr(asked)[:80]
+    names = ", ".join(allowed) if allowed else "none"
+    return (f"image {shown} is not allowed here: ask for one of the named images the operator allows "
+            f"(NBEXEC_IMAGES: {names}), or omit it for the default image. An operator builds one with "
+            "`nbexec image build --name NAME` and adds NAME to NBEXEC_IMAGES.")
 
 
 def describe(name: str) -> str:

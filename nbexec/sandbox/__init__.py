@@ -11,7 +11,7 @@
     datafs     /mnt/data as a filesystem of fixed size, and its snapshot
     daemon     the Docker engine: connect, translate errors, sweep what nbexec left
     runtimes   the OCI runtimes (runc, runsc, crun): known, working, registration
-    image      the runtime image: build and describe
+    image      the runtime image: build and describe; recipe and named: named images built on it
 """
 
 from .docker.container import Sandbox

@@ -41,7 +41,16 @@ try:
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
     from .runs import Runs, Shown, owner, too_many
-    from .schemas import STREAMED, ExecuteBody, HealthModel, ReadyModel, ResultModel, SessionExecuteBody, SessionModel
+    from .schemas import (
+        STREAMED,
+        ExecuteBody,
+        HealthModel,
+        ReadyModel,
+        ResultModel,
+        SessionBody,
+        SessionExecuteBody,
+        SessionModel,
+    )
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec-sandbox[server]'") from exc
 
@@ -79,6 +88,14 @@ def _decode_files(files: dict[str, str] | None) -> dict[str, bytes]:
         return {name: base64.b64decode(data, validate=True) for name, data in (files or {}).items()}
     except (binascii.Error, ValueError) as exc:
         raise HTTPException(422, "files must map names to base64 content") from exc
+
+
+def _chosen(config: SandboxConfig, asked: str | None) -> SandboxConfig:
+    """The policy with the image a body asked for; 400 for one the operator does not allow (NBEXEC_IMAGES)."""
+    try:
+        return config.choose_image(asked)
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 def create_app(settings: ServerSettings) -> Any:
@@ -126,7 +143,7 @@ def _ops_routes(app: FastAPI, folders: Tenants, metrics: Metrics) -> None:
     def readyz() -> JSONResponse:
         checks: dict[str, Any] = {"docker": "ok", "image": "ok"}
         try:
-            daemon.require_image(daemon.connect(), config.image)
+            daemon.require_image(daemon.connect(), config.image_tag)
         except NbexecError as exc:
             checks["error"] = str(exc)
         checks["pool_ready"] = pool.ready_count(config)
@@ -152,8 +169,9 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
 
         Its files and images are served from /v1/executions/{execution_id}/... for ``result_ttl`` seconds."""
         uploads = _decode_files(body.files)
+        config = _chosen(settings.config, body.image)
         execution_id = uuid.uuid4().hex[:16]
-        session = folders.one_shot(execution_id, settings.store, shown.id)
+        session = folders.one_shot(execution_id, settings.store, shown.id, config)
 
         def render(on_output: Any = None) -> dict[str, Any]:
             folders.keep(who, execution_id, session)
@@ -174,11 +192,13 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
     settings = runs.settings
 
     @app.post("/v1/sessions", status_code=201)
-    async def create_session(shown: Shown, who: str = Depends(owner)) -> SessionModel:
+    async def create_session(shown: Shown, body: SessionBody | None = None,
+                             who: str = Depends(owner)) -> SessionModel:
+        config = _chosen(settings.config, body.image if body is not None else None)
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
         try:
-            return _describe(folders.new_session(who, settings.store, shown.id), shown)
+            return _describe(folders.new_session(who, settings.store, shown.id, config), shown)
         except SessionError as exc:
             raise too_many(str(exc)) from exc
 

@@ -192,7 +192,7 @@ class Sandbox:
         uid, gid = self.uid, self.gid
         memory = config.memory_bytes
         options: dict[str, Any] = {
-            "image": config.image,
+            "image": config.image_tag,  # a named image: its newest build
             "command": ["nbexec-kernel", f"{RUNTIME_MOUNT}/kernel.json"],
             "name": f"nbexec-{self.id}",
             "hostname": "sandbox",

@@ -22,7 +22,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from nbexec import notebook
-from nbexec.config import SandboxConfig
+from nbexec.config import SandboxConfig, is_image_name
 from nbexec.engine.budget import MAX_ERROR, OutputCallback
 from nbexec.errors import FileTransferError, NodeLostError, NodeUnavailableError
 from nbexec.files import artifacts, transfer
@@ -116,12 +116,18 @@ def _node_error(result: dict[str, Any], local: Callable[[Any], int]) -> CellErro
     return dataclasses.replace(cleaned, kind=str(kind))
 
 
+def image_body(config: SandboxConfig) -> dict[str, str]:
+    """What a body says of the image: a named image's name (the node checks it against its own NBEXEC_IMAGES);
+    nothing for a Docker tag, which is this host's choice and means the node's own image."""
+    return {"image": config.image} if is_image_name(config.image) else {}
+
+
 def one_shot(client: NodeClient, run: Run, files: dict[str, bytes], folder: OutputFolder) -> None:
     """The notebook's one code cell as /v1/execute; its files streamed home."""
     import base64
 
     body: dict[str, Any] = {"code": run.nb.cells[run.cells[0]].source, "timeout": run.remaining(),
-                            "packages": list(run.packages)}
+                            "packages": list(run.packages), **image_body(run.config)}
     if files:
         body["files"] = {n: base64.b64encode(c).decode("ascii") for n, c in files.items()}
     result = client.run("/v1/execute", body, run.on_event)
@@ -132,7 +138,7 @@ def one_shot(client: NodeClient, run: Run, files: dict[str, bytes], folder: Outp
 def cell_by_cell(client: NodeClient, run: Run, files: dict[str, bytes], folder: OutputFolder) -> None:
     """Each code cell in turn in a throwaway session on ``client``'s node, up to the first failure."""
     routes = {name: paths.encode(name) for name in files}  # checked before anything is sent
-    made = client.request("POST", "/v1/sessions", "start a session").json()["id"]
+    made = client.request("POST", "/v1/sessions", "start a session", json=image_body(run.config) or None).json()["id"]
     session = "/v1/sessions/" + paths.encode(str(made))
     try:
         for name, content in files.items():

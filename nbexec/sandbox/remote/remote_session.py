@@ -89,7 +89,8 @@ class RemoteSession(reaper.SessionBase):
             for client in nodes.candidates():
                 try:
                     with nodes.using(client):
-                        self._remote = str(client.request("POST", "/v1/sessions", "start a session").json()["id"])
+                        self._remote = str(client.request("POST", "/v1/sessions", "start a session",
+                                                          json=noderun.image_body(self.config) or None).json()["id"])
                 except NodeError as exc:  # never made there (or lost while making it): try the next node
                     last = exc
                     continue
