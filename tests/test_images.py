@@ -174,3 +174,32 @@ def test_tool_arguments_name_the_image(named: Built, config: nbexec.SandboxConfi
         manager.close_all()
     assert "[True, False] True" in answer["content"][0]["text"], answer
 
+
+
+def test_remote_nodes_run_the_named_image(named: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          cleanup_ledger: None) -> None:
+    """With NBEXEC_NODES the library sends the name; the node runs it from its own list (NBEXEC_IMAGES)."""
+    import signal
+
+    from .cluster import NODE_TOKEN, node, wait_ready
+    from .conftest import wait_until
+
+    tmp_path.chmod(0o755)  # the sandbox user reaches its bind mounts through it
+    server = node(0, tmp_path, tag="img")
+    server.env.update(NBEXEC_IMAGE=IMAGE, NBEXEC_IMAGES=NAME, NBEXEC_POOL_SIZE="0")
+    server.start()
+    try:
+        wait_ready([server])
+        monkeypatch.setenv("NBEXEC_NODES", server.url)
+        monkeypatch.setenv("NBEXEC_NODE_TOKEN", NODE_TOKEN)
+        config = nbexec.SandboxConfig(image=NAME, images=(NAME,), pool_size=0, warm_imports=())
+        one_shot = execute_notebook(PROBE, config=config)
+        with Session(config) as session:
+            in_session = session.run(PROBE)
+        default = execute_notebook(PROBE, config=config.replace(image=IMAGE))
+    finally:
+        server.kill(signal.SIGTERM)
+        wait_until(lambda: not server.containers(), 60, f"{server.name} left containers behind")
+    assert (one_shot.node, in_session.node) == (server.name, server.name)
+    assert one_shot.stdout == in_session.stdout == "[True, False] True\n", (one_shot.stdout, one_shot.error)
+    assert default.stdout == "[False, False] False\n"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -245,3 +246,44 @@ def test_tool_arguments_refuse_an_image_off_the_list(config: nbexec.SandboxConfi
         reply = handle_openai_tool_call({"id": "c", "function": {"arguments": arguments}}, config=allowed)
         assert reply["content"].startswith("Tool error:") and "ran" not in reply["content"], (asked, reply)
     assert own_containers(include_pool=True) == [], "a sandbox was started for a refused image"
+
+
+def test_mcp_arguments_refuse_an_image_off_the_list(named: Built, docker_ready: None, tmp_path: Path) -> None:  # noqa: F811
+    """The real `mcp` client against `nbexec mcp`: the listed schema offers the allowed names; a call naming any
+    other image is a tool error that starts no sandbox; the connection's session keeps the image it started in."""
+    import anyio
+
+    from .test_mcp import _client, _start_http, _stop_and_clean, _text
+
+    folder = tmp_path / "t"
+    folder.mkdir(mode=0o700)
+    server = _start_http(folder, env={"NBEXEC_IMAGES": NAME})
+    probe = "import importlib.util\nprint(importlib.util.find_spec('tomli_w') is not None)"
+
+    async def attack() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with _client(server.url) as client:
+            listed = (await client.list_tools()).tools[0]
+            seen["enum"] = listed.input_schema["properties"]["image"]["enum"]
+            seen["refused"] = []
+            for asked in [p.values[0] for p in OFF_LIST] + [7]:
+                answer = await client.call_tool("execute_python", {"code": "print('ran')", "image": asked})
+                seen["refused"].append((asked, answer.is_error, _text(answer)))
+            seen["containers_after_refusals"] = server.containers()
+            seen["named"] = _text(await client.call_tool("execute_python", {"code": probe, "image": NAME}))
+            switched = await client.call_tool("execute_python", {"code": probe, "image": "default"})
+            seen["switched"] = (switched.is_error, _text(switched))
+            seen["kept"] = _text(await client.call_tool("execute_python", {"code": probe}))
+        return seen
+
+    try:
+        seen = anyio.run(attack)
+    finally:
+        leaked = _stop_and_clean(server)
+    assert seen["enum"] == ["default", NAME]
+    for asked, is_error, text in seen["refused"]:
+        assert is_error and "ran" not in text.split(), (asked, text)
+    assert seen["containers_after_refusals"] == [], "a sandbox was started for a refused image"
+    assert seen["named"].startswith("True") and seen["kept"].startswith("True"), seen
+    assert seen["switched"][0] and "runs in image" in seen["switched"][1], seen["switched"]
+    assert leaked == []
