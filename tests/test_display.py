@@ -3,25 +3,31 @@ runsc, while a sandbox that opens none runs no X server. Judged from outside: th
 host, the X server's process is found in the container's cgroup on the host (runc), its TCP ports are dialled from
 the host, and it is looked for again once the sandbox is gone.
 
-Needs the runtime image built from this checkout's Dockerfile (NBEXEC_IMAGE, see conftest).
+The sandboxes run this checkout's in-sandbox display scripts (environments/jupyter: nbexec_display.py, its .pth,
+the kernel launcher and entrypoint) laid over the image under test (NBEXEC_IMAGE, which must have Tk: built from this
+checkout's Dockerfile), so a change to them is tested without rebuilding that image.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import socket
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 import nbexec
 from nbexec import Session, execute_notebook
-from nbexec.sandbox.docker import daemon, pool
+from nbexec.sandbox.docker import daemon, image, pool
 
-from .conftest import own_containers, wait_until
+from .conftest import IMAGE, own_containers, wait_until
 
 RUNTIMES = ("runc", "runsc")
 
@@ -120,6 +126,48 @@ def pixel(path: str, x: int, y: int) -> tuple[int, int, int]:
     width, _, rows = png_pixels(path)
     step = len(rows[0]) // width
     return rows[y][x * step], rows[y][x * step + 1], rows[y][x * step + 2]
+
+
+# The display's steps of environments/jupyter/Dockerfile, on top of the image under test.
+OVERLAY = """\
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+USER 0:0
+COPY nbexec_display.py nbexec_display.pth /opt/nbexec/display/
+COPY kernel_launcher.py /opt/nbexec/kernel_launcher.py
+COPY nbexec-kernel /usr/local/bin/nbexec-kernel
+RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+ && install -m 0644 /opt/nbexec/display/nbexec_display.pth "$site"/ \\
+ && chmod 0755 /usr/local/bin/nbexec-kernel && python -m compileall -q /opt/nbexec/display
+USER 1000:1000
+"""
+SCRIPTS = ("nbexec_display.py", "nbexec_display.pth", "kernel_launcher.py", "nbexec-kernel")
+
+
+@pytest.fixture(scope="session")
+def display_image(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The image under test with this checkout's display scripts; removed at the end of the session."""
+    context = tmp_path_factory.mktemp("display-image")
+    digest = hashlib.sha256(OVERLAY.encode() + daemon.connect().images.get(IMAGE).id.encode())
+    for name in SCRIPTS:
+        content = (image.context_dir() / name).read_bytes()
+        (context / name).write_bytes(content)
+        digest.update(name.encode() + content)
+    (context / "Dockerfile").write_text(OVERLAY)
+    tag = f"nbexec-jupyter:display-test-{digest.hexdigest()[:12]}"
+    client = daemon.connect()
+    for chunk in client.api.build(path=str(context), tag=tag, buildargs={"BASE_IMAGE": IMAGE}, rm=True,
+                                  forcerm=True, decode=True, pull=False):
+        if "error" in chunk:
+            pytest.fail(f"the display overlay of {IMAGE} did not build: {chunk['error']}", pytrace=False)
+    yield tag
+    with contextlib.suppress(docker.errors.APIError):
+        client.images.remove(tag, noprune=False)
+
+
+@pytest.fixture
+def cold(cold: nbexec.SandboxConfig, display_image: str) -> nbexec.SandboxConfig:
+    return cold.replace(image=display_image)
 
 
 def on(cold: nbexec.SandboxConfig, runtime: str) -> nbexec.SandboxConfig:
