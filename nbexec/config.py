@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import re
 import socket
@@ -12,6 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .names import (
+    DEFAULT_IMAGE_NAME,
+    DOCKER_REFERENCE,
+    check_image_name,
+    host_rule,
+    is_image_name,
+    named_image_tag,
+    not_allowed,
+)
 
 DEFAULT_IMAGE = "nbexec-jupyter:latest"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -21,11 +29,10 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MIN_TOKEN_CHARS = 16  # every bearer token nbexec accepts or sends (serve, router, node token, MCP over HTTP)
 SANDBOX_SOURCES = ("local", "remote")  # the places sandboxes come from (nbexec.engine.sources.for_config)
-DEFAULT_PORTS = (80, 443)  # of an allowed_hosts entry without one
 MAX_OPEN = 16  # connections one sandbox holds through its egress proxy at once (max_open_connections)
 IDLE_TIMEOUT = 60.0  # seconds a tunnel may move nothing (egress_idle_timeout); also the pace's window
 MIN_RATE = 1024  # bytes per second a tunnel must average over each such window (egress_min_rate)
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+
 
 
 def parse_size(value: str | int) -> int:
@@ -54,51 +61,6 @@ def parse_duration(value: str) -> float:
     return float(match.group(1)) * _SECONDS[match.group(2).lower()]
 
 
-def host_rule(text: str) -> tuple[str, tuple[int, ...] | None]:
-    """An allowed_hosts entry (``name``, ``*.domain``, ``1.2.3.4`` or ``[::1]``, each optionally with ``:port`` or
-    ``:*``) as (its host, normalised; its ports, None for any): the grammar `nbexec.egress` builds its rules from."""
-    entry = text.strip().lower()
-    host, port = entry, ""
-    if entry.startswith("["):
-        host, _, tail = entry[1:].partition("]")
-        if tail and not tail.startswith(":"):
-            raise ConfigError(f"allowed_hosts entry {text!r}: write an IPv6 address as [addr] or [addr]:port")
-        port = tail[1:]
-    elif entry.count(":") == 1:
-        host, port = entry.split(":")
-    try:
-        ports = DEFAULT_PORTS if port == "" else None if port == "*" else (int(port),)
-    except ValueError:
-        raise ConfigError(f"allowed_hosts entry {text!r}: the port must be a number or *") from None
-    if ports and not all(0 < p < 65536 for p in ports):
-        raise ConfigError(f"allowed_hosts entry {text!r}: the port is out of range")
-    normal = normal_host(host)
-    if normal is None or (normal.startswith("*.") and ip_address(normal[2:]) is not None):
-        raise ConfigError(f"allowed_hosts entry {text!r} is not a host name, *.domain, or an IP address")
-    return normal, ports
-
-
-def normal_host(host: str) -> str | None:
-    """A host name lower-cased without its final dot, an address in its short form, or None when invalid."""
-    host = host.strip().lower()
-    address = ip_address(host)
-    if address is not None:
-        return str(address)
-    host = host[:-1] if host.endswith(".") else host
-    labels = host.split(".")
-    wildcard = labels[0] == "*" and len(labels) > 2
-    if len(host) > 253 or not all(_LABEL.match(label) for label in labels[1 if wildcard else 0:]):
-        return None
-    return host
-
-
-def ip_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
 class _Bytes:
     """A size field (``memory_bytes`` for ``memory``) in bytes, parsed when read."""
 
@@ -117,7 +79,12 @@ def _doc(text: str) -> dict[str, str]:
 class SandboxConfig:
     """Where and how code runs. Every field is documented once, here; the CLI and NBEXEC_* reuse these texts."""
 
-    image: str = field(default=DEFAULT_IMAGE, metadata=_doc("Runtime image (build it with `nbexec image build`)."))
+    image: str = field(default=DEFAULT_IMAGE, metadata=_doc(
+        "Runtime image: a Docker tag (build it with `nbexec image build`), or the name of a named image (`nbexec "
+        "image build --name NAME`), which must be one of images."))
+    images: tuple[str, ...] = field(default=(), metadata=_doc(
+        "Named images that may be asked for by name (image=NAME here, --image, HTTP bodies, tool arguments); a "
+        "name not on this list is refused. The default image is always allowed."))
     network: bool | str = field(default=False, metadata=_doc(
         "The sandbox's network: off (no interface but loopback), on (Docker's bridge: anywhere), or allowlist "
         "(still no interface; HTTP and HTTPS to allowed_hosts only, through nbexec's proxy on the host)."))
@@ -228,7 +195,19 @@ class SandboxConfig:
             object.__setattr__(self, "input_dir", os.path.abspath(self.input_dir))
         object.__setattr__(self, "warm_imports", tuple(self.warm_imports))
 
+    def _check_images(self) -> None:
+        object.__setattr__(self, "images", tuple(self.images))
+        for name in self.images:
+            check_image_name(name)
+        if is_image_name(self.image):
+            if self.image not in self.images:
+                raise ConfigError(not_allowed(self.image, self.images))
+        elif not (isinstance(self.image, str) and len(self.image) <= 255 and DOCKER_REFERENCE.fullmatch(self.image)):
+            raise ConfigError(f"image {str(self.image)[:80]!r} is neither a named image nor a Docker image "
+                              "reference (repository:tag, e.g. nbexec-jupyter:latest)")
+
     def _check_names(self) -> None:
+        self._check_images()
         if self.source not in SANDBOX_SOURCES:
             raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", self.user):
@@ -282,6 +261,20 @@ class SandboxConfig:
     def replace(self, **changes: Any) -> SandboxConfig:
         """Return a copy with some fields changed; ``None`` values are ignored."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def image_tag(self) -> str:
+        """The Docker image a sandbox starts from: ``image`` itself, or a named image's newest build."""
+        return named_image_tag(self.image) if is_image_name(self.image) else self.image
+
+    def choose_image(self, asked: str | None) -> SandboxConfig:
+        """This config with the image a caller asked for (a body, a tool argument): None or "default" keep the
+        configured one; any other value must be a name on ``images`` (never a Docker tag). ConfigError otherwise."""
+        if asked is None or asked == DEFAULT_IMAGE_NAME:
+            return self
+        if not isinstance(asked, str) or asked not in self.images:
+            raise ConfigError(not_allowed(asked, self.images))
+        return dataclasses.replace(self, image=asked)
 
     @property
     def container_key(self) -> tuple[Any, ...]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nbexec import config, egress
+from nbexec import egress, names
 from nbexec.cli import envfile
 from nbexec.errors import ConfigError, FileTransferError, ProtocolError
 from nbexec.files import folders
@@ -686,7 +686,7 @@ def test_the_ports_at_the_edges_are_allowed(entry: str, host: str, ports: tuple[
     ("-a.b.c", None), ("a.-b.c", None), ("*.com", None), ("*.a.com", "*.a.com"), ("A.Example.", "a.example"),
     ("a." * 126 + "b", "a." * 126 + "b"), ("a." * 126 + "bc", None)])  # 253 characters at most
 def test_names_are_normalised_or_refused(host: str, normal: str | None) -> None:
-    assert config.normal_host(host) == normal
+    assert names.normal_host(host) == normal
 
 
 def test_an_unparseable_answer_is_refused_with_the_reason() -> None:

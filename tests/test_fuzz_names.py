@@ -25,7 +25,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from nbexec import config, egress
+from nbexec import egress
+from nbexec import names as hostnames
 from nbexec.cli import envfile
 from nbexec.egress import request
 from nbexec.errors import ConfigError, FileTransferError
@@ -52,7 +53,7 @@ def test_an_allowlist_entry_is_a_rule_or_a_config_error(entry: str) -> None:
         rule = egress.parse_rule(entry)
     except ConfigError:
         return
-    assert config.normal_host(rule.host) == rule.host  # kept in its normal form: compared as it is later
+    assert hostnames.normal_host(rule.host) == rule.host  # kept in its normal form: compared as it is later
     assert rule.ports is None or all(0 < p < 65536 for p in rule.ports)
 
 
@@ -72,7 +73,7 @@ def test_a_destination_is_reached_only_as_judged(rules: list[str], host: str, po
     allowlist = egress.Allowlist(parsed, resolver)
     reached, reason = allowlist.judge(host, port)
     assert (reached == []) == (reason is not None)
-    normal = config.normal_host(host)
+    normal = hostnames.normal_host(host)
     rule = allowlist.match(normal, port) if normal is not None else None
     assert asked in ([], [(normal, port)])  # the resolver is asked about the judged name only, once
     if not reached:

@@ -88,6 +88,7 @@ def test_wheel_metadata_and_files(wheel: Path, wheel_metadata: email.message.Mes
         entry_points = next(archive.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "nbexec/py.typed" in names
     assert "nbexec/environment/Dockerfile" in names  # `nbexec image build` works from the wheel
+    assert {f"nbexec/environment/{n}" for n in ("named.Dockerfile", "nbexec_display.py", "nbexec_display.pth")} <= names
     assert {f"nbexec/service/playground/{n}" for n in ("index.html", "playground.js", "playground.css")} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert re.search(r"^nbexec = nbexec\.cli\.main:main$", entry_points, re.MULTILINE)

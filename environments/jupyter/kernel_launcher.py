@@ -9,11 +9,17 @@ Start-up CPU is paid by every sandbox (benchmarks/profile.py): ipykernel imports
 `__init__` that imports every client, manager and provisioner (the kernel needs only the session and connection
 modules). Both stay importable by the user's code: debugpy is hidden only while ipykernel decides that there is
 no debugger, and jupyter_client's `__init__` runs in full the first time anything else asks for one of its names.
+It also hands the kernel's shell to `nbexec_display`, which shows a window left open at the end of a cell, and with
+NBEXEC_XVFB=1 starts the X server now, in the background, instead of at the first GUI import.
 This runs inside the sandbox and is not trusted by the host: it only keeps the sandbox itself alive and cheap.
 """
 
 import importlib.util
+import os
 import sys
+import threading
+
+import nbexec_display
 
 
 def _lazy_package(name):
@@ -67,6 +73,9 @@ def main():
     finally:
         del _client.BlockingKernelClient
     app.initialize()
+    nbexec_display.watch(app.kernel.shell)
+    if os.environ.get("NBEXEC_XVFB") == "1":
+        threading.Thread(target=nbexec_display.start, name="nbexec-display", daemon=True).start()
     app.start()
 
 

@@ -1,12 +1,11 @@
-"""The `nbexec` maintenance commands (image build, doctor, cleanup) and what every command shares: the exit
-codes and the one way of failing."""
+"""The `nbexec` maintenance commands (doctor, cleanup) and what every command shares: the exit codes and the one way
+of failing."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -31,41 +30,6 @@ def fail(message: str, code: int, as_json: bool) -> None:
 
 
 
-@click.group(name="image")
-def image_group() -> None:
-    """Build and inspect the runtime image."""
-
-
-@image_group.command(name="build", epilog=EXIT_CODES)
-@click.option("--tag", default=None,
-              help="Image tag to build [default: the config's image].")
-@click.option("--base-image", help="Base image (build argument BASE_IMAGE) [default: python:3.12-slim].")
-@click.option("--debootstrap", is_flag=True,
-              help="No registry: make a Debian base with debootstrap + docker import (root), and build on it.")
-@click.option("--mirror", help="Debian mirror for --debootstrap [default: http://deb.debian.org/debian].")
-@click.option("--ca-bundle", type=click.Path(dir_okay=False, exists=True, path_type=Path), envvar="NBEXEC_CA_BUNDLE",
-              help="CA certificates for pip inside the build (a TLS-inspecting proxy or private mirror).")
-@click.option("--no-cache", is_flag=True, help="Build every layer anew.")
-def image_build(tag: str | None, base_image: str | None, debootstrap: bool, mirror: str | None,
-                ca_bundle: Path | None, no_cache: bool) -> None:
-    """Build the runtime image, showing Docker's progress."""
-    tag = tag or from_env().image
-    try:
-        if debootstrap:
-            base_image = base_image or image.DEFAULT_BASE
-            if image.exists(base_image):
-                click.echo(f"nbexec: using the existing base image {base_image}", err=True)
-            else:
-                image.make_base(base_image, mirror=mirror)
-        options = image.BuildOptions(tag=tag, base_image=base_image, ca_bundle=ca_bundle, no_cache=no_cache)
-        image_id = image.build(options, progress=lambda line: click.echo(line, err=True))
-    except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE, False)
-    except NbexecError as exc:
-        fail(str(exc), EXIT_INFRA, False)
-    click.echo(f"built {tag} ({image_id})")
-
-
 @click.command(epilog=EXIT_CODES)
 def doctor() -> None:
     """Check that Docker answers, the image is present and which runtimes work here; print a fix for each problem."""
@@ -80,8 +44,8 @@ def doctor() -> None:
         click.echo(f"FAIL {exc}")
         sys.exit(EXIT_INFRA)
     try:
-        info = image.describe(config.image)
-        click.echo(f"ok   image {config.image}: {info['id']} ({info['size_mb']} MB, built {info['created'][:19]})")
+        info = image.describe(config.image_tag)
+        click.echo(f"ok   image {config.image_tag}: {info['id']} ({info['size_mb']} MB, built {info['created'][:19]})")
     except NbexecError as exc:
         problems += 1
         click.echo(f"FAIL {exc}")
@@ -100,7 +64,7 @@ def _check_runtimes(config: SandboxConfig) -> int:
 
     try:
         click.echo(f"ok   runtimes Docker knows: {', '.join(runtimes.engine_runtimes())}")
-        checks = runtimes.check_all(config.image, config.runtime)
+        checks = runtimes.check_all(config.image_tag, config.runtime)
     except NbexecError as exc:
         click.echo(f"FAIL {exc}")
         return 1

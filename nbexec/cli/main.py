@@ -23,7 +23,7 @@ from nbexec.notebook.outputs import clean
 from nbexec.stores.storage import STORES
 from nbexec.stores.storage import from_env as store_from_env
 
-from . import commands, render, terminal
+from . import commands, images, render, terminal
 from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
 
 # Config fields offered as options, each with its help text taken from SandboxConfig.
@@ -395,6 +395,6 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
                 timeout_graceful_shutdown=3)
 
 
-for _command in (commands.image_group, commands.doctor, commands.cleanup):
+for _command in (images.image_group, commands.doctor, commands.cleanup):
     main.add_command(_command)
 

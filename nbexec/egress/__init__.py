@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from nbexec.config import host_rule, ip_address, normal_host
+from nbexec.names import host_rule, ip_address, normal_host
 
 PORT = 3128  # where the forwarder listens inside the sandbox (its own loopback: nothing else uses it)
 MOUNT = "/run/nbexec-egress"
@@ -62,7 +62,7 @@ class Rule:
 
 def parse_rule(text: str) -> Rule:
     """``name``, ``*.domain``, ``1.2.3.4`` or ``[::1]``, each optionally with ``:port`` or ``:*`` (the grammar is
-    the config's: `nbexec.config.host_rule`)."""
+    the config's: `nbexec.names.host_rule`)."""
     return Rule(*host_rule(text))
 
 

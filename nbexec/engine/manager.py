@@ -27,8 +27,10 @@ class SessionManager:
         for key in [k for k, s in self._sessions.items() if s.status == "closed"]:
             del self._sessions[key]
 
-    def create(self, *, session_id: str | None = None, **session_options: Any) -> Session:
-        """A new session (started lazily), or SessionLimitError when ``max_sessions`` are live."""
+    def create(self, *, session_id: str | None = None, config: SandboxConfig | None = None,
+               **session_options: Any) -> Session:
+        """A new session (started lazily) with ``config`` (default: the manager's), or SessionLimitError when
+        ``max_sessions`` are live."""
         with self._lock:
             self._prune_locked()
             if len(self._sessions) >= self.max_sessions:
@@ -38,7 +40,7 @@ class SessionManager:
             if session_id is not None and session_id in self._sessions:
                 raise SessionLimitError(f"a session with id {session_id!r} already exists")
             session_options.setdefault("keep_files", self.keep_files)
-            session = Session(self.config, ttl=self.ttl, session_id=session_id, **session_options)
+            session = Session(config or self.config, ttl=self.ttl, session_id=session_id, **session_options)
             self._sessions[session.id] = session
             return session
 

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -112,10 +113,14 @@ class Clients:
         connection.exit_stack.push_async_callback(anyio.to_thread.run_sync, self.release, client)
         return client
 
-    def session_for(self, client: _Client) -> Session:
+    def session_for(self, client: _Client, config: SandboxConfig | None = None) -> Session:
+        """The client's session, made on first use (with ``config``: the image its first call chose)."""
         self.prune(client)
         if client.session is None:
-            client.session = self.manager.create()
+            client.session = self.manager.create(config=config)
+        elif config is not None and client.session.config.image != config.image:
+            raise ConfigError(f"this conversation's session runs in image {client.session.config.image}, the one its "
+                              "first call chose; omit image to keep using it")
         return client.session
 
     def prune(self, client: _Client) -> None:
@@ -175,10 +180,11 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
     clients = Clients(config, max_sessions, max_resource)
 
     @server.tool(name=tools.DEFAULT_NAME, description=text, structured_output=False)
-    async def execute_python(code: str, ctx: Context) -> CallToolResult:
+    async def execute_python(code: str, ctx: Context, image: str | None = None) -> CallToolResult:
         client = clients.client(connection_of(ctx.request_context))
-        try:
-            session = clients.session_for(client)
+        try:  # only a name the operator allows (config.images); never a Docker tag the model made up
+            chosen = config.choose_image(image) if image is not None else None
+            session = clients.session_for(client, chosen)
             result = await asyncio.to_thread(session.run, code)
         except NbexecError as exc:
             return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
@@ -205,19 +211,20 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
             uri=uri, blob=base64.b64encode(content).decode("ascii"), mime_type=mime)])
 
     server.middleware.append(own_resources)
-    server.middleware.append(declared_arguments)
+    server.middleware.append(functools.partial(declared_arguments, images=config.images))
     return server, clients
 
 
-async def declared_arguments(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+async def declared_arguments(ctx: ServerRequestContext[Any, Any], call_next: CallNext, *,
+                             images: tuple[str, ...] = ()) -> HandlerResult:
     """List ``execute_python`` with the parameters of ``tools.ToolArguments`` (the schema the OpenAI and Anthropic
-    tools use), not the one the SDK derives from the handler's signature. mcp 2.3 hands middleware the listing
-    already serialized (a dict, by alias)."""
+    tools use; ``image`` only when named images are allowed), not the one the SDK derives from the handler's
+    signature. mcp 2.3 hands middleware the listing already serialized (a dict, by alias)."""
     result = await call_next(ctx)
     if ctx.method == "tools/list" and isinstance(result, dict):
         for tool in result.get("tools", []):
             if isinstance(tool, dict) and tool.get("name") == tools.DEFAULT_NAME:
-                tool["inputSchema"] = tools.json_schema()
+                tool["inputSchema"] = tools.json_schema(images=images)
     return result
 
 

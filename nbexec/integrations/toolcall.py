@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nbexec.config import SandboxConfig
+from nbexec.config import SandboxConfig, from_env
 from nbexec.engine.execute import execute_notebook
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
-from nbexec.errors import NbexecError, SessionError
+from nbexec.errors import ConfigError, NbexecError, SessionError
 from nbexec.files.folders import output_root
 from nbexec.result import ExecutionResult
 from nbexec.sandbox.docker.container import remove_tree
@@ -56,6 +56,9 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     session_id = raw.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
         return None, 'The "session_id" argument must be a string.'
+    image = raw.get("image")
+    if image is not None and not isinstance(image, str):
+        return None, 'The "image" argument must be the name of one of the images listed, or omitted.'
     return dict(raw), None
 
 
@@ -67,12 +70,13 @@ def _scope(conversation: str | None) -> str:
 
 
 def _session(sessions: SessionManager, session_id: str | None, conversation: str | None,
-             store: ArtifactStore | None) -> Session | str:
-    """The conversation's session named ``session_id``, a new one without an id, or a message for the model."""
+             store: ArtifactStore | None, config: SandboxConfig | None) -> Session | str:
+    """The conversation's session named ``session_id``, a new one (with ``config``) without an id, or a message
+    for the model."""
     scope = _scope(conversation)
     if not session_id:
         try:
-            return sessions.create(session_id=scope + uuid.uuid4().hex, store=store)
+            return sessions.create(session_id=scope + uuid.uuid4().hex, store=store, config=config)
         except SessionError as exc:
             return f"Cannot start a session: {exc}"
     unknown = (f"There is no session {session_id[:80]!r} in this conversation (it was closed, reaped after "
@@ -91,11 +95,20 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
     """Execute parsed arguments one-shot, or in the conversation's session when ``sessions`` is given."""
     code = arguments["code"]
     session_id = arguments.get("session_id")
+    asked, chosen = arguments.get("image"), config
+    if asked is not None:  # only a name the operator allows (config.images); never a Docker tag the model made up
+        try:
+            chosen = (config or (sessions.config if sessions is not None else None) or from_env()).choose_image(asked)
+        except ConfigError as exc:
+            return f"{exc}"
     if sessions is None:
-        return execute_notebook(code, config=config, store=store)
-    session = _session(sessions, session_id, conversation, store)
+        return execute_notebook(code, config=chosen, store=store)
+    session = _session(sessions, session_id, conversation, store, chosen)
     if isinstance(session, str):
         return session
+    if session_id and chosen is not None and asked is not None and session.config.image != chosen.image:
+        return (f"Session {session_id[:80]} runs in the image it started with; omit image to keep using it, or omit "
+                "session_id to start a new session in another image.")
     try:
         result = session.run(code)
     except SessionError as exc:

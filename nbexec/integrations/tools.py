@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from nbexec.config import SandboxConfig
+from nbexec.names import DEFAULT_IMAGE_NAME
 from nbexec.notebook.outputs import clean, strip_ansi
 from nbexec.result import ExecutionResult
 
@@ -41,9 +42,18 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False, 
         "Execute Python code in a sandboxed Jupyter kernel and return its output. "
         f"{state} Save files to /mnt/data (the working directory); they are returned to the user as links, "
         "and you can reference them as sandbox:/mnt/data/<name>. Charts shown with plt.show() or display() "
-        f"are shown to the user automatically. {network} {limits(config)} Installed: {LIBRARIES}. "
+        "are shown to the user automatically, and so is a window (tkinter, turtle) still open when a call ends. "
+        f"{network} {limits(config)} Installed: {LIBRARIES}.{_images(config, stateful)} "
         "Print what you need to see: only printed output and the last expression's value come back."
     )
+
+
+def _images(config: SandboxConfig, stateful: bool) -> str:
+    if not config.images:
+        return ""
+    kept = " (a session keeps the image of its first call)" if stateful else ""
+    return (f" Other images with more installed can be chosen with the image argument{kept}: "
+            f"{', '.join(config.images)}; default is the standard one.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +67,8 @@ class ToolArguments:
     session_id: str | None = field(default=None, metadata={"sessions": True, "description": (
         "The session_id an earlier call returned, to keep its state; omit it to start a new session. "
         "Never make one up.")})
+    image: str | None = field(default=None, metadata={"images": True, "description": (
+        "The image to run in, one of those listed; omit it for the default one.")})
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
@@ -72,16 +84,19 @@ def limits(config: SandboxConfig) -> str:
             f"{config.max_files} {data} come back.")
 
 
-def json_schema(*, sessions: bool = False) -> dict[str, Any]:
-    """The tool's parameters as JSON Schema, from ``ToolArguments``: ``code`` and, with sessions, ``session_id``."""
+def json_schema(*, sessions: bool = False, images: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The tool's parameters as JSON Schema, from ``ToolArguments``: ``code``, with sessions ``session_id``, and
+    with named images allowed ``image`` (their names and "default")."""
     hints = get_type_hints(ToolArguments)
     properties: dict[str, Any] = {}
     required = []
     for item in fields(ToolArguments):
-        if item.metadata.get("sessions") and not sessions:
+        if (item.metadata.get("sessions") and not sessions) or (item.metadata.get("images") and not images):
             continue
         kind = next(t for t in (hints[item.name], *get_args(hints[item.name])) if t in _JSON_TYPES)
         properties[item.name] = {"type": _JSON_TYPES[kind], "description": item.metadata["description"]}
+        if item.metadata.get("images"):
+            properties[item.name]["enum"] = [DEFAULT_IMAGE_NAME, *images]
         if item.default is MISSING:
             required.append(item.name)
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
@@ -90,10 +105,11 @@ def json_schema(*, sessions: bool = False) -> dict[str, Any]:
 def openai_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_NAME, sessions: bool = False,
                 api: str = "chat") -> dict[str, Any]:
     """A function tool for OpenAI's Chat Completions (``api="chat"``) or Responses API (``api="responses"``)."""
+    images = config.images if config is not None else ()
     body = {"name": name, "description": description(config, stateful=sessions),
-            "parameters": json_schema(sessions=sessions)}
-    if api == "responses":  # strict schemas need every property required: true only without session_id
-        return {"type": "function", **body, "strict": not sessions}
+            "parameters": json_schema(sessions=sessions, images=images)}
+    if api == "responses":  # strict schemas need every property required: true only without optional ones
+        return {"type": "function", **body, "strict": not sessions and not images}
     if api != "chat":
         raise ValueError("api must be 'chat' or 'responses'")
     return {"type": "function", "function": body}
@@ -103,7 +119,7 @@ def anthropic_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_N
                    sessions: bool = False) -> dict[str, Any]:
     """A client tool for Anthropic's Messages API."""
     return {"name": name, "description": description(config, stateful=sessions),
-            "input_schema": json_schema(sessions=sessions)}
+            "input_schema": json_schema(sessions=sessions, images=config.images if config is not None else ())}
 
 
 _FRAME_STARTS = ("File ", "Cell In[", "<ipython-input", "Input In [")

@@ -12,7 +12,16 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Receive
 
-from nbexec.errors import DiskSpaceError, DockerError, FileTooLargeError, FileTransferError, NbexecError, SessionError
+from nbexec.config import SandboxConfig
+from nbexec.errors import (
+    ConfigError,
+    DiskSpaceError,
+    DockerError,
+    FileTooLargeError,
+    FileTransferError,
+    NbexecError,
+    SessionError,
+)
 
 from . import streaming
 from .gateway import FOR_KEY, OWNER_KEY
@@ -122,3 +131,11 @@ class Runs:
             raise HTTPException(404, str(exc)) from exc
         except NbexecError as exc:
             raise http_error(exc) from exc
+
+
+def chosen(config: SandboxConfig, asked: str | None) -> SandboxConfig:
+    """The policy with the image a body asked for; 400 for one the operator does not allow (NBEXEC_IMAGES)."""
+    try:
+        return config.choose_image(asked)
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from None

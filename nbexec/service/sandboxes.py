@@ -36,7 +36,7 @@ from nbexec.sandbox.source import SandboxHandle, WheelFile
 
 from . import files, streaming
 from .held import Entry, Held
-from .runs import Runs, Shown, owner, too_many
+from .runs import Runs, Shown, chosen, owner, too_many
 from .schemas import HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
 from .tenants import Tenants
@@ -80,11 +80,10 @@ Call = Callable[[str, Entry, Callable[[SandboxHandle], Any]], Any]
 
 def _held_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings: ServerSettings,
                  owned: Owned) -> None:
-    config = folders.config
-
     @app.post("/v1/sandboxes", status_code=201, include_in_schema=False)
     async def acquire(body: SandboxBody, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
-        """A ready sandbox of this node's source, held for the caller."""
+        """A ready sandbox of this node's source (in the named image the body asks for), held for the caller."""
+        config = chosen(folders.config, body.image)
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions and sandboxes are live for this token")
         handle = await runs.io(who, lambda: folders.source.acquire(config, purpose=body.purpose))

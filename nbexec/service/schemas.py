@@ -26,14 +26,27 @@ class SessionExecuteBody(BaseModel):
         "under its package policy and installed offline; what became of each is in the result's `packages`."))
 
 
+IMAGE_FIELD = Field(default=None, description=(
+    "A named image to run in, one the server allows (NBEXEC_IMAGES); omitted or \"default\": the server's image. "
+    "Any other value is refused with 400."))
+
+
 class ExecuteBody(SessionExecuteBody):
     files: dict[str, str] | None = Field(
         default=None, description="Files to put in /mnt/data first: name -> base64 content (one-shot only).")
+    image: str | None = IMAGE_FIELD
+
+
+class SessionBody(BaseModel):
+    """POST /v1/sessions (the body is optional)."""
+
+    image: str | None = IMAGE_FIELD
 
 
 class SandboxBody(BaseModel):
     purpose: Literal["oneshot", "session"] = Field(
         default="session", description="oneshot: a warm, pooled sandbox for one execution; session: kept for many.")
+    image: str | None = IMAGE_FIELD
 
 
 class RunBody(BaseModel):

@@ -38,8 +38,8 @@ try:
     from . import files, playground, sandboxes
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
-    from .runs import Runs, Shown, owner, too_many
-    from .schemas import RESULT, ExecuteBody, HealthModel, ReadyModel, SessionExecuteBody, SessionModel
+    from .runs import Runs, Shown, chosen, owner, too_many
+    from .schemas import RESULT, ExecuteBody, HealthModel, ReadyModel, SessionBody, SessionExecuteBody, SessionModel
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec-sandbox[server]'") from exc
 
@@ -120,8 +120,9 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
 
         Its files and images are served from /v1/executions/{execution_id}/... for ``result_ttl`` seconds."""
         uploads = _decode_files(body.files)
+        config = chosen(settings.config, body.image)
         execution_id = uuid.uuid4().hex[:16]
-        session = folders.one_shot(execution_id, settings.store, shown.id)
+        session = folders.one_shot(execution_id, settings.store, shown.id, config)
 
         def render(on_output: Any = None) -> dict[str, Any]:
             folders.keep(who, execution_id, session)
@@ -142,11 +143,13 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
     settings = runs.settings
 
     @app.post("/v1/sessions", status_code=201)
-    async def create_session(shown: Shown, who: str = Depends(owner)) -> SessionModel:
+    async def create_session(shown: Shown, body: SessionBody | None = None,
+                             who: str = Depends(owner)) -> SessionModel:
+        config = chosen(settings.config, body.image if body is not None else None)
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
         try:
-            return _describe(folders.new_session(who, settings.store, shown.id), shown)
+            return _describe(folders.new_session(who, settings.store, shown.id, config), shown)
         except SessionError as exc:
             raise too_many(str(exc)) from exc
 

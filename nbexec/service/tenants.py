@@ -153,11 +153,13 @@ class Tenants:
 
     # -- sessions ---------------------------------------------------------------------------------------
 
-    def new_session(self, who: str, store: ArtifactStore | None, shown: Callable[[str], str] = str) -> Session:
-        """A new session of ``who``; its files' URLs use the id ``shown`` makes of its id (see identity.View)."""
+    def new_session(self, who: str, store: ArtifactStore | None, shown: Callable[[str], str] = str,
+                    config: SandboxConfig | None = None) -> Session:
+        """A new session of ``who`` (with ``config``: the service's policy with the image the client chose); its
+        files' URLs use the id ``shown`` makes of its id (see identity.View)."""
         session_id = uuid.uuid4().hex
         folder = self._folder(f"session-{session_id}")
-        session = self.sessions.create(session_id=session_id, output_dir=folder,
+        session = self.sessions.create(session_id=session_id, output_dir=folder, config=config,
                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
         with self._lock:
             self._owners[session.id] = who
@@ -189,11 +191,12 @@ class Tenants:
 
     # -- one-shot results -------------------------------------------------------------------------------
 
-    def one_shot(self, execution_id: str, store: ArtifactStore | None, shown: Callable[[str], str] = str) -> Session:
+    def one_shot(self, execution_id: str, store: ArtifactStore | None, shown: Callable[[str], str] = str,
+                 config: SandboxConfig | None = None) -> Session:
         """A throwaway session for one execution (so a client that leaves can interrupt it); no I/O yet. Its
-        files' URLs use the id ``shown`` makes of ``execution_id``."""
+        files' URLs use the id ``shown`` makes of ``execution_id``; ``config`` as for ``new_session``."""
         folder = self._folder(f"run-{execution_id}")
-        return Session(self.config, output_dir=folder, ttl=None, session_id=execution_id,
+        return Session(config or self.config, output_dir=folder, ttl=None, session_id=execution_id,
                        store=_served(store, f"/v1/executions/{shown(execution_id)}", folder))
 
     def keep(self, who: str, execution_id: str, session: Session) -> None:
@@ -208,7 +211,7 @@ class Tenants:
             kept = self._results.get(execution_id)
         if kept is None:
             return
-        self.source.warm_up(self.config)  # the throwaway session took a pooled sandbox: start its replacement
+        self.source.warm_up(kept.session.config)  # the throwaway session took a pooled sandbox: start its replacement
         kept.session.close()
         kept.expires = time.monotonic() + self.result_ttl
 

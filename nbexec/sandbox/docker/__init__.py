@@ -9,6 +9,8 @@
     daemon     the Docker engine: connect, translate errors, sweep what nbexec left
     runtimes   the OCI runtimes (runc, runsc, crun): known, working, registration
     image      the runtime image: build and describe
+    recipe     what a named image is built from, checked, and the hash its tag carries (pure)
+    named      named images: build one on the runtime image unless its inputs were built before, list them
 
 May import: nbexec's values, files, egress, and the kernel wire of `nbexec.sandbox`.
 """

@@ -42,7 +42,7 @@ class LocalSource:
         not illness); a pool that can be filled is asked to."""
         checks: dict[str, Any] = {"docker": "ok", "image": "ok"}
         try:
-            daemon.require_image(daemon.connect(), config.image)
+            daemon.require_image(daemon.connect(), config.image_tag)
         except NbexecError as exc:
             checks["error"] = str(exc)
         checks["pool_ready"] = pool.ready_count(config)

@@ -37,7 +37,7 @@ def container_options(config: SandboxConfig, role: str, place: Place) -> dict[st
     """The keyword arguments of `containers.create` for the sandbox at ``place``, made for ``role``."""
     uid, gid, memory = place.uid, place.gid, config.memory_bytes
     options: dict[str, Any] = {
-        "image": config.image,
+        "image": config.image_tag,  # a named image: its newest build
         "command": ["nbexec-kernel", f"{RUNTIME_MOUNT}/kernel.json"],
         "name": f"nbexec-{place.sandbox_id}",
         "hostname": "sandbox",

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nbexec.config import SandboxConfig, host_from_env
 from nbexec.errors import ConfigError, NodeError, NodeUnavailableError, SessionLimitError
+from nbexec.names import is_image_name
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
 
 from .handle import SMALL, RemoteHandle
@@ -95,7 +96,8 @@ class RemoteSource:
         last: NodeError | SessionLimitError | None = None
         for client in self.cluster.candidates():
             try:
-                answer = client.json("POST", "/v1/sandboxes", "make a sandbox", SMALL, json={"purpose": purpose},
+                body = {"purpose": purpose, **image_body(config)}
+                answer = client.json("POST", "/v1/sandboxes", "make a sandbox", SMALL, json=body,
                                      timeout=ACQUIRE_TIMEOUT)
                 handle = RemoteHandle(client, answer, config, purpose)
             except SessionLimitError as exc:  # this node is at its cap for this client: the next is asked
@@ -152,3 +154,9 @@ def forget_all() -> None:
         _sources.clear()
     for source in found:
         source.close()
+
+
+def image_body(config: SandboxConfig) -> dict[str, str]:
+    """What a body says of the image: a named image's name (the node checks it against its own NBEXEC_IMAGES);
+    nothing for a Docker tag, which is this host's choice and means the node's own image."""
+    return {"image": config.image} if is_image_name(config.image) else {}
