@@ -35,7 +35,7 @@ from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import budget, cells, collect, reaper, sources, widgets
+from . import budget, cells, collect, reaper, rules, sources, widgets
 from .budget import OutputCallback
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ _NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole ti
                  "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
-class Session(reaper.SessionBase):
+class Session(rules.LiveRules, reaper.SessionBase):
     """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
 
     Starts on first use or on ``start()``. Its output folder is opened once and written only through that

@@ -36,8 +36,8 @@ from nbexec.sandbox.source import SandboxHandle, WheelFile
 
 from . import files, streaming
 from .held import Entry, Held
-from .runs import Runs, Shown, chosen, owner, too_many
-from .schemas import HiddenBody, RunBody, SandboxBody, StoredModel
+from .runs import Runs, Shown, chosen, egress_change, owner, too_many
+from .schemas import EgressBody, HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
 from .tenants import Tenants
 
@@ -165,6 +165,14 @@ def _life_routes(app: FastAPI, held: Held, runs: Runs, owned: Owned, call: Call)
             return {"data_notes": data, "stopped": stopped, "input_notes": handle.input_notes(),
                     "input_links": sorted(handle.input_links)}
         return {"sandbox": shown.id(sandbox_id), **await call(who, owned(who, sandbox_id), read)}
+
+    @app.post("/v1/sandboxes/{sandbox_id}/egress", status_code=204, response_class=Response, include_in_schema=False)
+    async def change_egress(sandbox_id: str, body: EgressBody, who: str = Depends(owner)) -> Response:
+        entry = owned(who, sandbox_id)  # this node's policy, whatever the client checked
+        config = entry.handle.config
+        egress_change(config, body.allow, body.deny, widen=runs.settings.config.egress_widen)
+        await call(who, entry, lambda handle: handle.change_egress(body.allow, body.deny))
+        return Response(status_code=204)
 
     @app.post("/v1/sandboxes/{sandbox_id}/connections", include_in_schema=False)
     async def connections(sandbox_id: str, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
