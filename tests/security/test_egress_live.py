@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,8 @@ from nbexec import egress
 from nbexec.egress.proxy import Limits, Proxy
 from nbexec.errors import ConfigError
 
-from ..conftest import IMAGE
+from .. import cluster
+from ..conftest import IMAGE, wait_until
 
 
 class KeepAlive:
@@ -309,3 +312,92 @@ def test_a_session_without_an_allowlist_refuses_a_change_and_starts_nothing() ->
             session.deny_hosts("api.example.com")
         assert session.status == "new", "a refused change started a sandbox"
         session.close()
+
+
+# -- the service: POST /v1/sessions/{id}/egress, and a node's /v1/sandboxes/{id}/egress ----------------------------
+
+@pytest.fixture(scope="module")
+def egress_node(hosts: list[KeepAlive], docker_ready: None) -> Iterator[cluster.Server]:
+    """One real node whose policy is network=allowlist to the first two loopback servers, with two client tokens."""
+    tmp = Path(tempfile.mkdtemp(prefix="e-"))
+    tmp.chmod(0o755)
+    server = cluster.node(0, tmp, running=2, sessions=4, tag="e")
+    server.env.update({"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": f"{hosts[0].rule},{hosts[1].rule}",
+                       "NBEXEC_POOL_SIZE": "0", "NBEXEC_API_TOKENS": f"{cluster.NODE_TOKEN},{cluster.OTHER_TOKEN}"})
+    server.start()
+    try:
+        cluster.wait_ready([server])
+        yield server
+    finally:
+        server.kill(signal.SIGTERM)
+        wait_until(lambda: not server.containers(), 60, "the node left containers behind")
+
+
+def _fetch(port: int, path: str) -> str:
+    return ("import urllib.request, urllib.error\ntry:\n"
+            f"    print({path!r}, urllib.request.urlopen('http://127.0.0.1:{port}/{path}', timeout=10).status)\n"
+            f"except urllib.error.HTTPError as exc:\n    print({path!r}, exc.code)\n")
+
+
+def test_the_egress_route_changes_only_the_owners_session(egress_node: cluster.Server,
+                                                         hosts: list[KeepAlive]) -> None:
+    first, second, outside = hosts
+    with cluster.client(egress_node, cluster.NODE_TOKEN, timeout=120) as owner, \
+            cluster.client(egress_node, cluster.OTHER_TOKEN) as other:
+        made = owner.post("/v1/sessions")
+        assert made.status_code == 201, made.text
+        route = f"/v1/sessions/{made.json()['id']}"
+
+        def run(code: str) -> dict[str, Any]:
+            answer = owner.post(f"{route}/execute", json={"code": code})
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        assert "s1 200" in run(_fetch(first.port, "s1"))["stdout"]
+        for body in ({"deny": [first.rule]}, {"allow": [first.rule]}):  # another client: as if it did not exist
+            refused = other.post(f"{route}/egress", json=body)
+            assert refused.status_code == 404, refused.text
+        for body, status in (({"deny": ["not a host!"]}, 400), ({"allow": [], "deny": []}, 400),
+                             ({"allow": [outside.rule]}, 400), ({"allow": [first.rule, "*.evil.example"]}, 400),
+                             ({"deny": [7]}, 422), ({"allow": "x"}, 422),
+                             ({"deny": ["a.example"] * 300}, 422)):
+            answer = owner.post(f"{route}/egress", json=body)
+            assert answer.status_code == status, (body, answer.text)
+        unchanged = run(_fetch(first.port, "s2") + _fetch(outside.port, "c1"))
+        assert "s2 200" in unchanged["stdout"] and "c1 403" in unchanged["stdout"], unchanged["stdout"]
+        assert outside.seen == [] and not [c for c in unchanged["connections"] if c["method"] == "RULES"]
+
+        assert owner.post(f"{route}/egress", json={"deny": [first.rule]}).status_code == 204
+        seen = len(first.seen)
+        denied = run(_fetch(first.port, "s3") + _fetch(second.port, "s4"))
+        assert "s3 403" in denied["stdout"] and "s4 200" in denied["stdout"], denied["stdout"]
+        assert first.seen[seen:] == []
+        rules = [c for c in denied["connections"] if c["method"] == "RULES"]
+        assert len(rules) == 1 and f"deny {first.rule}" in rules[0]["reason"]
+        assert owner.post("/v1/sessions/nope/egress", json={"deny": [first.rule]}).status_code == 404
+        owner.delete(route)
+
+
+def test_a_remote_session_changes_its_rules_on_the_node_within_the_nodes_policy(
+        egress_node: cluster.Server, hosts: list[KeepAlive], monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbexec.sandbox.remote import source as remote
+
+    first, second, outside = hosts
+    monkeypatch.setenv("NBEXEC_NODES", egress_node.url)
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
+    remote.forget_all()
+    # The client's own config would let it widen; the node's policy (its allowlist, no egress_widen) holds.
+    config = nbexec.SandboxConfig(image=IMAGE, source="remote", timeout=60, network="allowlist",
+                                  allowed_hosts=(first.rule, second.rule, outside.rule), egress_widen=True)
+    try:
+        with nbexec.Session(config) as session:
+            assert "r1 200" in session.run(_fetch(first.port, "r1")).stdout
+            session.deny_hosts(first.rule)
+            with pytest.raises(nbexec.NbexecError):
+                session.allow_hosts(outside.rule)
+            after = session.run(_fetch(first.port, "r2") + _fetch(second.port, "r3") + _fetch(outside.port, "r4"))
+            assert "r2 403" in after.stdout and "r3 200" in after.stdout and "r4 403" in after.stdout, after.stdout
+            assert [c.reason for c in after.connections if c.method == "RULES"] != []
+            assert outside.seen == [], "the node let a client widen past its policy"
+    finally:
+        remote.forget_all()
