@@ -113,7 +113,7 @@ def test_what_a_rule_covers(outer: str, inner: str, covered: bool) -> None:
     ("allowlist", ("evil.example",), (), False, "reach past"),
     ("allowlist", ("*.example.org",), (), False, "reach past"),  # a wildcard over the listed name
     ("allowlist", ("api.example.org:*",), (), False, "reach past"),  # more ports than listed
-    ("allowlist", ("a.example",) * (egress.MAX_RULES + 1), (), True, "at most"),
+    ("allowlist", ("a.example",) * 300, (), True, "at most"),  # over MAX_RULES (256)
     ("allowlist", ("api.example.org:443", "x.example.net"), ("api.example.org",), False, None),
     ("allowlist", ("evil.example",), (), True, None),  # the operator let clients widen
 ], ids=lambda value: str(value)[:30])
@@ -143,12 +143,15 @@ def test_the_newest_matching_rule_decides_and_rules_stay_bounded() -> None:
 # -- the real proxy, loopback servers ----------------------------------------------------------------------------
 
 @pytest.fixture
-def gate(tmp_path: Path, hosts: list[KeepAlive]) -> Iterator[tuple[Proxy, Path]]:
-    path = tmp_path / "proxy.sock"
+def gate(hosts: list[KeepAlive]) -> Iterator[tuple[Proxy, Path]]:
+    folder = Path(tempfile.mkdtemp(prefix="nbx-", dir="/tmp"))  # short: a Unix socket's path has 107 bytes at most
+    path = folder / "proxy.sock"
     started = Proxy.start(path, egress.Allowlist.of([hosts[0].rule, hosts[1].rule]),
                           Limits(max_bytes=1_000_000, max_connections=32))
     yield started, path
     started.close()
+    path.unlink()
+    folder.rmdir()
 
 
 def _tunnel(path: Path, rule: str) -> tuple[socket.socket, bytes]:
@@ -250,6 +253,7 @@ def _get(port: int, path: str) -> str:
 
 def test_a_running_session_changes_its_allowlist(hosts: list[KeepAlive], cleanup_ledger: None) -> None:
     first, second, outside = hosts
+    reached = len(outside.seen)  # what earlier tests asked of it
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, network="allowlist",
                                   allowed_hosts=(first.rule, second.rule))
     with nbexec.Session(config) as session:
@@ -282,7 +286,7 @@ def test_a_running_session_changes_its_allowlist(hosts: list[KeepAlive], cleanup
             session.allow_hosts()
         still = session.run(_get(first.port, "k3") + "\n" + _get(outside.port, "c1"))
         assert "k3 (403," in still.stdout and "c1 (403," in still.stdout, still.stdout
-        assert first.seen[seen:] == [] and outside.seen == [], "a refused change let a request through"
+        assert first.seen[seen:] == [] and outside.seen[reached:] == [], "a refused change let a request through"
         assert [c for c in still.connections if c.method == "RULES"] == [], "a refused change was logged"
 
         session.allow_hosts(first.rule)  # back within the hosts it started with
@@ -342,6 +346,7 @@ def _fetch(port: int, path: str) -> str:
 def test_the_egress_route_changes_only_the_owners_session(egress_node: cluster.Server,
                                                          hosts: list[KeepAlive]) -> None:
     first, second, outside = hosts
+    reached = len(outside.seen)  # what earlier tests asked of it
     with cluster.client(egress_node, cluster.NODE_TOKEN, timeout=120) as owner, \
             cluster.client(egress_node, cluster.OTHER_TOKEN) as other:
         made = owner.post("/v1/sessions")
@@ -365,7 +370,7 @@ def test_the_egress_route_changes_only_the_owners_session(egress_node: cluster.S
             assert answer.status_code == status, (body, answer.text)
         unchanged = run(_fetch(first.port, "s2") + _fetch(outside.port, "c1"))
         assert "s2 200" in unchanged["stdout"] and "c1 403" in unchanged["stdout"], unchanged["stdout"]
-        assert outside.seen == [] and not [c for c in unchanged["connections"] if c["method"] == "RULES"]
+        assert outside.seen[reached:] == [] and not [c for c in unchanged["connections"] if c["method"] == "RULES"]
 
         assert owner.post(f"{route}/egress", json={"deny": [first.rule]}).status_code == 204
         seen = len(first.seen)
@@ -383,6 +388,7 @@ def test_a_remote_session_changes_its_rules_on_the_node_within_the_nodes_policy(
     from nbexec.sandbox.remote import source as remote
 
     first, second, outside = hosts
+    reached = len(outside.seen)  # what earlier tests asked of it
     monkeypatch.setenv("NBEXEC_NODES", egress_node.url)
     monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
     remote.forget_all()
@@ -398,6 +404,6 @@ def test_a_remote_session_changes_its_rules_on_the_node_within_the_nodes_policy(
             after = session.run(_fetch(first.port, "r2") + _fetch(second.port, "r3") + _fetch(outside.port, "r4"))
             assert "r2 403" in after.stdout and "r3 200" in after.stdout and "r4 403" in after.stdout, after.stdout
             assert [c.reason for c in after.connections if c.method == "RULES"] != []
-            assert outside.seen == [], "the node let a client widen past its policy"
+            assert outside.seen[reached:] == [], "the node let a client widen past its policy"
     finally:
         remote.forget_all()
