@@ -185,3 +185,16 @@ def test_without_opentelemetry_nothing_is_imported_or_made(cleanup_ledger: None)
     assert done.returncode == 0, done.stderr[-2000:]
     loaded: list[Any] = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == [[], [], "42\n"], loaded
+
+
+def test_the_example_prints_one_calls_trace(cleanup_ledger: None) -> None:
+    """examples/traces.py, as the README shows it: the tree of one call, each span under its parent."""
+    done = subprocess.run([sys.executable, "examples/traces.py"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ok=True stdout='45\\n' files=['numbers.json']")
+    assert [line.split()[0] for line in lines[2:]] == ["nbexec.execute", "nbexec.acquire", "nbexec.packages",
+                                                       "nbexec.cell", "nbexec.cell", "nbexec.collect",
+                                                       "nbexec.upload"]
+    assert [len(line) - len(line.lstrip()) for line in lines[2:]] == [0, 2, 2, 2, 2, 2, 2]
