@@ -45,11 +45,15 @@ class LiveRules:
 
     def change_hosts(self, *, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> None:
         """Both at once, checked whole before anything changes: ``allow`` appended, then ``deny`` (the newest
-        rule that matches a destination decides)."""
+        rule that matches a destination decides). Safe from another thread: a run in progress meets the change
+        on its next request."""
         config = self.config
         egress.check_change(config.network, config.allowed_hosts, allow, deny, widen=config.egress_widen)
-        with self._lock:
-            self.start()
-            assert self._sandbox is not None
-            self._sandbox.change_egress(list(allow), list(deny))
-            self.last_activity = time.monotonic()
+        sandbox = self._sandbox  # a started one changes now, even while a run holds the session (as interrupt)
+        if sandbox is None:
+            with self._lock:
+                self.start()
+                sandbox = self._sandbox
+        assert sandbox is not None
+        sandbox.change_egress(list(allow), list(deny))
+        self.last_activity = time.monotonic()

@@ -142,6 +142,19 @@ def chosen(config: SandboxConfig, asked: str | None) -> SandboxConfig:
         raise HTTPException(400, str(exc)) from None
 
 
+async def apply_egress(runs: Runs, who: str, change: Callable[[], None]) -> None:
+    """Make a checked change on the client's I/O threads; 400 when the sandbox refuses it (too many rules)."""
+    def applied() -> str | None:
+        try:
+            change()
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    problem = await runs.io(who, applied)
+    if problem is not None:
+        raise HTTPException(400, problem)
+
+
 def egress_change(config: SandboxConfig, allow: list[str], deny: list[str], *, widen: bool) -> None:
     """400 for a change of a running allowlist the policy refuses (`nbexec.egress.check_change`), before it is made."""
     try:

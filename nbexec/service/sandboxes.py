@@ -36,7 +36,7 @@ from nbexec.sandbox.source import SandboxHandle, WheelFile
 
 from . import files, streaming
 from .held import Entry, Held
-from .runs import Runs, Shown, chosen, egress_change, owner, too_many
+from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
 from .schemas import EgressBody, HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
 from .tenants import Tenants
@@ -168,10 +168,9 @@ def _life_routes(app: FastAPI, held: Held, runs: Runs, owned: Owned, call: Call)
 
     @app.post("/v1/sandboxes/{sandbox_id}/egress", status_code=204, response_class=Response, include_in_schema=False)
     async def change_egress(sandbox_id: str, body: EgressBody, who: str = Depends(owner)) -> Response:
-        entry = owned(who, sandbox_id)  # this node's policy, whatever the client checked
-        config = entry.handle.config
-        egress_change(config, body.allow, body.deny, widen=runs.settings.config.egress_widen)
-        await call(who, entry, lambda handle: handle.change_egress(body.allow, body.deny))
+        handle = owned(who, sandbox_id).handle  # any time: a run in progress meets it on its next request
+        egress_change(handle.config, body.allow, body.deny, widen=runs.settings.config.egress_widen)  # this node's
+        await apply_egress(runs, who, lambda: handle.change_egress(body.allow, body.deny))
         return Response(status_code=204)
 
     @app.post("/v1/sandboxes/{sandbox_id}/connections", include_in_schema=False)

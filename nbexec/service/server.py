@@ -38,7 +38,7 @@ try:
     from . import files, playground, sandboxes
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
-    from .runs import Runs, Shown, chosen, egress_change, owner, too_many
+    from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
     from .schemas import (
         RESULT,
         EgressBody,
@@ -186,7 +186,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         connections no longer allowed are closed; the next result's connections log it (method RULES)."""
         session = files.owned(folders, who, session_id)
         egress_change(session.config, body.allow, body.deny, widen=session.config.egress_widen)
-        await runs.io(who, lambda: session.change_hosts(allow=body.allow, deny=body.deny))
+        await apply_egress(runs, who, lambda: session.change_hosts(allow=body.allow, deny=body.deny))
         return Response(status_code=204)
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response)

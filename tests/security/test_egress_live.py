@@ -295,6 +295,34 @@ def test_a_running_session_changes_its_allowlist(hosts: list[KeepAlive], cleanup
         assert next(c.reason or "" for c in again.connections if c.method == "RULES").endswith(f"allow {first.rule}")
 
 
+def test_a_change_reaches_a_run_in_progress(hosts: list[KeepAlive], cleanup_ledger: None) -> None:
+    """A deny made while a cell runs (from another thread, as the HTTP route does) does not wait for the run: the
+    cell's next request is refused."""
+    first, second, _ = hosts
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=120, network="allowlist",
+                                  allowed_hosts=(first.rule, second.rule))
+    code = ("import time, urllib.request, urllib.error\n"
+            "for attempt in range(50):\n"  # within the 64 connections of an execution (max_connections)
+            "    try:\n"
+            f"        urllib.request.urlopen('http://127.0.0.1:{first.port}/loop', timeout=10).read()\n"
+            "    except urllib.error.HTTPError as exc:\n"
+            "        print('refused', exc.code, exc.headers['X-Nbexec-Refused'])\n"
+            "        break\n"
+            "    time.sleep(0.2)\n"
+            "else:\n"
+            "    print('never refused')\n")
+    results: list[nbexec.ExecutionResult] = []
+    with nbexec.Session(config) as session:
+        seen = len(first.seen)
+        running = threading.Thread(target=lambda: results.append(session.run(code)))
+        running.start()
+        wait_until(lambda: len(first.seen) > seen, 60, "the run never reached the server")
+        session.deny_hosts(first.rule)
+        running.join(300)
+    assert results, "the run did not end"
+    assert f"refused 403 127.0.0.1:{first.port} is not on the allowlist" in results[0].stdout, results[0].stdout
+
+
 def test_an_operator_may_let_a_session_widen(hosts: list[KeepAlive], cleanup_ledger: None) -> None:
     first, _, outside = hosts
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, network="allowlist",
@@ -368,9 +396,16 @@ def test_the_egress_route_changes_only_the_owners_session(egress_node: cluster.S
                              ({"deny": ["a.example"] * 300}, 422)):
             answer = owner.post(f"{route}/egress", json=body)
             assert answer.status_code == status, (body, answer.text)
+        many = [f"h{i}.example.com" for i in range(200)]
+        assert owner.post(f"{route}/egress", json={"deny": many}).status_code == 204
+        more = owner.post(f"{route}/egress", json={"deny": [f"g{i}.example.com" for i in range(100)]})
+        assert more.status_code == 400 and "at most 256" in more.text, more.text  # the rules stay bounded
         unchanged = run(_fetch(first.port, "s2") + _fetch(outside.port, "c1"))
         assert "s2 200" in unchanged["stdout"] and "c1 403" in unchanged["stdout"], unchanged["stdout"]
-        assert outside.seen[reached:] == [] and not [c for c in unchanged["connections"] if c["method"] == "RULES"]
+        assert outside.seen[reached:] == []
+        logged = [c["reason"] for c in unchanged["connections"] if c["method"] == "RULES"]
+        assert len(logged) == 1 and "deny h0.example.com:80" in logged[0], "only the change that was made is logged"
+        assert len(logged[0]) <= 2000
 
         assert owner.post(f"{route}/egress", json={"deny": [first.rule]}).status_code == 204
         seen = len(first.seen)
