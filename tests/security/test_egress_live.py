@@ -295,22 +295,25 @@ def test_a_running_session_changes_its_allowlist(hosts: list[KeepAlive], cleanup
         assert next(c.reason or "" for c in again.connections if c.method == "RULES").endswith(f"allow {first.rule}")
 
 
+_LOOP = ("import time, urllib.request, urllib.error\n"
+         "for attempt in range(50):\n"  # within the 64 connections of an execution (max_connections)
+         "    try:\n"
+         "        urllib.request.urlopen('http://127.0.0.1:{port}/loop', timeout=10).read()\n"
+         "    except urllib.error.HTTPError as exc:\n"
+         "        print('refused', exc.code, exc.headers['X-Nbexec-Refused'])\n"
+         "        break\n"
+         "    time.sleep(0.2)\n"
+         "else:\n"
+         "    print('never refused')\n")
+
+
 def test_a_change_reaches_a_run_in_progress(hosts: list[KeepAlive], cleanup_ledger: None) -> None:
     """A deny made while a cell runs (from another thread, as the HTTP route does) does not wait for the run: the
     cell's next request is refused."""
     first, second, _ = hosts
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=120, network="allowlist",
                                   allowed_hosts=(first.rule, second.rule))
-    code = ("import time, urllib.request, urllib.error\n"
-            "for attempt in range(50):\n"  # within the 64 connections of an execution (max_connections)
-            "    try:\n"
-            f"        urllib.request.urlopen('http://127.0.0.1:{first.port}/loop', timeout=10).read()\n"
-            "    except urllib.error.HTTPError as exc:\n"
-            "        print('refused', exc.code, exc.headers['X-Nbexec-Refused'])\n"
-            "        break\n"
-            "    time.sleep(0.2)\n"
-            "else:\n"
-            "    print('never refused')\n")
+    code = _LOOP.format(port=first.port)
     results: list[nbexec.ExecutionResult] = []
     with nbexec.Session(config) as session:
         seen = len(first.seen)
@@ -440,5 +443,13 @@ def test_a_remote_session_changes_its_rules_on_the_node_within_the_nodes_policy(
             assert "r2 403" in after.stdout and "r3 200" in after.stdout and "r4 403" in after.stdout, after.stdout
             assert [c.reason for c in after.connections if c.method == "RULES"] != []
             assert outside.seen[reached:] == [], "the node let a client widen past its policy"
+            seen = len(second.seen)  # a change through the node while a run is in progress there
+            results: list[nbexec.ExecutionResult] = []
+            running = threading.Thread(target=lambda: results.append(session.run(_LOOP.format(port=second.port))))
+            running.start()
+            wait_until(lambda: len(second.seen) > seen, 60, "the remote run never reached the server")
+            session.deny_hosts(second.rule)
+            running.join(300)
+            assert results and f"refused 403 127.0.0.1:{second.port} is not on" in results[0].stdout, results
     finally:
         remote.forget_all()
