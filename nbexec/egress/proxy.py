@@ -30,8 +30,8 @@ from nbexec.result import Connection
 from . import Allowlist
 from .budget import HOST, PER_CONNECTION, Budget, Pace
 from .request import Body, Request, parse
+from .sockets import bind, refuse, shut
 from .sockets import close as close_all
-from .sockets import refuse, shut
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Proxy:
     @classmethod
     def start(cls, path: Path, allowlist: Allowlist, limits: Limits, host: Budget = HOST) -> Proxy:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
+        bind(listener, path)
         os.chmod(path, 0o666)  # the sandbox's uid connects (its folder is read-only to it)
         listener.listen(64)
         proxy = cls(listener, allowlist, limits, host)

@@ -1,10 +1,26 @@
-"""What the egress proxy does to a client's socket whatever the request: refuse it with a reason, end it."""
+"""What the egress proxy does to sockets whatever the request: bind its listener, refuse a client with a reason,
+end a connection."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
+from pathlib import Path
+
+
+def bind(listener: socket.socket, path: Path) -> None:
+    """Bind ``listener`` at ``path``, however long its folder's name: a Unix socket's address holds 107 bytes, so a
+    longer one is bound through a descriptor of its folder (/proc/self/fd/N/name; a long TMPDIR stays usable)."""
+    if len(os.fsencode(path)) < 100:
+        listener.bind(str(path))
+        return
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listener.bind(f"/proc/self/fd/{folder}/{path.name}")
+    finally:
+        os.close(folder)
 
 
 def refuse(client: socket.socket, reason: str, *, status: bytes = b"403 Forbidden") -> None:

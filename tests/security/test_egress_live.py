@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import signal
 import socket
 import tempfile
@@ -213,6 +214,23 @@ def _answer_or_reset(sock: socket.socket) -> bytes:
         return b""
 
 
+def test_a_proxy_in_a_folder_with_a_long_name_serves(tmp_path: Path, hosts: list[KeepAlive]) -> None:
+    """A long TMPDIR (a Unix socket's address holds 107 bytes): the proxy still binds, and serves."""
+    folder = tmp_path / ("long-" * 30)
+    folder.mkdir()
+    started = Proxy.start(folder / "proxy.sock", egress.Allowlist.of([hosts[1].rule]),
+                          Limits(max_bytes=100_000, max_connections=4))
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sock, opened = _tunnel(Path(f"/proc/self/fd/{handle}/proxy.sock"), hosts[1].rule)
+        sock.close()
+        assert opened.startswith(b"HTTP/1.1 200")
+        assert (folder / "proxy.sock").is_socket()
+    finally:
+        os.close(handle)
+        started.close()
+
+
 # -- the real sandbox: Session.allow_hosts / deny_hosts ------------------------------------------------------------
 
 _SETUP = """
@@ -354,7 +372,7 @@ def test_a_session_without_an_allowlist_refuses_a_change_and_starts_nothing() ->
 @pytest.fixture(scope="module")
 def egress_node(hosts: list[KeepAlive], docker_ready: None) -> Iterator[cluster.Server]:
     """One real node whose policy is network=allowlist to the first two loopback servers, with two client tokens."""
-    tmp = Path(tempfile.mkdtemp(prefix="e-"))
+    tmp = Path(tempfile.mkdtemp(prefix="e-", dir="/tmp"))  # short: the proxy's Unix socket lives under it
     tmp.chmod(0o755)
     server = cluster.node(0, tmp, running=2, sessions=4, tag="e")
     server.env.update({"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": f"{hosts[0].rule},{hosts[1].rule}",
