@@ -157,6 +157,9 @@ class SandboxConfig:
     allowed_hosts: tuple[str, ...] = field(default=(), metadata=_doc(
         "Hosts network=allowlist reaches: exact names or *.domain, optionally :port (default 80 and 443; :* any); "
         "private, loopback and link-local addresses only when listed as an address (127.0.0.1:8080)."))
+    egress_widen: bool = field(default=False, metadata=_doc(
+        "Whether a running session may allow hosts beyond allowed_hosts (Session.allow_hosts, the egress route); "
+        "off: a change may only narrow them."))
     max_egress: str = field(default="64m", metadata=_doc(
         "Bytes (up and down) one execution may move through the allowlist proxy; the connection past it is closed."))
     max_connections: int = field(default=64, metadata=_doc(

@@ -20,6 +20,12 @@ Each execution may open `max_connections` and move `max_egress` bytes; every con
 (`nbexec.egress.request`); what the proxies hold is bounded per sandbox and per process, and tunnels keep a pace
 (`nbexec.egress.budget`).
 
+A running sandbox's rules can change (`Session.allow_hosts` / `deny_hosts`, `Allowlist.changed`): each change is
+appended to the rules and the newest rule that matches a destination decides (allow or deny; none: refused). What a
+change may allow is bounded by the rules the sandbox started with (`widening`): an entry must fall within one of
+them unless the operator set ``egress_widen``. The proxy judges every new connection by the rules of the moment and
+closes the open ones (tunnels among them) that the new rules no longer allow.
+
 This module is pure (the rules; `resolve` is the one lookup); `proxy` is the part that touches the network.
 """
 
@@ -30,6 +36,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from nbexec.errors import ConfigError
 from nbexec.names import host_rule, ip_address, normal_host
 
 PORT = 3128  # where the forwarder listens inside the sandbox (its own loopback: nothing else uses it)
@@ -39,6 +46,7 @@ ENVIRONMENT = {name: f"http://127.0.0.1:{PORT}" for name in ("HTTP_PROXY", "HTTP
                                                                "https_proxy")}
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
+MAX_RULES = 256  # rules one sandbox may hold, its first ones and every change together
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,18 @@ class Rule:
         if self.host.startswith("*."):
             return host.endswith(self.host[1:]) and len(host) > len(self.host) - 1
         return host == self.host
+
+    def covers(self, other: Rule) -> bool:
+        """Whether every destination ``other`` matches is one this rule matches too."""
+        if self.ports is not None and (other.ports is None or not set(other.ports) <= set(self.ports)):
+            return False
+        if self.host.startswith("*.") and self.address is None:
+            return other.host.endswith(self.host[1:]) and other.address is None
+        return other.host == self.host
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:*" if self.ports is None else ",".join(f"{host}:{port}" for port in self.ports)
 
 
 def parse_rule(text: str) -> Rule:
@@ -89,19 +109,48 @@ def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in found))
 
 
-class Allowlist:
-    """The rules of `allowed_hosts` and the judgement of one destination."""
+def widening(first: Sequence[str], allow: Sequence[str]) -> list[str]:
+    """The entries of ``allow`` that reach past every rule of ``first`` (the rules a sandbox started with)."""
+    rules = [parse_rule(entry) for entry in first]
+    return [entry for entry in allow if not any(rule.covers(parse_rule(entry)) for rule in rules)]
 
-    def __init__(self, rules: Sequence[Rule], resolver: Resolver = resolve) -> None:
+
+class Allowlist:
+    """The rules of `allowed_hosts`, then every change (the newest match decides), and the judgement of one
+    destination."""
+
+    def __init__(self, rules: Sequence[Rule], resolver: Resolver = resolve,
+                 verdicts: Sequence[bool] | None = None) -> None:
         self.rules = tuple(rules)
+        self.verdicts = tuple(verdicts) if verdicts is not None else (True,) * len(self.rules)
         self.resolver = resolver
 
     @classmethod
     def of(cls, entries: Sequence[str]) -> Allowlist:
         return cls([parse_rule(entry) for entry in entries])
 
+    def changed(self, allow: Sequence[str], deny: Sequence[str]) -> Allowlist:
+        """These rules with ``allow`` then ``deny`` appended (a rule given again moves to the end); ConfigError for
+        a bad entry or past MAX_RULES, before anything changes."""
+        added = [(parse_rule(entry), True) for entry in allow] + [(parse_rule(entry), False) for entry in deny]
+        kept = [(rule, verdict) for rule, verdict in zip(self.rules, self.verdicts, strict=True)
+                if all(rule != new for new, _ in added)]
+        pairs = kept + list(dict(added).items())
+        if len(pairs) > MAX_RULES:
+            raise ConfigError(f"a sandbox holds at most {MAX_RULES} allowlist rules (its first ones and every change)")
+        return Allowlist([rule for rule, _ in pairs], self.resolver, [verdict for _, verdict in pairs])
+
     def match(self, host: str, port: int) -> Rule | None:
-        return next((rule for rule in self.rules if rule.matches(host, port)), None)
+        """The newest rule that matches, when it allows (None: no rule matches, or the newest denies)."""
+        for rule, verdict in zip(reversed(self.rules), reversed(self.verdicts), strict=True):
+            if rule.matches(host, port):
+                return rule if verdict else None
+        return None
+
+    def allows(self, host: str, port: int) -> bool:
+        """Whether the rules let ``host`` (as asked, normalised here) and ``port`` through, before any lookup."""
+        normal = normal_host(host)
+        return normal is not None and self.match(normal, port) is not None
 
     def judge(self, host: str, port: int) -> tuple[list[str], str | None]:
         """The addresses to connect to and None, or [] and why the destination is refused."""
@@ -124,3 +173,33 @@ class Allowlist:
                 return [], (f"{normal} resolves to {text}, {problem}; such addresses are reached only when "
                             "allowed_hosts lists the address itself")
         return (list(addresses), None) if addresses else ([], f"{normal} has no address")
+
+
+def check_change(network: object, first: Sequence[str], allow: Sequence[str], deny: Sequence[str], *,
+                 widen: bool) -> None:
+    """Refuse (ConfigError) a change of a running sandbox's rules that may not be made, before anything changes:
+    a sandbox without network="allowlist", no entry, a bad entry, too many, or (unless ``widen``) an allowed entry
+    that reaches past every rule the sandbox started with (``first``)."""
+    if network != "allowlist":
+        raise ConfigError("allow_hosts/deny_hosts change the rules of network='allowlist'; this sandbox has "
+                          f"network={network!r}")
+    if not allow and not deny:
+        raise ConfigError("name at least one host to allow or deny")
+    if len(allow) + len(deny) > MAX_RULES:
+        raise ConfigError(f"at most {MAX_RULES} entries per change")
+    for entry in (*allow, *deny):
+        if not isinstance(entry, str):
+            raise ConfigError(f"an allowlist entry must be a string, got {type(entry).__name__}")
+        parse_rule(entry)
+    wider = [] if widen else widening(first, allow)
+    if wider:
+        raise ConfigError(f"{', '.join(repr(e[:100]) for e in wider[:5])} reach past the hosts this sandbox started "
+                          "with (allowed_hosts); a change may only narrow them unless the operator sets "
+                          "egress_widen (NBEXEC_EGRESS_WIDEN=1)")
+
+
+def describe_change(allow: Sequence[str], deny: Sequence[str]) -> str:
+    """A change as the log shows it: ``allow a.example:443; deny b.example:80,b.example:443``."""
+    parts = [f"{word} {', '.join(str(parse_rule(e)) for e in entries)}" for word, entries in
+             (("allow", allow), ("deny", deny)) if entries]
+    return "; ".join(parts)

@@ -7,7 +7,9 @@ as a whole) before it is parsed; every destination is judged by `egress.Allowlis
 counted per execution and capped; every connection is logged (`take`). What the proxy holds is bounded
 (`nbexec.egress.budget`): descriptors per sandbox and per process, refused at once (503) when spent, and a tunnel
 that idles or trickles is closed at its deadline. An accept that fails (the process out of descriptors) is tried
-again after a pause: the proxy serves until `close`.
+again after a pause: the proxy serves until `close`. `change` swaps the rules of a running sandbox: it is logged
+as a connection entry of method ``RULES`` (what changed, and when), and every connection the new rules no longer
+allow is closed at once (a tunnel too: its bytes are never judged again, so it cannot outlive its rule).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import selectors
 import socket
 import threading
@@ -29,6 +30,8 @@ from nbexec.result import Connection
 from . import Allowlist
 from .budget import HOST, PER_CONNECTION, Budget, Pace
 from .request import Body, Request, parse
+from .sockets import bind, refuse, shut
+from .sockets import close as close_all
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ MAX_NAME = 255  # characters of a requested host kept in the log (a valid name h
 HEAD_TIMEOUT = 10.0  # for the whole head, however slowly it drips in
 CONNECT_TIMEOUT = 10.0
 PAUSE_FIRST, PAUSE_MOST = 0.05, 1.0  # seconds between accepts that failed, doubling
+MAX_CHANGES_LOGGED = 64  # allowlist changes logged one by one per execution; the rest only counted
+MAX_CHANGE_TEXT = 2000  # characters of one change's log entry
 LOG_EXTRA = 16  # refusals past the connection cap still logged, then only counted
 _CAP = "the execution's connection cap (max_connections) was reached"
 
@@ -61,6 +66,7 @@ class _Entry:
     up: int = 0
     down: int = 0
     open: bool = True
+    revoked: bool = False  # the rules changed under it: never connected, or closed
     sockets: list[socket.socket] = field(default_factory=list)
 
     def snapshot(self) -> Connection:
@@ -86,12 +92,13 @@ class Proxy:
         self._opened = 0
         self._bytes = 0
         self._unlogged = 0
+        self._changes = 0  # allowlist changes since the last take
         self._closed = False
 
     @classmethod
     def start(cls, path: Path, allowlist: Allowlist, limits: Limits, host: Budget = HOST) -> Proxy:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
+        bind(listener, path)
         os.chmod(path, 0o666)  # the sandbox's uid connects (its folder is read-only to it)
         listener.listen(64)
         proxy = cls(listener, allowlist, limits, host)
@@ -104,18 +111,20 @@ class Proxy:
             self._closed = True
             sockets = [*self._clients, *(sock for entry in self._live for sock in entry.sockets)]
         self._stop.set()
-        _shut(self.listener)
+        shut(self.listener)
         self.listener.close()
-        _shut(*sockets)
+        shut(*sockets)
 
     def take(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The connections since the last take (open ones again next time) and notes; the caps start over."""
         with self._lock:
-            entries, unlogged, used = self._log, self._unlogged, self._bytes
+            entries, unlogged, used, changes = self._log, self._unlogged, self._bytes, self._changes
             self._log = [entry for entry in entries if entry.open]
-            self._opened, self._bytes, self._unlogged = len(self._log), 0, 0
+            self._opened, self._bytes, self._unlogged, self._changes = len(self._log), 0, 0, 0
             shown = tuple(entry.snapshot() for entry in entries)
         notes = []
+        if changes > MAX_CHANGES_LOGGED:
+            notes.append(f"the allowlist changed {changes} times; the first {MAX_CHANGES_LOGGED} are logged")
         if unlogged:
             notes.append(f"{unlogged} more connections past the cap of {self.limits.max_connections} were refused "
                          "and not logged one by one")
@@ -123,6 +132,25 @@ class Proxy:
             notes.append(f"network traffic reached the {self.limits.max_bytes:,}-byte cap (max_egress); the "
                          "connection that passed it was closed")
         return shown, notes
+
+    def change(self, allowlist: Allowlist, what: str) -> int:
+        """Judge by ``allowlist`` from now on, log the change (``what``), and close the connections it no longer
+        allows; how many were closed."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self._lock:
+            self.allowlist = allowlist
+            revoked = [entry for entry in self._live
+                       if not entry.revoked and entry.host and not allowlist.allows(entry.host, entry.port)]
+            for entry in revoked:
+                entry.revoked = True
+                entry.reason = f"closed: the allowlist changed at {stamp} and no longer allows {entry.host}"
+            sockets = [sock for entry in revoked for sock in entry.sockets]
+            self._changes += 1
+            if self._changes <= MAX_CHANGES_LOGGED:
+                self._log.append(_Entry("RULES", "", 0, allowed=True, open=False,
+                                        reason=f"the allowlist changed at {stamp}: {what}"[:MAX_CHANGE_TEXT]))
+        shut(*sockets)
+        return len(revoked)
 
     # -- accepting: never ends before close, never blocks on a client ----------------------------------------
 
@@ -145,7 +173,7 @@ class Proxy:
                 self._hand_over(client)
             except Exception:  # a bug, not the sandbox's doing: this connection ends, the proxy goes on
                 log.exception("the egress proxy failed on a new connection")
-                _close(client)
+                close_all(client)
 
     def _hand_over(self, client: socket.socket) -> None:
         """Serve ``client`` on a thread of its own if the budgets cover it, else refuse it at once."""
@@ -182,8 +210,8 @@ class Proxy:
         client.setblocking(False)
         with contextlib.suppress(OSError):
             client.recv(MAX_HEAD)  # what already came is read, so the close is an end rather than a reset
-        _refuse(client, reason, status=b"503 Service Unavailable")
-        _close(client)
+        refuse(client, reason, status=b"503 Service Unavailable")
+        close_all(client)
 
     # -- serving one connection ------------------------------------------------------------------------------
 
@@ -219,7 +247,7 @@ class Proxy:
         finally:
             if entry is not None:
                 self._finish(entry)
-            _close(client, *([upstream] if upstream else []))
+            close_all(client, *([upstream] if upstream else []))
             with self._lock:
                 self._clients.discard(client)
             self._release()
@@ -249,7 +277,7 @@ class Proxy:
         if state in ("closed", "counted"):
             entry.open = False
             if state == "counted":
-                _refuse(client, _CAP)
+                refuse(client, _CAP)
             return None
         if state == "over":
             return self._refused(entry, client, _CAP)
@@ -264,7 +292,7 @@ class Proxy:
     def _refused(self, entry: _Entry, client: socket.socket, reason: str) -> _Entry | None:
         entry.reason, entry.allowed = reason, False
         self._finish(entry)
-        _refuse(client, reason)
+        refuse(client, reason)
         return None
 
     def _open(self, entry: _Entry, client: socket.socket) -> socket.socket | None:
@@ -274,11 +302,11 @@ class Proxy:
         except OSError as exc:
             entry.reason = f"could not connect to {entry.address}:{entry.port}: {exc.strerror or exc}"
             self._finish(entry)
-            _refuse(client, entry.reason, status=b"502 Bad Gateway")
+            refuse(client, entry.reason, status=b"502 Bad Gateway")
             return None
         with self._lock:
             entry.sockets.append(upstream)
-            closed = self._closed
+            closed = self._closed or entry.revoked  # the rules changed while it connected
         if closed:
             upstream.close()
             return None
@@ -369,25 +397,3 @@ def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
         data += chunk
     head, _, rest = data.partition(b"\r\n\r\n")
     return head, rest
-
-
-def _refuse(client: socket.socket, reason: str, *, status: bytes = b"403 Forbidden") -> None:
-    text = re.sub(r"[^\x20-\x7e]", "?", reason)[:300]
-    body = f"nbexec egress: {text}\n".encode()
-    with contextlib.suppress(OSError):
-        client.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                       + b"X-Nbexec-Refused: " + text.encode() + b"\r\nContent-Length: "
-                       + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-
-def _shut(*sockets: socket.socket) -> None:
-    """End both directions (a thread blocked on the socket wakes up; the descriptor stays until closed)."""
-    for sock in sockets:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _close(*sockets: socket.socket) -> None:
-    _shut(*sockets)
-    for sock in sockets:
-        sock.close()

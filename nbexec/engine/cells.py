@@ -31,7 +31,7 @@ from nbexec.result import CellError
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.source import SandboxHandle
 
-from . import widgets
+from . import traces, widgets
 from .budget import Budget, CellState, Displays, OutputCallback, tags
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,14 @@ def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *
             continue
         cell_limit = min(config.cell_timeout or config.timeout, config.timeout)
         cell_deadline = min(deadline, time.monotonic() + cell_limit)
-        outcome = run_cell(sandbox, cell, index, deadline=cell_deadline, budget=budget, on_output=on_output,
-                           displays=displays, widget_state=widget_state)
-        if outcome.status == "error" and "raises-exception" in tags(cell):
-            continue
+        with traces.span("nbexec.cell", {"nbexec.cell.index": index}) as current:
+            outcome = run_cell(sandbox, cell, index, deadline=cell_deadline, budget=budget, on_output=on_output,
+                               displays=displays, widget_state=widget_state)
+            traces.mark(current, {"nbexec.cell.status": outcome.status})
+            if outcome.status == "error" and "raises-exception" in tags(cell):
+                continue
+            if outcome.status != "ok":
+                traces.fail(current, outcome.status)
         if outcome.status == "error":  # the error output that ended it, kept whatever the caps dropped
             error = outputs.first_error([{"cell_index": index, **(outcome.error or {})}])
             break

@@ -25,6 +25,8 @@ from nbexec.sandbox.source import SandboxHandle
 from nbexec.stores import uploads
 from nbexec.stores.storage import ArtifactStore
 
+from . import traces
+
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
@@ -63,6 +65,7 @@ def limits(config: SandboxConfig) -> artifacts.Limits:
     return artifacts.Limits(max_file=cap, max_total=cap, max_files=config.max_files)
 
 
+@traces.spanned("nbexec.collect")
 def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFolder, *, notebook_name: str,
            known: artifacts.Known | None = None) -> Gathered:
     """Save the run's images, copy /mnt/data to ``folder``/data (``known``: a session's memory of earlier copies),
@@ -98,8 +101,9 @@ def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder,
            already: MutableMapping[str, str] | None = None) -> ExecutionResult:
     """Store the files and images (``already``: a session's memory of what was stored), rewrite the links in
     the text views, and build the result."""
-    stored = uploads.store_all(gathered.files, gathered.images, store, execution_id=run.execution_id,
-                               data_dir=folder.path / "data", already=already)
+    with traces.span("nbexec.upload", {"nbexec.files": len(gathered.files), "nbexec.images": len(gathered.images)}):
+        stored = uploads.store_all(gathered.files, gathered.images, store, execution_id=run.execution_id,
+                                   data_dir=folder.path / "data", already=already)
     urls = {f.name: f.url for f in stored.files if f.url}
     view = outputs.views(gathered.outputs)
     duration = time.monotonic() - run.started

@@ -14,7 +14,7 @@ from nbexec.files import inputs
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
 
-from . import sources
+from . import sources, traces
 from .cells import OutputCallback
 from .session import Session
 
@@ -47,10 +47,11 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     session = Session(config, output_dir=None if output_dir is None else os.fspath(output_dir), ttl=None,
                       store=store, one_shot=True)
     try:
-        session.start()
-        for name, content in (files or {}).items():
-            session.upload(content, name)
-        return session.run_notebook(nb, on_output=on_output, packages=packages)
+        with traces.root(session):  # the sandbox's acquisition is part of the execution's trace
+            session.start()
+            for name, content in (files or {}).items():
+                session.upload(content, name)
+            return session.run_notebook(nb, on_output=on_output, packages=packages)
     finally:
         session.close()
 

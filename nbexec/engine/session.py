@@ -35,7 +35,7 @@ from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import budget, cells, collect, reaper, sources, widgets
+from . import budget, cells, collect, reaper, rules, sources, traces, widgets
 from .budget import OutputCallback
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ _NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole ti
                  "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
-class Session(reaper.SessionBase):
+class Session(rules.LiveRules, reaper.SessionBase):
     """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
 
     Starts on first use or on ``start()``. Its output folder is opened once and written only through that
@@ -95,9 +95,10 @@ class Session(reaper.SessionBase):
             if self._sandbox is None:
                 started = time.monotonic()
                 opened = self._open_output()
+                purpose = "oneshot" if self.one_shot else "session"
                 try:
-                    self._sandbox = self._source().acquire(self.config,
-                                                           purpose="oneshot" if self.one_shot else "session")
+                    with traces.span("nbexec.acquire", {"nbexec.purpose": purpose}):
+                        self._sandbox = self._source().acquire(self.config, purpose=purpose)
                 except BaseException:
                     if opened is not None:  # nothing of a session that never started stays (nor a folder it made)
                         self._close_folder(remove=opened)
@@ -230,6 +231,7 @@ class Session(reaper.SessionBase):
         installed first, as `install` does; the cell's own pip lines are served the same way)."""
         return self.run_notebook(notebook.build(code), timeout=timeout, on_output=on_output, packages=packages)
 
+    @traces.execution
     def run_notebook(self, nb: NotebookNode, *, timeout: float | None = None,
                      on_output: OutputCallback | None = None, packages: Sequence[str] = ()) -> ExecutionResult:
         """Run the code cells of ``nb`` as new cells of the session's notebook, until the first failure, and
@@ -251,8 +253,9 @@ class Session(reaper.SessionBase):
             # One time limit for the run: the host's package work counts inside it, the cells get what is left.
             limit = timeout or self.config.timeout
             deadline = time.monotonic() + limit
-            with installs.prepared(sandbox, self.notebook, self.config, requested=packages,
-                                   first_index=index, deadline=deadline) as installed:
+            preparing = installs.prepared(sandbox, self.notebook, self.config, requested=packages,
+                                          first_index=index, deadline=deadline)
+            with traces.entered(preparing, "nbexec.packages") as installed:
                 left = math.floor((deadline - time.monotonic()) * 10) / 10 if installed else limit
                 run = self._run_cells(sandbox, index, started, left, on_output)
             notes = run.notes + ((f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; "

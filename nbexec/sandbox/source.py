@@ -16,9 +16,10 @@ live on another machine implements it over the network: kernel operations (``run
 ``interrupt``, ``kernel_lost``), its life (``state``, ``seems_alive``, ``freeze``, ``kill``, ``destroy``), its
 /mnt/data (``put_file``, ``snapshot`` into an output folder held open here, ``open_file`` for streaming,
 ``list_files``, ``data_notes``), its /mnt/wheels (``provide_wheels``), what of /mnt/input it withheld or linked
-(``input_notes``, ``input_links``) and its egress log (``take_connections``). Every byte a handle returns came from
-the sandbox and is hostile: a remote handle keeps the same limits (``config``'s output budget, max_data,
-max_files) on its side of the wire, where the bytes are kept, as the node keeps them where they first arrive.
+(``input_notes``, ``input_links``), its egress log (``take_connections``) and rules (``change_egress``). Every
+byte a handle returns came from the sandbox and is hostile: a remote handle keeps the same limits (``config``'s
+output budget, max_data, max_files) on its side of the wire, where the bytes are kept, as the node keeps them where
+they first arrive.
 
 ``run`` hands each output message to the engine as a `messages.Message` (its size known, its content still raw
 bytes), so the engine charges the output budget before anything is parsed; a remote handle builds them from the
@@ -152,6 +153,12 @@ class SandboxHandle(Protocol):
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """Egress connections since the last call (network="allowlist"), and notes on what was capped."""
+
+    def change_egress(self, allow: Sequence[str], deny: Sequence[str]) -> None:
+        """Change the egress rules of a running sandbox (network="allowlist"): ``allow`` then ``deny`` appended, the
+        newest match deciding; every new request is judged by them, the open connections they no longer allow are
+        closed, and the change is in the next `take_connections` (see `nbexec.egress`). The caller checked the
+        change against its policy (`nbexec.egress.check_change`); ConfigError for a bad entry, nothing changed."""
 
 
 class SandboxSource(Protocol):

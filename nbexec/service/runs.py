@@ -12,6 +12,7 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Receive
 
+from nbexec import egress
 from nbexec.config import SandboxConfig
 from nbexec.errors import (
     ConfigError,
@@ -137,5 +138,26 @@ def chosen(config: SandboxConfig, asked: str | None) -> SandboxConfig:
     """The policy with the image a body asked for; 400 for one the operator does not allow (NBEXEC_IMAGES)."""
     try:
         return config.choose_image(asked)
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+async def apply_egress(runs: Runs, who: str, change: Callable[[], None]) -> None:
+    """Make a checked change on the client's I/O threads; 400 when the sandbox refuses it (too many rules)."""
+    def applied() -> str | None:
+        try:
+            change()
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    problem = await runs.io(who, applied)
+    if problem is not None:
+        raise HTTPException(400, problem)
+
+
+def egress_change(config: SandboxConfig, allow: list[str], deny: list[str], *, widen: bool) -> None:
+    """400 for a change of a running allowlist the policy refuses (`nbexec.egress.check_change`), before it is made."""
+    try:
+        egress.check_change(config.network, config.allowed_hosts, allow, deny, widen=widen)
     except ConfigError as exc:
         raise HTTPException(400, str(exc)) from None

@@ -36,8 +36,8 @@ from nbexec.sandbox.source import SandboxHandle, WheelFile
 
 from . import files, streaming
 from .held import Entry, Held
-from .runs import Runs, Shown, chosen, owner, too_many
-from .schemas import HiddenBody, RunBody, SandboxBody, StoredModel
+from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
+from .schemas import EgressBody, HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
 from .tenants import Tenants
 
@@ -165,6 +165,13 @@ def _life_routes(app: FastAPI, held: Held, runs: Runs, owned: Owned, call: Call)
             return {"data_notes": data, "stopped": stopped, "input_notes": handle.input_notes(),
                     "input_links": sorted(handle.input_links)}
         return {"sandbox": shown.id(sandbox_id), **await call(who, owned(who, sandbox_id), read)}
+
+    @app.post("/v1/sandboxes/{sandbox_id}/egress", status_code=204, response_class=Response, include_in_schema=False)
+    async def change_egress(sandbox_id: str, body: EgressBody, who: str = Depends(owner)) -> Response:
+        handle = owned(who, sandbox_id).handle  # any time: a run in progress meets it on its next request
+        egress_change(handle.config, body.allow, body.deny, widen=runs.settings.config.egress_widen)  # this node's
+        await apply_egress(runs, who, lambda: handle.change_egress(body.allow, body.deny))
+        return Response(status_code=204)
 
     @app.post("/v1/sandboxes/{sandbox_id}/connections", include_in_schema=False)
     async def connections(sandbox_id: str, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:

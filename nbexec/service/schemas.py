@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nbexec.egress import MAX_RULES
 from nbexec.result import File, SkippedFile, json_schema
 
 MAX_CODE = 1_000_000
@@ -41,6 +42,15 @@ class SessionBody(BaseModel):
     """POST /v1/sessions (the body is optional)."""
 
     image: str | None = IMAGE_FIELD
+
+
+class EgressBody(BaseModel):
+    """POST /v1/sessions/{id}/egress (and a node's /v1/sandboxes/{id}/egress): change a running allowlist."""
+
+    allow: list[str] = Field(default_factory=list, max_length=MAX_RULES, description=(
+        "allowed_hosts entries to allow from now on (within the session's first ones unless NBEXEC_EGRESS_WIDEN)."))
+    deny: list[str] = Field(default_factory=list, max_length=MAX_RULES, description=(
+        "allowed_hosts entries to deny from now on; open connections to them are closed. Applied after allow."))
 
 
 class SandboxBody(BaseModel):

@@ -38,8 +38,17 @@ try:
     from . import files, playground, sandboxes
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
-    from .runs import Runs, Shown, chosen, owner, too_many
-    from .schemas import RESULT, ExecuteBody, HealthModel, ReadyModel, SessionBody, SessionExecuteBody, SessionModel
+    from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
+    from .schemas import (
+        RESULT,
+        EgressBody,
+        ExecuteBody,
+        HealthModel,
+        ReadyModel,
+        SessionBody,
+        SessionExecuteBody,
+        SessionModel,
+    )
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec serve` needs the server extra: pip install 'nbexec-sandbox[server]'") from exc
 
@@ -170,6 +179,15 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
             return shown.outward(public(result), session.id)
 
         return await runs.respond(who, render, session.interrupt, stream, request.receive)
+
+    @app.post("/v1/sessions/{session_id}/egress", status_code=204, response_class=Response)
+    async def change_egress(session_id: str, body: EgressBody, who: str = Depends(owner)) -> Response:
+        """Change the session's allowlist now: ``allow`` then ``deny`` appended (the newest match decides); open
+        connections no longer allowed are closed; the next result's connections log it (method RULES)."""
+        session = files.owned(folders, who, session_id)
+        egress_change(session.config, body.allow, body.deny, widen=session.config.egress_widen)
+        await apply_egress(runs, who, lambda: session.change_hosts(allow=body.allow, deny=body.deny))
+        return Response(status_code=204)
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response)
     async def delete_session(session_id: str, who: str = Depends(owner)) -> Response:

@@ -26,7 +26,8 @@ import docker.errors
 import docker.types
 
 from nbexec.config import SandboxConfig, running_as_root
-from nbexec.errors import DockerError, PackageError, SandboxError
+from nbexec.egress import describe_change
+from nbexec.errors import ConfigError, DockerError, PackageError, SandboxError
 from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
@@ -298,6 +299,12 @@ class Sandbox:
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The egress connections since the last call and notes on what was capped; none without a proxy."""
         return self.egress.take() if self.egress is not None else ((), [])
+
+    def change_egress(self, allow: Sequence[str], deny: Sequence[str]) -> None:
+        """Judge by the proxy's rules with ``allow`` then ``deny`` appended from now on (see `nbexec.egress`)."""
+        if self.egress is None:
+            raise ConfigError("this sandbox has no allowlist proxy (network='allowlist')")
+        self.egress.change(self.egress.allowlist.changed(allow, deny), describe_change(allow, deny))
 
     # -- the container ------------------------------------------------------------------------------
 

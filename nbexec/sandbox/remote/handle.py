@@ -277,6 +277,11 @@ class RemoteHandle:
             raise ProtocolError(f"node {self.node} reported connections with something else")
         return found, notes
 
+    def change_egress(self, allow: Sequence[str], deny: Sequence[str]) -> None:
+        with self._on_node():  # the node checks it against its own policy too
+            self.client.send("POST", f"{self.route}/egress", "change the egress rules",
+                             json={"allow": list(allow), "deny": list(deny)})
+
 
 class _Body:
     """A file's body as a binary file object for `transfer.FileChunks`: never past its declared size (a node

@@ -1,0 +1,45 @@
+"""What the egress proxy does to sockets whatever the request: bind its listener, refuse a client with a reason,
+end a connection."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+from pathlib import Path
+
+
+def bind(listener: socket.socket, path: Path) -> None:
+    """Bind ``listener`` at ``path``, however long its folder's name: a Unix socket's address holds 107 bytes, so a
+    longer one is bound through a descriptor of its folder (/proc/self/fd/N/name; a long TMPDIR stays usable)."""
+    if len(os.fsencode(path)) < 100:
+        listener.bind(str(path))
+        return
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listener.bind(f"/proc/self/fd/{folder}/{path.name}")
+    finally:
+        os.close(folder)
+
+
+def refuse(client: socket.socket, reason: str, *, status: bytes = b"403 Forbidden") -> None:
+    text = re.sub(r"[^\x20-\x7e]", "?", reason)[:300]
+    body = f"nbexec egress: {text}\n".encode()
+    with contextlib.suppress(OSError):
+        client.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                       + b"X-Nbexec-Refused: " + text.encode() + b"\r\nContent-Length: "
+                       + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def shut(*sockets: socket.socket) -> None:
+    """End both directions (a thread blocked on the socket wakes up; the descriptor stays until closed)."""
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def close(*sockets: socket.socket) -> None:
+    shut(*sockets)
+    for sock in sockets:
+        sock.close()
