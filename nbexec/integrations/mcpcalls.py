@@ -76,9 +76,7 @@ def upload_checked(session: Session, config: SandboxConfig, name: str, content: 
     if len(content) > max_chars:
         raise FileTransferError(f"content is {len(content):,} characters of base64; the limit is {max_chars:,} "
                                 "(put larger files in place another way)")
-    limit = config.max_data_bytes
-    if limit and len(content) // 4 * 3 - 3 > limit:
-        raise FileTransferError(f"{name!r} would be larger than the /mnt/data cap ({config.max_data})")
+    limit = config.max_data_bytes  # the decoded bytes are bounded by max_chars: decode, then check
     try:
         data = base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):

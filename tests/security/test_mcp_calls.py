@@ -64,7 +64,7 @@ def test_a_cancelled_call_stops_the_run(tmp: Path) -> None:
                                                    read_timeout_seconds=5)
             except (MCPError, TimeoutError) as exc:
                 cancelled = exc
-            with anyio.fail_after(240):  # the sleep would hold the session for 800 s
+            with anyio.fail_after(120):  # the sleep would hold the session for 800 s
                 after = await client.call_tool("execute_python", {"code": _PROCESSES})
             return {"warm": warm, "cancelled": cancelled, "after": after}
 
@@ -84,7 +84,7 @@ def test_a_cancelled_shell_command_is_killed(tmp: Path) -> None:
             with pytest.raises((MCPError, TimeoutError)):
                 await client.call_tool("shell", {"command": "sleep 812 & sleep 813; echo never"},
                                        read_timeout_seconds=5)
-            with anyio.fail_after(240):
+            with anyio.fail_after(120):
                 return _text(await client.call_tool("execute_python", {"code": _PROCESSES}))
 
     listing = anyio.run(attack)
@@ -148,7 +148,7 @@ def test_hostile_uploads_are_refused_and_nothing_is_written(tmp: Path) -> None:
         assert answer.is_error and why in _text(answer), (name[:40], _text(answer))
     for answer in out["invalid"]:
         assert answer.is_error and ("base64" in _text(answer) or "limit" in _text(answer)), _text(answer)
-    assert out["too_many"].is_error and "max_files" in _text(out["too_many"])
+    assert out["too_many"].is_error and "already holds 3 files" in _text(out["too_many"])
     assert not out["replaced"].is_error  # replacing a file adds none
     assert out["listing"].split("\n")[:4] == ["ok0.txt", "ok1.txt", "ok2.txt", "again"], out["listing"]
     on_host = [p for p in tmp.rglob("*") if "esc7f3a" in p.name or p.name in ("big.bin", "fourth.txt")]

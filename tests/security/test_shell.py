@@ -5,13 +5,21 @@ Real Docker, the real image, real kernels."""
 
 from __future__ import annotations
 
+import signal
+import tempfile
 import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import nbexec
 from nbexec.engine.session import Session
 from nbexec.errors import ConfigError
+from nbexec.sandbox.remote import source as remote
+
+from .. import cluster
+from ..conftest import IMAGE, wait_until
 
 _PROCESSES = ("import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try:\n"
               "            print(open(f'/proc/{pid}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())\n"
@@ -113,3 +121,33 @@ def test_bad_commands_are_refused_before_the_sandbox_starts(config: nbexec.Sandb
         session.shell(command)
     assert session.status == "new"
     session.close()
+
+
+@pytest.fixture
+def remote_config(docker_ready: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[nbexec.SandboxConfig]:
+    """A session whose sandbox is on a real `nbexec serve` node (NBEXEC_NODES): the shell goes through the seam."""
+    tmp = Path(tempfile.mkdtemp(prefix="sh-"))
+    tmp.chmod(0o755)
+    server = cluster.node(0, tmp, tag="sh").start()
+    try:
+        cluster.wait_ready([server])
+        monkeypatch.setenv("NBEXEC_NODES", server.url)
+        monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
+        remote.forget_all()
+        yield nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, interrupt_grace=2,
+                                   source="remote")
+        remote.forget_all()
+    finally:
+        server.kill(signal.SIGTERM)
+        wait_until(lambda: not server.containers(), 60, "the shell node left containers behind")
+
+
+def test_a_remote_session_runs_the_same_shell(remote_config: nbexec.SandboxConfig) -> None:
+    with Session(remote_config) as session:
+        result = session.shell("sleep 4747 & echo far; exit 9")
+        assert (result.ok, result.exit_code, result.stdout, result.node is not None) == (False, 9, "far\n", True)
+        assert result.error is not None and result.error.kind == "exit"
+        timed = session.shell("trap '' TERM; sleep 4848", timeout=2)
+        assert timed.error is not None and timed.error.kind == "timeout"
+        listing = _processes(session)
+        assert "sleep 4747" not in listing and "sleep 4848" not in listing, listing
