@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,9 +44,12 @@ def _target(pair: tuple[Server, Server], via: str) -> Server:
     return pair[1] if via == "router" else pair[0]
 
 
-def _events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
+def _events(response: httpx.Response, stop: list[float]) -> Iterator[tuple[str, Any]]:
+    """The stream's events; fails when the run goes on 90 s after ``stop`` (its first item: when the interrupt
+    was sent) - the sleep would last 600 s. Keep-alive comments (every 15 s) wake the check up."""
     kind = ""
     for line in response.iter_lines():
+        assert not stop or time.monotonic() - stop[0] < 90, "the run went on after its interrupt"
         if line.startswith("event: "):
             kind = line[7:]
         elif line.startswith("data: "):
@@ -67,9 +71,11 @@ def test_a_session_run_is_interrupted_by_its_owner_only(pair: tuple[Server, Serv
             answer: dict[str, Any] = {}
             with owner.stream("POST", f"/v1/sessions/{session_id}/execute?stream=true",
                               json={"code": SLEEPER}) as response:
-                for kind, data in _events(response):
+                sent: list[float] = []
+                for kind, data in _events(response, sent):
                     if _started(kind, data):
                         assert other.post(f"/v1/sessions/{session_id}/interrupt").status_code == 404
+                        sent.append(time.monotonic())
                         assert owner.post(f"/v1/sessions/{session_id}/interrupt").json() == {"interrupted": True}
                     if kind in ("result", "error"):
                         answer = {"kind": kind, **data}
@@ -90,9 +96,11 @@ def test_a_one_shot_run_is_interrupted_by_its_id(pair: tuple[Server, Server], vi
         answer: dict[str, Any] = {}
         with owner.stream("POST", "/v1/execute?stream=true", json={"code": SLEEPER}) as response:
             execution_id = response.headers["X-Nbexec-Execution-Id"]  # before the first event
-            for kind, data in _events(response):
+            sent: list[float] = []
+            for kind, data in _events(response, sent):
                 if _started(kind, data):
                     assert other.post(f"/v1/executions/{execution_id}/interrupt").status_code == 404
+                    sent.append(time.monotonic())
                     assert owner.post(f"/v1/executions/{execution_id}/interrupt").json() == {"interrupted": True}
                 if kind in ("result", "error"):
                     answer = {"kind": kind, **data}
