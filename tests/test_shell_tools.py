@@ -64,6 +64,9 @@ def test_the_hosted_shell_call_answers_in_the_sdks_shape(config: nbexec.SandboxC
         timed = handle_openai_shell_call({"call_id": "c", "action": {"commands": ["sleep 900"], "timeout_ms": 1500}},
                                          session=session)
         assert timed["output"][0]["outcome"] == {"type": "timeout"}
+        capped = handle_openai_shell_call({"call_id": "c", "action": {"commands": ["seq 1000; seq 5 >&2"],
+                                                                       "max_output_length": 10}}, session=session)
+        assert (capped["output"][0]["stdout"], capped["output"][0]["stderr"]) == ("1\n2\n3\n4\n5\n", "")
     bad = handle_openai_shell_call({"call_id": "c", "action": {"commands": "ls"}}, config=config)
     assert bad["output"][0]["outcome"] == {"type": "exit", "exit_code": 1}
 

@@ -232,6 +232,7 @@ def handle_openai_shell_call(call: Any, *, session: Session | None = None, confi
     a failed sandbox is one output with exit code 1 and the reason on stderr."""
     action = _field(call, "action", {})
     commands, timeout_ms = _field(action, "commands"), _field(action, "timeout_ms")
+    most = _field(action, "max_output_length")
     timeout = timeout_ms / 1000 if isinstance(timeout_ms, int) and timeout_ms > 0 else None
     reply = {"type": "shell_call_output", "call_id": _field(call, "call_id", ""), "output": list[dict[str, Any]]()}
     if not isinstance(commands, list) or not commands or not all(isinstance(c, str) for c in commands):
@@ -246,7 +247,7 @@ def handle_openai_shell_call(call: Any, *, session: Session | None = None, confi
             except NbexecError as exc:
                 reply["output"].append(_shell_output(None, f"{exc}"))
                 break
-            reply["output"].append(_shell_output(result, None))
+            reply["output"].append(_shell_output(result, None, most if isinstance(most, int) and most > 0 else 0))
             if not result.ok:
                 break
     finally:
@@ -255,13 +256,18 @@ def handle_openai_shell_call(call: Any, *, session: Session | None = None, confi
     return reply
 
 
-def _shell_output(result: ExecutionResult | None, problem: str | None) -> dict[str, Any]:
+def _shell_output(result: ExecutionResult | None, problem: str | None, most: int = 0) -> dict[str, Any]:
+    """One command's output item; ``most`` (the call's max_output_length) caps stdout and stderr together."""
     if result is None:
         return {"stdout": "", "stderr": f"Tool error: {problem}", "outcome": {"type": "exit", "exit_code": 1}}
     timed_out = result.error is not None and result.error.kind == "timeout"
     code = result.exit_code if result.exit_code is not None else 1
-    return {"stdout": result.stdout, "stderr": result.stderr if result.error is None or result.exit_code is not None
-            else f"{result.stderr}{result.error.ename}: {result.error.evalue}\n",
+    stdout, stderr = result.stdout, result.stderr
+    if result.error is not None and result.exit_code is None:  # stopped, not exited: say why
+        stderr += f"{result.error.ename}: {result.error.evalue}\n"
+    if most:
+        stdout, stderr = stdout[:most], stderr[:max(0, most - len(stdout[:most]))]
+    return {"stdout": stdout, "stderr": stderr,
             "outcome": {"type": "timeout"} if timed_out else {"type": "exit", "exit_code": code}}
 
 
