@@ -28,7 +28,8 @@ _MAX_COMMAND = 64 * 1024
 
 # Runs in the kernel, in a namespace of its own (nothing is left in the user's variables). It reads the two pipes
 # in the kernel's main thread (output printed from other threads may reach another cell) until the shell exits,
-# then kills its group whatever happened.
+# then kills its group whatever happened, and then every process that appeared in the sandbox while it ran (one that
+# left the group with setsid or a double fork included; gVisor has no child subreaper to catch those by).
 _RUNNER = r'''
 import codecs, os, selectors, signal, subprocess, sys, time
 
@@ -44,7 +45,36 @@ def _kill(pid):
     except (ProcessLookupError, PermissionError):
         pass
 
+def _processes():
+    """Every process of the sandbox now, by pid (from /proc: the container's pid namespace)."""
+    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+
+def _reap(before):
+    """Kill every process that appeared during the command and is still there: one that left the command's group
+    (setsid, a double fork) is found this way too. Those that are the kernel's children are reaped."""
+    for _ in range(64):
+        gained = _processes() - before
+        if not gained:
+            return
+        for pid in gained:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # not the kernel's child: its parent (tini, pid 1) reaps it
+                pass
+        time.sleep(0.01)
+
 def _pump(command, limit):
+    before = _processes() | {os.getpid()}
+    try:
+        _run(command, limit)
+    finally:
+        _reap(before)
+
+def _run(command, limit):
     proc = subprocess.Popen(["/bin/sh", "-c", command], cwd="/mnt/data", stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     streams = {proc.stdout: (sys.stdout, codecs.getincrementaldecoder("utf-8")("replace")),

@@ -60,6 +60,7 @@ def test_a_command_that_ignores_sigterm_is_killed_at_its_limit(config: nbexec.Sa
         result = session.shell("trap '' TERM INT; sleep 4444 & trap '' TERM INT; sleep 4545; echo never", timeout=2)
         assert not result.ok and result.exit_code is None
         assert result.error is not None and result.error.kind == "timeout"
+        assert "its process group was killed" in result.error.evalue  # the command's own limit, not the host's
         assert "never" not in result.stdout
         listing = _processes(session)
         assert "sleep 4444" not in listing and "sleep 4545" not in listing, listing
@@ -151,3 +152,20 @@ def test_a_remote_session_runs_the_same_shell(remote_config: nbexec.SandboxConfi
         assert timed.error is not None and timed.error.kind == "timeout"
         listing = _processes(session)
         assert "sleep 4747" not in listing and "sleep 4848" not in listing, listing
+
+
+_STATES = ("import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try:\n"
+           "            stat = open(f'/proc/{pid}/stat').read()\n        except OSError:\n            continue\n"
+           "        print(stat[stat.rindex(')') + 2])")
+
+
+def test_a_child_that_leaves_the_group_with_setsid_is_killed_too(config: nbexec.SandboxConfig) -> None:
+    with Session(config) as session:
+        assert session.run("import subprocess\nkeep = subprocess.Popen(['sleep', '5050'])").ok
+        result = session.shell("setsid sleep 5151 >/dev/null 2>&1 </dev/null & "
+                               "(setsid sh -c 'sleep 5252 & exec sleep 5353' >/dev/null 2>&1 </dev/null &); echo ok")
+        assert (result.ok, result.stdout) == (True, "ok\n")
+        listing = _processes(session)
+        assert not any(f"sleep {n}" in listing for n in (5151, 5252, 5353)), listing
+        assert "sleep 5050" in listing  # the code's own child, started before the command, is not the command's
+        assert "Z" not in session.run(_STATES).stdout.split()  # the killed ones were reaped: no zombies left
