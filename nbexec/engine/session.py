@@ -35,7 +35,7 @@ from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import budget, cells, collect, reaper, rules, sources, traces, widgets
+from . import budget, cells, collect, reaper, rules, shell, sources, traces, widgets
 from .budget import OutputCallback
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,11 @@ class Session(rules.LiveRules, reaper.SessionBase):
         """Run ``code`` as a new cell of the session's notebook and return that cell's result (``packages`` are
         installed first, as `install` does; the cell's own pip lines are served the same way)."""
         return self.run_notebook(notebook.build(code), timeout=timeout, on_output=on_output, packages=packages)
+
+    def shell(self, command: str, *, timeout: float | None = None) -> ExecutionResult:
+        """Run a shell command in the sandbox, as a cell (see `nbexec.engine.shell`): its output budgeted like a
+        cell's, its ``exit_code``, and ``error.kind`` "exit" or "timeout" when it failed."""
+        return shell.run(self.run, self.config.timeout, command, timeout)
 
     @traces.execution
     def run_notebook(self, nb: NotebookNode, *, timeout: float | None = None,

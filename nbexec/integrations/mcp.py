@@ -1,4 +1,6 @@
-"""`nbexec mcp`: an MCP server (the official `mcp` package, the mcp extra) with one tool, `execute_python`.
+"""`nbexec mcp`: an MCP server (the official `mcp` package, the mcp extra) with three tools: `execute_python`,
+`shell` (a command in the same sandbox) and `upload_file` (a file into /mnt/data; see `mcpcalls`). A client's
+``notifications/cancelled`` for a running call interrupts it (`mcpcalls.interruptible`).
 
 State is kept per MCP connection, the SDK's own per-client object: the stdio peer, each streamable-HTTP session
 whose id the server issued, or each single-exchange (2026-07-28) request. Nothing a client sends (a header, an
@@ -13,7 +15,6 @@ the SDK binds its sessions to.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -39,7 +40,7 @@ from nbexec.errors import ConfigError, NbexecError
 from nbexec.files import artifacts
 from nbexec.result import ExecutionResult
 
-from . import tools
+from . import mcpcalls, tools
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 MAX_RESOURCE = 512 * 1024
 URI_PREFIX = "nbexec://files/"
 _STATE_KEY = "nbexec.client"
+UPLOAD_NAME = "upload_file"
 
 
 def connection_of(request: ServerRequestContext[Any, Any]) -> Connection:
@@ -172,7 +174,7 @@ class Clients:
 
 
 def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.DEFAULT_BUDGET,
-          max_resource: int = MAX_RESOURCE) -> tuple[MCPServer, Clients]:
+          max_resource: int = MAX_RESOURCE, max_upload: int = mcpcalls.MAX_UPLOAD_CHARS) -> tuple[MCPServer, Clients]:
     """The MCP server object and its clients' sessions (close them with ``Clients.close_all`` when it stops)."""
     # State is kept per client connection: the tool has no session_id, so its description names none.
     text = tools.description(config, stateful=True, by_session_id=False)
@@ -185,9 +187,36 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         try:  # only a name the operator allows (config.images); never a Docker tag the model made up
             chosen = config.choose_image(image) if image is not None else None
             session = clients.session_for(client, chosen)
-            result = await asyncio.to_thread(session.run, code)
+            result = await mcpcalls.interruptible(session, functools.partial(session.run, code))
         except NbexecError as exc:
             return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
+        return answer(result, client)
+
+    @server.tool(name=tools.SHELL_NAME, description=tools.shell_description(config, stateful=True,
+                                                                            by_session_id=False),
+                 structured_output=False)
+    async def shell(command: str, ctx: Context) -> CallToolResult:
+        client = clients.client(connection_of(ctx.request_context))
+        try:
+            session = clients.session_for(client)
+            result = await mcpcalls.interruptible(session, functools.partial(session.shell, command))
+        except NbexecError as exc:
+            return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
+        return answer(result, client)
+
+    @server.tool(name=UPLOAD_NAME, description=mcpcalls.UPLOAD_DESCRIPTION, structured_output=False)
+    async def upload_file(name: str, content_base64: str, ctx: Context) -> CallToolResult:
+        client = clients.client(connection_of(ctx.request_context))
+        try:
+            session = clients.session_for(client)
+            path = await anyio.to_thread.run_sync(
+                functools.partial(mcpcalls.upload_checked, session, config, name, content_base64,
+                                  max_chars=max_upload))
+        except NbexecError as exc:
+            return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
+        return CallToolResult(content=[TextContent(text=f"Saved {path}; code and shell commands can read it.")])
+
+    def answer(result: ExecutionResult, client: _Client) -> CallToolResult:
         shown = clients.publish(client, result)
         content: list[Any] = [TextContent(text=tools.render_for_llm(shown, budget=budget))]
         content += [Image(path=image.path).to_image_content() for image in result.images

@@ -40,8 +40,11 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
-def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(arguments, None) or (None, an error message for the model)."""
+def parse_arguments(raw: Any, *, shell: bool = False) -> tuple[dict[str, Any] | None, str | None]:
+    """(arguments, None) or (None, an error message for the model). ``shell``: the shell tool's arguments
+    (``command``; Anthropic's bash tool may send ``restart`` instead)."""
+    if shell:
+        return _shell_arguments(raw)
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else {}
@@ -60,6 +63,25 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     if image is not None and not isinstance(image, str):
         return None, 'The "image" argument must be the name of one of the images listed, or omitted.'
     return dict(raw), None
+
+
+def _shell_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            raw = None
+    if not isinstance(raw, Mapping):
+        return None, 'The arguments must be a JSON object such as {"command": "ls -l"}.'
+    command = raw.get("command")
+    if raw.get("restart") is True and command is None:
+        return {**raw, "shell": True}, None
+    if not isinstance(command, str) or not command.strip():
+        return None, 'The "command" argument is missing or empty: pass the shell command to run as "command".'
+    session_id = raw.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        return None, 'The "session_id" argument must be a string.'
+    return {**raw, "shell": True}, None
 
 
 def _scope(conversation: str | None) -> str:
@@ -93,7 +115,6 @@ def _session(sessions: SessionManager, session_id: str | None, conversation: str
 def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, sessions: SessionManager | None = None,
         store: ArtifactStore | None = None, conversation: str | None = None) -> ExecutionResult | str:
     """Execute parsed arguments one-shot, or in the conversation's session when ``sessions`` is given."""
-    code = arguments["code"]
     session_id = arguments.get("session_id")
     asked, chosen = arguments.get("image"), config
     if asked is not None:  # only a name the operator allows (config.images); never a Docker tag the model made up
@@ -102,7 +123,7 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
         except ConfigError as exc:
             return f"{exc}"
     if sessions is None:
-        return execute_notebook(code, config=chosen, store=store)
+        return _one_shot(arguments, chosen, store)
     session = _session(sessions, session_id, conversation, store, chosen)
     if isinstance(session, str):
         return session
@@ -110,18 +131,42 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
         return (f"Session {session_id[:80]} runs in the image it started with; omit image to keep using it, or omit "
                 "session_id to start a new session in another image.")
     try:
-        result = session.run(code)
+        result = _in_session(session, arguments)
     except SessionError as exc:
         return f"{exc}"
+    if isinstance(result, str):
+        return result
     if not session_id:  # the model must learn the id to keep its state
         note = f"[session_id: {session.id}; pass it again to keep variables and files]\n"
         result = dataclasses.replace(result, text=note + result.text)
     return result
 
 
-def outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None,
-             **options: Any) -> tuple[ExecutionResult | None, str | None]:
-    arguments, problem = parse_arguments(raw_arguments)
+def _one_shot(arguments: Mapping[str, Any], config: SandboxConfig | None,
+              store: ArtifactStore | None) -> ExecutionResult | str:
+    if not arguments.get("shell"):
+        return execute_notebook(arguments["code"], config=config, store=store)
+    if arguments.get("command") is None:
+        return "There is nothing to restart: each call without sessions runs in a fresh sandbox."
+    session = Session(config or from_env(), ttl=None, store=store, one_shot=True)
+    try:
+        return session.shell(arguments["command"])
+    finally:
+        session.close()
+
+
+def _in_session(session: Session, arguments: Mapping[str, Any]) -> ExecutionResult | str:
+    if not arguments.get("shell"):
+        return session.run(arguments["code"])
+    if arguments.get("command") is None:  # Anthropic's bash tool: {"restart": true}
+        session.restart()
+        return RESTARTED
+    return session.shell(arguments["command"])
+
+
+def outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None, *, shell: bool = False,
+            **options: Any) -> tuple[ExecutionResult | None, str | None]:
+    arguments, problem = parse_arguments(raw_arguments, shell=shell)
     if arguments is None:
         return None, problem
     try:
@@ -146,29 +191,93 @@ def _retire(result: ExecutionResult | None, options: Mapping[str, Any]) -> None:
         remove_tree(folder)
 
 
+SHELL_NAMES = (tools.SHELL_NAME, "bash")  # tool names run as shell commands (Anthropic's bash tool is "bash")
+RESTARTED = "The sandbox's kernel was restarted (files in /mnt/data are kept)."
+
+
+def _is_shell(name: Any) -> bool:
+    return name in SHELL_NAMES
+
+
+def _text(result: ExecutionResult | None, problem: str | None, budget: int) -> str:
+    if problem == RESTARTED:
+        return problem
+    return f"Tool error: {problem}" if problem else tools.render_for_llm(result, budget=budget)  # type: ignore[arg-type]
+
+
 def handle_openai_tool_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
-    """Chat Completions: take a tool call (SDK object or dict) and return the ``role: tool`` message."""
+    """Chat Completions: take a tool call (SDK object or dict) and return the ``role: tool`` message. A call of
+    the shell tool (named in SHELL_NAMES) runs its command."""
     function = _field(call, "function", {})
-    result, problem = outcome(_field(function, "arguments", "{}"), **options)
-    content = f"Tool error: {problem}" if problem else tools.render_for_llm(result, budget=budget)  # type: ignore[arg-type]
+    result, problem = outcome(_field(function, "arguments", "{}"), shell=_is_shell(_field(function, "name")),
+                              **options)
+    content = _text(result, problem, budget)
     _retire(result, options)
     return {"role": "tool", "tool_call_id": _field(call, "id", ""), "content": content}
 
 
 def handle_openai_function_call(call: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
     """Responses API: take a ``function_call`` item and return the ``function_call_output`` item (with images)."""
-    result, problem = outcome(_field(call, "arguments", "{}"), **options)
-    output: Any = f"Tool error: {problem}" if problem else tools.openai_content(result, budget=budget)  # type: ignore[arg-type]
+    result, problem = outcome(_field(call, "arguments", "{}"), shell=_is_shell(_field(call, "name")), **options)
+    output: Any = _text(None, problem, budget) if problem else tools.openai_content(result, budget=budget)  # type: ignore[arg-type]
     _retire(result, options)
     return {"type": "function_call_output", "call_id": _field(call, "call_id", ""), "output": output}
 
 
+def handle_openai_shell_call(call: Any, *, session: Session | None = None, config: SandboxConfig | None = None,
+                             store: ArtifactStore | None = None) -> dict[str, Any]:
+    """Responses API with `tools.hosted_shell_tool`: take a ``shell_call`` item and return its ``shell_call_output``
+    item: stdout, stderr and the outcome (``exit`` with its code, or ``timeout``) of each of ``action.commands``, run
+    one after another (until one fails) in ``session``, or in a throwaway sandbox for the call. A malformed call or
+    a failed sandbox is one output with exit code 1 and the reason on stderr."""
+    action = _field(call, "action", {})
+    commands, timeout_ms = _field(action, "commands"), _field(action, "timeout_ms")
+    most = _field(action, "max_output_length")
+    timeout = timeout_ms / 1000 if isinstance(timeout_ms, int) and timeout_ms > 0 else None
+    reply = {"type": "shell_call_output", "call_id": _field(call, "call_id", ""), "output": list[dict[str, Any]]()}
+    if not isinstance(commands, list) or not commands or not all(isinstance(c, str) for c in commands):
+        reply["output"].append(_shell_output(None, "action.commands must be a non-empty list of strings"))
+        return reply
+    own = session is None
+    running = session or Session(config or from_env(), ttl=None, store=store, keep_files=False)
+    try:
+        for command in commands:
+            try:
+                result = running.shell(command, timeout=timeout)
+            except NbexecError as exc:
+                reply["output"].append(_shell_output(None, f"{exc}"))
+                break
+            reply["output"].append(_shell_output(result, None, most if isinstance(most, int) and most > 0 else 0))
+            if not result.ok:
+                break
+    finally:
+        if own:
+            running.close()
+    return reply
+
+
+def _shell_output(result: ExecutionResult | None, problem: str | None, most: int = 0) -> dict[str, Any]:
+    """One command's output item; ``most`` (the call's max_output_length) caps stdout and stderr together."""
+    if result is None:
+        return {"stdout": "", "stderr": f"Tool error: {problem}", "outcome": {"type": "exit", "exit_code": 1}}
+    timed_out = result.error is not None and result.error.kind == "timeout"
+    code = result.exit_code if result.exit_code is not None else 1
+    stdout, stderr = result.stdout, result.stderr
+    if result.error is not None and result.exit_code is None:  # stopped, not exited: say why
+        stderr += f"{result.error.ename}: {result.error.evalue}\n"
+    if most:
+        stdout, stderr = stdout[:most], stderr[:max(0, most - len(stdout[:most]))]
+    return {"stdout": stdout, "stderr": stderr,
+            "outcome": {"type": "timeout"} if timed_out else {"type": "exit", "exit_code": code}}
+
+
 def handle_anthropic_tool_use(block: Any, *, budget: int = tools.DEFAULT_BUDGET, **options: Any) -> dict[str, Any]:
-    """Messages API: take a ``tool_use`` block and return the ``tool_result`` block (text and images)."""
-    result, problem = outcome(_field(block, "input", {}), **options)
+    """Messages API: take a ``tool_use`` block and return the ``tool_result`` block (text and images). A block of
+    the shell tool or of Anthropic's bash tool (``command``, or ``restart``) runs in the sandbox's shell."""
+    result, problem = outcome(_field(block, "input", {}), shell=_is_shell(_field(block, "name")), **options)
     if problem:
-        return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": True,
-                "content": [{"type": "text", "text": f"Tool error: {problem}"}]}
+        return {"type": "tool_result", "tool_use_id": _field(block, "id", ""), "is_error": problem != RESTARTED,
+                "content": [{"type": "text", "text": _text(None, problem, budget)}]}
     assert result is not None
     content = tools.anthropic_content(result, budget=budget)
     _retire(result, options)

@@ -71,7 +71,37 @@ class ToolArguments:
         "The image to run in, one of those listed; omit it for the default one.")})
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShellArguments:
+    """What a model passes to the shell tool (OpenAI function, Anthropic custom tool, MCP ``shell``)."""
+
+    command: str = field(metadata={"description": "The shell command to run (/bin/sh -c), in /mnt/data."})
+    session_id: str | None = field(default=None, metadata={"sessions": True, "description": (
+        "The session_id an earlier call returned, to use its sandbox (files, and the Python tool's state); omit it "
+        "to start a new session. Never make one up.")})
+
+
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+SHELL_NAME = "shell"
+
+
+def shell_description(config: SandboxConfig | None = None, *, stateful: bool = False,
+                      by_session_id: bool = True) -> str:
+    """The truth about the shell tool, as configured, for the model."""
+    config = config or SandboxConfig()
+    if not stateful:
+        state = "Each call runs in a fresh sandbox."
+    elif by_session_id:
+        state = ("Calls that pass the session_id the first call returned share one sandbox (its files, and the Python "
+                 "tool's variables when it is given the same session_id).")
+    else:
+        state = "Calls in this conversation share one sandbox with the Python tool (its files)."
+    return (f"Run a shell command (/bin/sh -c) in the same sandbox as the Python tool, with /mnt/data as the working "
+            f"directory. {state} Each command starts a fresh shell: cd and exported variables do not carry over, "
+            "files do. Only /mnt/data and /tmp are writable. The exit code comes back with stdout and stderr; "
+            "processes left running in the background are killed when the command ends. "
+            f"{'There is internet access.' if config.network is True else 'There is no internet access.'} "
+            f"{limits(config)}")
 
 
 def limits(config: SandboxConfig) -> str:
@@ -84,13 +114,14 @@ def limits(config: SandboxConfig) -> str:
             f"{config.max_files} {data} come back.")
 
 
-def json_schema(*, sessions: bool = False, images: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The tool's parameters as JSON Schema, from ``ToolArguments``: ``code``, with sessions ``session_id``, and
-    with named images allowed ``image`` (their names and "default")."""
-    hints = get_type_hints(ToolArguments)
+def json_schema(*, sessions: bool = False, images: tuple[str, ...] = (),
+                arguments: type = ToolArguments) -> dict[str, Any]:
+    """The tool's parameters as JSON Schema, from ``arguments`` (``ToolArguments``: ``code``, with sessions
+    ``session_id``, and with named images allowed ``image`` (their names and "default"); or ``ShellArguments``)."""
+    hints = get_type_hints(arguments)
     properties: dict[str, Any] = {}
     required = []
-    for item in fields(ToolArguments):
+    for item in fields(arguments):
         if (item.metadata.get("sessions") and not sessions) or (item.metadata.get("images") and not images):
             continue
         kind = next(t for t in (hints[item.name], *get_args(hints[item.name])) if t in _JSON_TYPES)
@@ -120,6 +151,39 @@ def anthropic_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_N
     """A client tool for Anthropic's Messages API."""
     return {"name": name, "description": description(config, stateful=sessions),
             "input_schema": json_schema(sessions=sessions, images=config.images if config is not None else ())}
+
+
+def openai_shell_tool(config: SandboxConfig | None = None, *, name: str = SHELL_NAME, sessions: bool = False,
+                      api: str = "chat") -> dict[str, Any]:
+    """The shell tool as an OpenAI function tool (Chat Completions or Responses API), arguments ``ShellArguments``.
+    (OpenAI's own ``{"type": "shell"}`` tool is served too: `hosted_shell_tool`.)"""
+    body = {"name": name, "description": shell_description(config, stateful=sessions),
+            "parameters": json_schema(sessions=sessions, arguments=ShellArguments)}
+    if api == "responses":
+        return {"type": "function", **body, "strict": not sessions}
+    if api != "chat":
+        raise ValueError("api must be 'chat' or 'responses'")
+    return {"type": "function", "function": body}
+
+
+def hosted_shell_tool() -> dict[str, Any]:
+    """OpenAI's Responses API shell tool with a local environment: the model sends ``shell_call`` items that
+    `nbexec.integrations.toolcall.handle_openai_shell_call` runs in the sandbox."""
+    return {"type": "shell", "environment": {"type": "local"}}
+
+
+def anthropic_shell_tool(config: SandboxConfig | None = None, *, name: str = SHELL_NAME,
+                         sessions: bool = False) -> dict[str, Any]:
+    """The shell tool as a client tool for Anthropic's Messages API (``input_schema`` from ``ShellArguments``)."""
+    return {"name": name, "description": shell_description(config, stateful=sessions),
+            "input_schema": json_schema(sessions=sessions, arguments=ShellArguments)}
+
+
+def anthropic_bash_tool() -> dict[str, Any]:
+    """Anthropic's own bash tool (``bash_20250124``; inputs ``command`` and ``restart``), which nbexec serves with
+    `nbexec.integrations.toolcall.handle_anthropic_tool_use`: each command runs in a fresh shell in the sandbox
+    (files persist; cd and variables do not, unlike a persistent bash), and ``restart`` restarts the session."""
+    return {"type": "bash_20250124", "name": "bash"}
 
 
 _FRAME_STARTS = ("File ", "Cell In[", "<ipython-input", "Input In [")
@@ -165,6 +229,8 @@ def truncate(text: str, budget: int) -> str:
 def _error_part(result: ExecutionResult) -> str:
     error = result.error
     assert error is not None
+    if error.kind == "exit":
+        return f"Exit code {result.exit_code}."
     trace = clean("\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}")
     return f"Error ({error.kind}): {clean(error.ename)}\n{trace}\n{_hint(result)}"
 

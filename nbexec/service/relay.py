@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 ERROR_BODY = 64 * 1024  # bytes of a node's error answer (or error event) read and passed on
 NOT_REACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)  # safe to send elsewhere
 _SAFE = {"X-Content-Type-Options": "nosniff"}
+_EXECUTION_HEADER = "X-Nbexec-Execution-Id"  # a streamed one-shot run's id (the node made it the client's)
+_PLAIN_ID = re.compile(r"[0-9A-Za-z_.-]{1,128}")
 
 
 class CutOff(Exception):
@@ -131,7 +134,7 @@ class Relay:
         if kind == "text/event-stream":
             if upstream.call.stream:
                 return upstream.streamed(self._events(upstream), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-store", **where})
+                                         headers={"Cache-Control": "no-store", **where, **execution_header(upstream)})
             return await self._collect(upstream, receive, where)
         if status == 204:
             await upstream.close()
@@ -288,3 +291,9 @@ def _error_event(data: bytes, where: dict[str, str]) -> Response:
     if not isinstance(body, dict) or not 400 <= status < 600:
         return JSONResponse({"detail": "a node sent a malformed error event"}, 502, headers=where)
     return JSONResponse(body, status, headers=where)
+
+
+def execution_header(upstream: Upstream) -> dict[str, str]:
+    """The run's id header of a node's stream, passed on only when it is one plain id (a node is not trusted)."""
+    found = upstream.response.headers.get_list(_EXECUTION_HEADER)
+    return {_EXECUTION_HEADER: found[0]} if len(found) == 1 and _PLAIN_ID.fullmatch(found[0]) else {}

@@ -110,9 +110,10 @@ class Runs:
             raise HTTPException(500, "nbexec failed to run this; see the server's log") from exc
 
     async def respond(self, who: str, render: Render, interrupt: Callable[[], None], stream: bool,
-                      receive: Receive) -> Any:
-        """The result, or with ``stream`` a server-sent event stream of the run. A client that hangs up before
-        the result interrupts the run either way (its answer then goes nowhere)."""
+                      receive: Receive, headers: dict[str, str] | None = None) -> Any:
+        """The result, or with ``stream`` a server-sent event stream of the run (with ``headers``, sent before the
+        first event). A client that hangs up before the result interrupts the run either way (its answer then
+        goes nowhere)."""
         if not stream:
             work = asyncio.ensure_future(self.run(who, render))
             if not await streaming.first_or_gone(work, receive):
@@ -120,7 +121,7 @@ class Runs:
             return await work
         self.take_slot(who)  # before the response starts, so a refusal is a real 429
         return streaming.respond(lambda on_output: self.run(who, render, on_output, slot_taken=True), interrupt,
-                                 self.settings.keepalive, self.folders.background)
+                                 self.settings.keepalive, self.folders.background, headers)
 
     async def io(self, who: str, func: Callable[..., Any], *args: Any) -> Any:
         """Run blocking file or session work on the token's own I/O threads."""

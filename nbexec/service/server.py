@@ -55,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 __all__ = ["create_app", "token_id"]
 
 log = logging.getLogger(__name__)
+EXECUTION_HEADER = "X-Nbexec-Execution-Id"  # a streamed one-shot run's id, known before its first event
 
 
 def _decode_files(files: dict[str, str] | None) -> dict[str, bytes]:
@@ -145,7 +146,20 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
             metrics.record("oneshot", result)
             return shown.outward(public(result, execution_id), execution_id)
 
-        return await runs.respond(who, render, session.interrupt, stream, request.receive)
+        return await runs.respond(who, render, session.interrupt, stream, request.receive,
+                                  {EXECUTION_HEADER: shown.id(execution_id)})
+
+    @app.post("/v1/executions/{execution_id}/interrupt", status_code=202, responses={404: {}, 409: {}})
+    async def interrupt_execution(execution_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        """Interrupt a running one-shot execution (a streamed run's id is its X-Nbexec-Execution-Id header, sent
+        before the first event). 404 for an id that is not this token's running or kept run; 409 once it ended.
+        The result then says what happened (error.kind "exception", KeyboardInterrupt; never ok)."""
+        state = await runs.io(who, folders.interrupt_run, who, execution_id)
+        if state == "unknown":
+            raise HTTPException(404, "no such execution")
+        if state == "finished":
+            raise HTTPException(409, "the execution has ended: there is nothing to interrupt")
+        return {"interrupted": True}
 
 
 def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics) -> None:
@@ -188,6 +202,16 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         egress_change(session.config, body.allow, body.deny, widen=session.config.egress_widen)
         await apply_egress(runs, who, lambda: session.change_hosts(allow=body.allow, deny=body.deny))
         return Response(status_code=204)
+
+    @app.post("/v1/sessions/{session_id}/interrupt", status_code=202, responses={404: {}, 409: {}})
+    async def interrupt_session(session_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        """Interrupt the session's running call (a cell or a shell command): 202, and that call's result says it
+        was interrupted. 409 when nothing is running (an idle session is left as it is)."""
+        session = files.owned(folders, who, session_id)
+        if not session.busy:
+            raise HTTPException(409, f"session is {session.status}: nothing is running to interrupt")
+        await runs.io(who, session.interrupt)
+        return {"interrupted": True}
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response)
     async def delete_session(session_id: str, who: str = Depends(owner)) -> Response:

@@ -62,7 +62,7 @@ def _event(kind: str, data: Any) -> ServerSentEvent:
 
 
 def respond(start: Start, interrupt: Callable[[], None], keepalive: float,
-            background: set[asyncio.Task[None]]) -> EventSourceResponse:
+            background: set[asyncio.Task[None]], headers: dict[str, str] | None = None) -> EventSourceResponse:
     """Stream the run ``start`` makes. When the client goes, sse-starlette cancels the events; the run is then
     interrupted from a task kept in ``background`` until it ends (its execution slot is freed only then)."""
     loop = asyncio.get_running_loop()
@@ -84,5 +84,5 @@ def respond(start: Start, interrupt: Callable[[], None], keepalive: float,
                 background.add(watcher)
                 watcher.add_done_callback(background.discard)
 
-    return EventSourceResponse(events(), ping=keepalive, sep="\n",  # Cache-Control: no-store by default
+    return EventSourceResponse(events(), ping=keepalive, sep="\n", headers=headers,  # no-store by default
                                ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep="\n"))

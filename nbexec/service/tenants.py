@@ -215,6 +215,18 @@ class Tenants:
         kept.session.close()
         kept.expires = time.monotonic() + self.result_ttl
 
+    def interrupt_run(self, who: str, execution_id: str) -> str:
+        """Interrupt ``who``'s one-shot run ``execution_id``: "interrupted", "finished" (nothing left to stop), or
+        "unknown" (no such run of ``who``: another owner's is unknown too)."""
+        with self._lock:
+            kept = self._results.get(execution_id)
+        if kept is None or kept.owner != who:
+            return "unknown"
+        if kept.expires != math.inf or kept.session.status == "closed":
+            return "finished"
+        kept.session.interrupt()
+        return "interrupted"
+
     def result_folder(self, who: str, execution_id: str) -> Path | None:
         with self._lock:
             kept = self._results.get(execution_id)
