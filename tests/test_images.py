@@ -192,7 +192,7 @@ def test_remote_nodes_run_the_named_image(named: Built, tmp_path: Path, monkeypa
         wait_ready([server])
         monkeypatch.setenv("NBEXEC_NODES", server.url)
         monkeypatch.setenv("NBEXEC_NODE_TOKEN", NODE_TOKEN)
-        config = nbexec.SandboxConfig(image=NAME, images=(NAME,), pool_size=0, warm_imports=())
+        config = nbexec.SandboxConfig(image=NAME, images=(NAME,), pool_size=0, warm_imports=(), source="remote")
         one_shot = execute_notebook(PROBE, config=config)
         with Session(config) as session:
             in_session = session.run(PROBE)

@@ -251,10 +251,16 @@ def _config(**changes: Any) -> nbexec.SandboxConfig:
     return nbexec.SandboxConfig(**values)
 
 
-def _run_stream(*frames: bytes, endless: bytes = b"") -> seamnode.Answer:
+def _run_stream(*frames: bytes, endless: bytes | tuple[bytes, int] = b"") -> seamnode.Answer:
+    """The node's answer to /run: ``frames``, then ``endless`` for ever (b"slow": a keep-alive every 50 ms), or a
+    (chunk, count) pair: the chunk that many times (much sent, little held by this process)."""
     def answer(method: str, rest: str, query: dict[str, list[str]], body: bytes) -> Reply:
         def chunks() -> Iterator[bytes]:
             yield from frames
+            if isinstance(endless, tuple):
+                for _ in range(endless[1]):
+                    yield endless[0]
+                return
             while endless == b"slow":
                 time.sleep(0.05)
                 yield seamnode.frame("K", {})
@@ -275,7 +281,7 @@ DISPLAY = json.dumps({"data": {"text/html": "SMUGGLED-" * 40_000}, "metadata": {
 HOSTILE_RUNS = {
     "oversized-frame": (_m(2 << 30), b""),
     "endless-frame-past-the-limit": (_m(1 << 29), bytes(MiB)),
-    "endless-header-line": (b"M " + b"x" * 10_000 + b"y" * (64 * MiB), b""),  # 64 MiB without a line's end
+    "endless-header-line": (b"M " + b"x" * 10_000, (b"y" * 65536, 1024)),  # 64 MiB without a line's end
     "length-smaller-than-sent": (_m(10) + LIES.encode(), b""),
     "size-smaller-than-carried": (seamnode.frame("M", {"type": "display_data", "channel": "iopub", "id": "m",
                                                        "parent": "p", "size": 100, "complete": True,
