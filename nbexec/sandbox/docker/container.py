@@ -67,7 +67,7 @@ class Sandbox:
         self.container: Any = None
         self.client: kernel.KernelClient | None = None
         self.started_at = time.monotonic()
-        self._connection: dict[str, Any] = {}
+        self.connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
         self.egress: Proxy | None = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
@@ -98,7 +98,7 @@ class Sandbox:
                 sandbox.egress = egress.open_proxy(workdir, config)
             sandbox._create_container(docker_client, role)
             sandbox._watch_data()
-            sandbox._connect()
+            sandbox.connect_kernel()
             if sandbox.egress is not None:
                 assert sandbox.client is not None
                 egress.start_forwarder(sandbox.client, config)
@@ -112,7 +112,7 @@ class Sandbox:
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
                 "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
-        self._connection = info
+        self.connection = info
         conn = self.runtime_dir / "kernel.json"
         conn.write_text(json.dumps(info))
         owner = self.file_owner()
@@ -167,12 +167,16 @@ class Sandbox:
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
-            self.container.reload()
-        self._init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
-        if self._init_process is not None:
-            self.freezer = datafs.Freezer.of_process(self._init_process[0])
+            self.attach(self.container)
 
-    def _connect(self) -> None:
+    def attach(self, container: Any) -> None:
+        """Take ``container`` (started) as this sandbox's: its init process and its cgroup freezer."""
+        self.container = container
+        container.reload()
+        self._init_process = _process_identity(container.attrs.get("State", {}).get("Pid"))
+        self.freezer = datafs.Freezer.of_process(self._init_process[0]) if self._init_process else None
+
+    def connect_kernel(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
         deadline = time.monotonic() + self.config.startup_timeout
         shell = self.runtime_dir / f"kernel-{_PORTS['shell_port']}"
@@ -186,7 +190,7 @@ class Sandbox:
             delay = min(delay * 1.5, 0.02)
         # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
         frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
-        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection,
+        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self.connection,
                                                   max_message=frame_limit)
         self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.

@@ -1,0 +1,240 @@
+"""Durable sessions, the runtime side: a local sandbox hibernated to a folder by gVisor's checkpoint and woken in a
+new container keeps its memory (a variable, an imported module, a running thread) and its /mnt/data, cycle after
+cycle, and every limit a fresh sandbox has; under runc the probe says no and nothing is touched; a checkpoint
+changed on disk (a byte, a file added or removed, a link planted) is refused and leaves nothing behind.
+
+Judged from outside: what the woken kernel prints, the containers Docker lists, the files on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import nbexec
+from nbexec.errors import SandboxError
+from nbexec.sandbox.docker import checkpoint, daemon, pool
+from nbexec.sandbox.docker.container import Sandbox
+from nbexec.sandbox.docker.local import LocalSource
+
+from ..conftest import IMAGE, own_containers
+
+STATE = """
+import threading, time, json as kept_module
+x = 41
+ticks = [0]
+def tick():
+    while True:
+        ticks[0] += 1
+        time.sleep(0.01)
+threading.Thread(target=tick, daemon=True).start()
+open('/mnt/data/kept.txt', 'w').write('on disk')
+"""
+
+
+def run(sandbox: Sandbox, code: str) -> str:
+    """What ``code`` printed on the sandbox's kernel (an error's name and value appended)."""
+    out: list[str] = []
+
+    def take(message: nbexec.sandbox.messages.Message) -> None:
+        content = message.content()
+        if message.msg_type == "stream":
+            out.append(content["text"])
+        elif message.msg_type == "error":
+            out.append(f"{content['ename']}: {content['evalue']}")
+
+    execution = sandbox.run(code, deadline=time.monotonic() + 30, on_output=take)
+    assert execution.status != "gone", f"the sandbox went away running {code!r}: {''.join(out)}"
+    return "".join(out)
+
+
+def private_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "hibernated"
+    folder.mkdir(mode=0o700, parents=True)
+    return folder
+
+
+@pytest.fixture
+def runsc(cleanup_ledger: None) -> nbexec.SandboxConfig:
+    config = nbexec.SandboxConfig(image=IMAGE, runtime="runsc", pool_size=0, warm_imports=(), timeout=30)
+    if "runsc" not in (daemon.connect().info().get("Runtimes") or {}):
+        pytest.fail("gVisor (runsc) is not registered with Docker: run `sudo scripts/setup-gvisor.sh`",
+                    pytrace=False)
+    return config
+
+
+@pytest.fixture
+def sandboxes() -> Iterator[list[Sandbox]]:
+    """Every sandbox a test made or woke, destroyed at its end."""
+    made: list[Sandbox] = []
+    yield made
+    for index, sandbox in enumerate(made):  # a hibernated one shares its working folder with the one woken
+        if sandbox.container is not None or not any(s.workdir == sandbox.workdir for s in made[index + 1:]):
+            sandbox.destroy()
+
+
+def hibernated(config: nbexec.SandboxConfig, tmp_path: Path, made: list[Sandbox]) -> tuple[dict, Path, Sandbox]:
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    made.append(sandbox)
+    run(sandbox, STATE)
+    folder = private_folder(tmp_path)
+    record = LocalSource().hibernate(sandbox, folder)
+    assert record is not None, "runsc's probe said it cannot keep memory"
+    return record, folder, sandbox
+
+
+def test_state_survives_several_hibernate_wake_cycles(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                      sandboxes: list[Sandbox]) -> None:
+    source = LocalSource()
+    record, folder, first = hibernated(runsc, tmp_path, sandboxes)
+    assert own_containers() == [], "the hibernated sandbox's container is still there"
+    last = -1
+    for cycle in range(3):
+        woken = source.wake(runsc, record, folder)
+        sandboxes.append(woken)
+        assert woken.id == first.id
+        seen = json.loads(run(woken, "import json; print(json.dumps([x, kept_module.__name__, ticks[0], "
+                                      "open('/mnt/data/kept.txt').read()]))"))
+        assert seen[:2] == [41 + cycle, "json"] and seen[3] == "on disk"
+        assert seen[2] > last, "the background thread did not run on after the wake"
+        later = json.loads(run(woken, "time.sleep(0.3); print(ticks[0]); x += 1"))
+        assert later > seen[2], "the background thread stopped after the wake"
+        last = later
+        folder = private_folder(tmp_path / f"cycle{cycle}")
+        record = source.hibernate(woken, folder)
+        assert record is not None
+
+
+def test_a_hibernated_folder_is_private(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                        sandboxes: list[Sandbox]) -> None:
+    _, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    kept = folder / "checkpoint"
+    assert kept.stat().st_mode & 0o777 == 0o700
+    assert [p.stat().st_mode & 0o777 for p in kept.iterdir()] == [0o600 for _ in kept.iterdir()]
+
+
+LIMITS = """
+import os, socket, subprocess
+found = []
+try:
+    open('/usr/escaped', 'w')
+except OSError as e:
+    found.append('ro:' + type(e).__name__)
+try:
+    socket.create_connection(('1.1.1.1', 53), timeout=2)
+except OSError as e:
+    found.append('net:' + type(e).__name__)
+found.append('uid:%d' % os.getuid())
+found.append('mem:' + open('/proc/meminfo').readline().split()[1])
+print(' '.join(found))
+"""
+
+
+def test_a_woken_sandbox_keeps_every_limit(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                           sandboxes: list[Sandbox]) -> None:
+    config = runsc.replace(memory="256m", pids=128)
+    record, folder, first = hibernated(config, tmp_path, sandboxes)
+    woken = LocalSource().wake(config, record, folder)
+    sandboxes.append(woken)
+    seen = run(woken, LIMITS)
+    assert "ro:" in seen and "net:OSError" in seen and f"uid:{first.uid}" in seen and "mem:262144" in seen, seen
+    host = woken.container.attrs["HostConfig"]
+    assert (host["Memory"], host["PidsLimit"], host["ReadonlyRootfs"], host["NetworkMode"]) == (
+        256 * 1024**2, 128, True, "none")
+    # The memory limit is enforced by the woken container: a 400 MiB allocation ends the sandbox.
+    held: list[str] = []
+    with contextlib.suppress(nbexec.NbexecError):
+        held.append(run(woken, "b = bytearray(400 * 1024**2)\nb[::4096] = b'x' * len(b[::4096])\nprint('held')"))
+    assert "held" not in "".join(held), "the woken sandbox held 400 MiB under a 256 MiB limit"
+
+
+def test_a_woken_sandbox_keeps_its_pid_limit(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                             sandboxes: list[Sandbox]) -> None:
+    """200 processes under pids=128: refused, or (gVisor's way, as for a fresh sandbox) the sandbox ends."""
+    config = runsc.replace(pids=128)
+    record, folder, _ = hibernated(config, tmp_path, sandboxes)
+    woken = LocalSource().wake(config, record, folder)
+    sandboxes.append(woken)
+    out: list[str] = []
+    with contextlib.suppress(nbexec.NbexecError):
+        out.append(run(woken, "import subprocess\nps=[]\ntry:\n    [ps.append(subprocess.Popen(['sleep','60'])) "
+                              "for _ in range(200)]\nexcept OSError:\n    pass\nprint(len(ps))"))
+    assert not woken.state().running or int(out[0]) < 128, out
+
+
+def test_under_runc_the_probe_says_no_and_the_sandbox_is_untouched(cleanup_ledger: None, tmp_path: Path,
+                                                                  sandboxes: list[Sandbox]) -> None:
+    config = nbexec.SandboxConfig(image=IMAGE, runtime=None, pool_size=0, warm_imports=())
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "x = 7")
+    folder = private_folder(tmp_path)
+    assert LocalSource().hibernate(sandbox, folder) is None
+    assert run(sandbox, "print(x * 6)") == "42\n"
+    assert list(folder.iterdir()) == []
+
+
+def tamper_byte(kept: Path) -> None:
+    image = kept / "checkpoint.img"
+    with open(image, "r+b") as blob:
+        blob.seek(os.path.getsize(image) // 2)
+        byte = blob.read(1)
+        blob.seek(-1, os.SEEK_CUR)
+        blob.write(bytes([byte[0] ^ 1]))
+
+
+def tamper_add(kept: Path) -> None:
+    (kept / "extra.img").write_bytes(b"planted")
+
+
+def tamper_remove(kept: Path) -> None:
+    next(kept.iterdir()).unlink()
+
+
+def tamper_link(kept: Path) -> None:
+    image = kept / "checkpoint.img"
+    os.replace(image, kept.parent / "elsewhere.img")
+    image.symlink_to(kept.parent / "elsewhere.img")
+
+
+def tamper_grow(kept: Path) -> None:
+    with open(kept / "checkpoint.img", "ab") as blob:
+        blob.write(b"\0" * 4096)
+
+
+TAMPERING: dict[str, Callable[[Path], None]] = {
+    "byte": tamper_byte, "added": tamper_add, "removed": tamper_remove, "symlink": tamper_link, "grown": tamper_grow}
+
+
+@pytest.mark.parametrize("how", list(TAMPERING))
+def test_a_tampered_checkpoint_is_refused_and_leaves_nothing(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                             sandboxes: list[Sandbox], how: str) -> None:
+    record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    before = set((daemon.root_dir() / "containers").iterdir())
+    TAMPERING[how](folder / "checkpoint")
+    with pytest.raises(SandboxError, match="checkpoint"):
+        LocalSource().wake(runsc, record, folder)
+    assert own_containers() == [], "a refused wake left a container"
+    assert set((daemon.root_dir() / "containers").iterdir()) <= before, "a refused wake left a folder in Docker"
+
+
+@pytest.mark.parametrize("field,value", [("files", {}), ("files", {"../x": [1, "0" * 64]}),
+                                         ("runtime", None), ("sandbox_id", "../../etc"), ("version", 2),
+                                         ("files", {"checkpoint.img": [10**12, "0" * 64]})])
+def test_a_forged_record_is_refused(runsc: nbexec.SandboxConfig, tmp_path: Path, sandboxes: list[Sandbox],
+                                    field: str, value: object) -> None:
+    record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    with pytest.raises(SandboxError):
+        LocalSource().wake(runsc, {**record, field: value}, folder)
+    assert own_containers() == []
+
+
+def test_the_probe_is_asked_once_per_runtime(runsc: nbexec.SandboxConfig) -> None:
+    assert checkpoint.supported(runsc) is True
+    assert checkpoint.supported(runsc.replace(memory="1g")) is True  # cached: no second probe container
