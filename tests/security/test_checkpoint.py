@@ -9,8 +9,12 @@ Judged from outside: what the woken kernel prints, the containers Docker lists, 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
+import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -225,8 +229,7 @@ def test_a_tampered_checkpoint_is_refused_and_leaves_nothing(runsc: nbexec.Sandb
 
 
 @pytest.mark.parametrize("field,value", [("files", {}), ("files", {"../x": [1, "0" * 64]}),
-                                         ("runtime", None), ("sandbox_id", "../../etc"), ("version", 2),
-                                         ("files", {"checkpoint.img": [10**12, "0" * 64]})])
+                                         ("runtime", None), ("sandbox_id", "../../etc"), ("version", 2)])
 def test_a_forged_record_is_refused(runsc: nbexec.SandboxConfig, tmp_path: Path, sandboxes: list[Sandbox],
                                     field: str, value: object) -> None:
     record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
@@ -235,6 +238,58 @@ def test_a_forged_record_is_refused(runsc: nbexec.SandboxConfig, tmp_path: Path,
     assert own_containers() == []
 
 
+def test_a_checkpoint_past_its_cap_is_refused_before_a_byte_is_copied(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                      sandboxes: list[Sandbox]) -> None:
+    """The image grown (sparse) past memory + 64 MiB, and the record forged to match it: refused by its size."""
+    record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    image = folder / "checkpoint" / "checkpoint.img"
+    os.truncate(image, 330 * 1024**2)
+    digest = hashlib.sha256()
+    with open(image, "rb") as blob:
+        while chunk := blob.read(1 << 20):
+            digest.update(chunk)
+    forged = {**record, "files": {**record["files"], "checkpoint.img": [330 * 1024**2, digest.hexdigest()]}}
+    with pytest.raises(SandboxError, match="larger than its memory limit"):
+        LocalSource().wake(runsc.replace(memory="256m"), forged, folder)
+    assert own_containers() == []
+
+
 def test_the_probe_is_asked_once_per_runtime(runsc: nbexec.SandboxConfig) -> None:
     assert checkpoint.supported(runsc) is True
     assert checkpoint.supported(runsc.replace(memory="1g")) is True  # cached: no second probe container
+
+
+PLANT = """
+import os, zmq
+_bind = zmq.Socket.bind
+def bind(self, address):
+    if address.endswith('/kernel-1') and any(f.startswith('wake-') for f in os.listdir('/run/nbexec')):
+        os.symlink(@BAIT@, '/run/nbexec/kernel-1')  # restored: the host is about to connect here
+        return None
+    return _bind(self, address)
+zmq.Socket.bind = bind
+"""
+
+
+def test_a_link_planted_for_the_host_to_follow_refuses_the_wake(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                sandboxes: list[Sandbox]) -> None:
+    """The woken kernel's code runs while its socket folder is open: it plants a link where the shell socket
+    goes, to a socket of the host. The host never connects to it, and the wake is refused."""
+    bait_path = Path(tempfile.mkdtemp(prefix="nbexec-bait-")) / "bait.sock"  # short: a unix socket's path limit
+    bait = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bait.bind(str(bait_path))
+    bait.listen(8)
+    bait.setblocking(False)
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, PLANT.replace("@BAIT@", repr(str(bait_path))))
+    folder = private_folder(tmp_path)
+    record = LocalSource().hibernate(sandbox, folder)
+    assert record is not None
+    with pytest.raises(SandboxError, match="not its socket"):
+        sandboxes.append(LocalSource().wake(runsc, record, folder))
+    with pytest.raises(BlockingIOError):
+        bait.accept()  # nobody connected to the host's socket
+    bait.close()
+    shutil.rmtree(bait_path.parent)
+    assert own_containers() == [], "a refused wake left a container"
