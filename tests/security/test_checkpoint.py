@@ -293,3 +293,28 @@ def test_a_link_planted_for_the_host_to_follow_refuses_the_wake(runsc: nbexec.Sa
     bait.close()
     shutil.rmtree(bait_path.parent)
     assert own_containers() == [], "a refused wake left a container"
+
+
+IDENTITY = ("import random\nk = get_ipython().kernel.session\n"
+            "print(json.dumps([k.key.decode(), k.session, random.random(), x, sorted(os.listdir('/mnt/data'))]))")
+
+
+def test_sandboxes_from_one_template_get_their_own_key_ids_and_files(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                     sandboxes: list[Sandbox]) -> None:
+    """Every sandbox restored from one memory image (a template, a fork) must not share its HMAC key, its
+    kernel session id, its random state or its /mnt/data with the others."""
+    template = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(template)
+    run(template, "import json, os, random\nx = 41\nrandom.seed(7)\nopen('/mnt/data/template.txt', 'w').write('t')")
+    folder = private_folder(tmp_path)
+    record = checkpoint.checkpoint(template, folder)
+    made = [checkpoint.from_template(runsc, record, folder) for _ in range(2)]
+    sandboxes.extend(made)
+    seen = [json.loads(run(sandbox, IDENTITY)) for sandbox in made]
+    assert [s[0] for s in seen] == [sandbox.connection["key"] for sandbox in made], "the kernel's key is not the host's"
+    assert seen[0][0] != seen[1][0] and seen[0][0] != record["connection"]["key"], "two sandboxes share a key"
+    assert seen[0][1] != seen[1][1], "two sandboxes share the kernel's session id"
+    assert seen[0][2] != seen[1][2], "two sandboxes draw the same random numbers"
+    assert [s[3] for s in seen] == [41, 41] and [s[4] for s in seen] == [[], []]
+    assert len({sandbox.id for sandbox in made} | {template.id}) == 3
+    assert len({sandbox.workdir for sandbox in made} | {template.workdir}) == 3

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -71,6 +72,11 @@ def __nbexec_agent(wake):
             s.unbind(e)
         while not os.path.exists(wake):
             time.sleep(0.005)
+        fresh = __import__('json').load(open(wake))  # this sandbox's own key and ids, never the image's
+        app.session.session, app.session.key = fresh['session'], fresh['key'].encode()
+        __import__('random').seed()
+        if 'numpy' in __import__('sys').modules:
+            __import__('numpy').random.seed()
         if pipe is not None and port:
             pipe.socket.bind(f'tcp://127.0.0.1:{port}')
         for s, e in zip(socks, ends):
@@ -153,22 +159,41 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
 
 
 def restore(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
-    """A running sandbox from ``record``: checked, copied into a new container's checkpoints, started from it,
-    its kernel reconnected; SandboxError (and nothing left behind) when any of it fails."""
+    """The hibernated sandbox of ``record`` running again: same id and working folder, in a new container started
+    from the checked checkpoint, its kernel reconnected; SandboxError (and nothing left behind) otherwise."""
     files = _checked_record(record, config)
     sandbox = Sandbox(config, record["sandbox_id"], Path(record["workdir"]))
     sandbox.uid, sandbox.gid = int(record["uid"]), int(record["gid"])
-    sandbox.connection = dict(record["connection"])
     sandbox.data_fs = True  # the engine keeps the working folder, its data filesystem mounted
-    client = daemon.connect()
-    container = None
+    return _start_from(sandbox, record, files, folder)
+
+
+def from_template(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
+    """A NEW sandbox (its own id, working folder and empty /mnt/data) whose kernel is the checkpoint of
+    ``record``: a template, or a fork. Its processes keep the template's uid (they were made with it)."""
+    files = _checked_record(record, config)
+    sandbox = Sandbox.prepare(config, ids=(int(record["uid"]), int(record["gid"])))
+    try:
+        return _start_from(sandbox, record, files, folder)
+    except BaseException:
+        sandbox.destroy()
+        raise
+
+
+def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple[int, str]],
+                folder: Path) -> Sandbox:
+    """Copy the checkpoint into a new container, start it from it with a fresh key and session id (every
+    sandbox restored from one image gets its own), and reconnect."""
+    config, client, container = sandbox.config, daemon.connect(), None
+    sandbox.connection = {**record["connection"], "key": secrets.token_hex(32)}
     try:
         with daemon.translated("create a sandbox to restore"):
             container = client.containers.create(**container_options(
                 config, "session", Place(sandbox.id, sandbox.uid, sandbox.gid, sandbox.workdir)))
         target = Path(daemon.root_dir()) / "containers" / container.id / "checkpoints" / NAME
         _copy_in(folder / "checkpoint", target, files)
-        _open_runtime(sandbox.runtime_dir, str(record["wake"]))
+        fresh = {"key": sandbox.connection["key"], "session": secrets.token_hex(16)}
+        _open_runtime(sandbox.runtime_dir, str(record["wake"]), json.dumps(fresh).encode())
         with daemon.translated("restore a sandbox"):
             response = client.api.post(client.api._url("/containers/{0}/start", container.id),
                                        params={"checkpoint": NAME})
@@ -267,14 +292,16 @@ def _copy_file(src_dir: int, dst_dir: int, name: str, *, limit: int | None) -> t
         os.close(src)
 
 
-def _open_runtime(runtime_dir: Path, wake: str) -> None:
+def _open_runtime(runtime_dir: Path, wake: str, content: bytes) -> None:
     """Let the restored kernel bind its sockets again: the old socket files removed, the folder writable until it
     is up (`Sandbox.connect_kernel` locks it), and the wake file its agent waits for."""
     fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for name in os.listdir(fd):
             os.unlink(name, dir_fd=fd)
-        os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=fd))
+        out = os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=fd)
+        with os.fdopen(out, "wb") as written:
+            written.write(content)
     finally:
         os.close(fd)
     os.chmod(runtime_dir, 0o777)

@@ -83,12 +83,12 @@ class Sandbox:
         return self.workdir / "run"
 
     @classmethod
-    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
-        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
-        docker_client = daemon.connect()
-        sandbox_id = uuid.uuid4().hex[:16]
+    def prepare(cls, config: SandboxConfig, *, ids: tuple[int, int] | None = None) -> Sandbox:
+        """A new sandbox's disk share, working folders and data filesystem (owned by ``ids``, else by its own
+        user), and its egress proxy; no container yet."""
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
-        sandbox = cls(config, sandbox_id, workdir)
+        sandbox = cls(config, uuid.uuid4().hex[:16], workdir)
+        sandbox.uid, sandbox.gid = ids or (sandbox.uid, sandbox.gid)
         try:
             # Its share of the host's disk is admitted before anything is written (DiskSpaceError otherwise).
             sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
@@ -96,6 +96,17 @@ class Sandbox:
             sandbox._prepare_folders()
             if config.network == "allowlist":  # before the container, which mounts the proxy's folder
                 sandbox.egress = egress.open_proxy(workdir, config)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    @classmethod
+    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
+        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
+        docker_client = daemon.connect()
+        sandbox = cls.prepare(config)
+        try:
             sandbox._create_container(docker_client, role)
             sandbox._watch_data()
             sandbox.connect_kernel()
@@ -383,11 +394,6 @@ def _add_wheel(folder_fd: int, wheel: WheelFile) -> None:
 
 
 def _process_identity(pid: Any) -> tuple[int, str] | None:
-    """(pid, start time) of a host process, or None when it does not exist here."""
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return pid, fields[19]  # starttime, in clock ticks since boot
+    """(pid, boot id and start time) of a host process, or None when it does not exist here."""
+    start = daemon.process_start(pid) if isinstance(pid, int) and pid > 0 else None
+    return (pid, start) if start is not None else None
