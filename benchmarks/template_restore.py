@@ -4,11 +4,10 @@
 
 Warm imports: numpy, pandas, matplotlib.pyplot. "boot": a sandbox started and warmed (`pool.start_sandbox`), its
 first `print` answered. "restore": the warmed kernel checkpointed once (`checkpoint.checkpoint`), then each sample
-restores it into a new container (`checkpoint.restore`: the checkpoint copied in, sha256-checked, started, the
-kernel reconnected) and its first `print` answered. Samples alternate, so a load change hits both alike; one at a
-time, so sandboxes per second is 1 / mean. The working folder is the template's in every restore (as a wake's is):
-a fresh one per sandbox adds the folder and data filesystem set-up that "boot" pays too (about 0.1 s).
-Prints a Markdown table.
+makes a new sandbox from it (`checkpoint.from_template`: its own id, working folder and data filesystem, the
+checkpoint copied in and sha256-checked, a fresh key and session id, started, the kernel reconnected) and its
+first `print` answered. Both are destroyed after their sample (not timed). Samples alternate, so a load change
+hits both alike; one at a time, so sandboxes per second is 1 / mean. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -43,11 +42,12 @@ def boot(config: nbexec.SandboxConfig) -> float:
 
 def restore(config: nbexec.SandboxConfig, record: dict, folder: Path) -> float:
     started = time.perf_counter()
-    sandbox = checkpoint.restore(config, record, folder)
-    first_answer(sandbox)
-    took = time.perf_counter() - started
-    sandbox.container.remove(force=True, v=True)  # the template's working folder stays for the next sample
-    return took
+    sandbox = checkpoint.from_template(config, record, folder)
+    try:
+        first_answer(sandbox)
+        return time.perf_counter() - started
+    finally:
+        sandbox.destroy()
 
 
 def row(name: str, times: list[float]) -> str:

@@ -318,3 +318,36 @@ def test_sandboxes_from_one_template_get_their_own_key_ids_and_files(runsc: nbex
     assert [s[3] for s in seen] == [41, 41] and [s[4] for s in seen] == [[], []]
     assert len({sandbox.id for sandbox in made} | {template.id}) == 3
     assert len({sandbox.workdir for sandbox in made} | {template.workdir}) == 3
+
+
+@pytest.mark.parametrize("holds", [
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()",  # a server of the code's on localhost
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0))",
+    "s = socket.socket(socket.AF_UNIX); s.bind('/mnt/data/own.sock'); s.listen()",  # a socket on a host mount
+])
+def test_a_sandbox_holding_sockets_gvisor_cannot_save_is_left_running(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                      sandboxes: list[Sandbox], holds: str) -> None:
+    """A checkpoint that fails kills the container: such a sandbox is never checkpointed (None, the engine
+    replays), and it runs on with its state and its socket."""
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "import socket\nx = 6\n" + holds)
+    folder = private_folder(tmp_path)
+    assert LocalSource().hibernate(sandbox, folder) is None
+    assert run(sandbox, "print(x * 7, s.fileno() > 0)") == "42 True\n"
+    assert list(folder.iterdir()) == []
+
+
+def test_a_kernel_that_keeps_its_sockets_is_not_checkpointed(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                              sandboxes: list[Sandbox]) -> None:
+    """The code disables the agent's unbinding: the host waits only up to startup_timeout, never checkpoints a
+    container whose host sockets are still bound (that would kill it), and writes nothing into the folder."""
+    config = runsc.replace(startup_timeout=5)
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "import zmq\nzmq.Socket.unbind = lambda self, endpoint: None")
+    folder = private_folder(tmp_path)
+    with pytest.raises(SandboxError, match="did not let go"):
+        LocalSource().hibernate(sandbox, folder)
+    assert sandbox.state().running, "a checkpoint was tried on a kernel that kept its sockets"
+    assert list(folder.iterdir()) == []

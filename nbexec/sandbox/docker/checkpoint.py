@@ -12,6 +12,12 @@ addresses again; the host reconnects with the key it kept. The agent runs on the
 with nothing: a kernel that does not let go is not checkpointed (hibernate raises), and the host only ever waits,
 within a deadline, for socket files in a folder the sandbox cannot write once it is locked.
 
+Before anything changes, the agent looks for sockets of the code's that gVisor could not save (any TCP or UDP
+socket but the IOPub pipe's, a unix socket bound on a host mount such as /mnt/data): with one, it refuses and
+``hibernate`` returns None with the sandbox running on (the engine replays instead). Every restore hands the
+kernel a fresh HMAC key and session id and reseeds ``random`` (and numpy's global generator), so the sandboxes
+made from one image by `from_template` (a template, a fork) never share them.
+
 A checkpoint is hostile data on its way back: it is copied into ``folder`` private (0700/0600), each file's sha256
 and size is kept in the record, and ``wake`` copies only regular files (no links, nothing added nor missing)
 through descriptors, hashing what it copies, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all, and hands them
@@ -64,6 +70,17 @@ def __nbexec_agent(wake):
     port = getattr(app.iopub_thread, '_pipe_port', None)
     socks = [app.shell_socket, app.control_socket, app.iopub_thread.socket, app.stdin_socket, app.heartbeat.socket]
     ends = [s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks]
+    blockers = []  # sockets gVisor cannot save: any TCP/UDP but the pipe's listener, unix ones on host mounts
+    for table in ('tcp', 'tcp6', 'udp', 'udp6'):
+        for line in open(f'/proc/net/{table}').read().splitlines()[1:]:
+            if not (table == 'tcp' and line.split()[1] == f'0100007F:{port or 0:04X}'):
+                blockers.append(table + ' ' + line.split()[1])
+    for line in open('/proc/net/unix').read().splitlines()[1:]:
+        path = line.split()[7] if len(line.split()) > 7 else ''
+        if path.startswith(('/mnt/', '/run/nbexec/')) and path[:-1] != '/run/nbexec/kernel-':
+            blockers.append('unix ' + path)
+    if blockers:
+        raise RuntimeError('nbexec-checkpoint-blocked: ' + ', '.join(blockers[:8]))
     def run():
         time.sleep(0.3)  # the reply to this cell goes out first
         if pipe is not None and port:
@@ -85,6 +102,10 @@ def __nbexec_agent(wake):
 __nbexec_agent(@WAKE@)
 del __nbexec_agent
 """
+
+
+class Blocked(SandboxError):
+    """The kernel holds sockets gVisor cannot save (a server of the code's on localhost...): nothing was done."""
 
 
 def supported(config: SandboxConfig) -> bool:
@@ -120,10 +141,15 @@ def _probe(config: SandboxConfig) -> bool:
 
 def hibernate(sandbox: Sandbox, folder: Path) -> dict[str, Any] | None:
     """Checkpoint ``sandbox`` into ``folder`` and remove its container; its record, or None (untouched) when its
-    runtime cannot keep memory or it reaches the host's egress proxy (a host socket the runtime cannot save)."""
+    runtime cannot keep memory, it reaches the host's egress proxy, or its code holds a socket gVisor cannot save
+    (a TCP or UDP socket, a unix socket on a host mount): a checkpoint that fails kills the container."""
     if sandbox.config.network == "allowlist" or not supported(sandbox.config):
         return None
-    return checkpoint(sandbox, folder)
+    try:
+        return checkpoint(sandbox, folder)
+    except Blocked as exc:  # the kernel was asked before anything changed: the sandbox runs on, untouched
+        log.info("sandbox %s is not checkpointed: %s", sandbox.id, exc)
+        return None
 
 
 def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
@@ -132,6 +158,8 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     config = sandbox.config
     wake = f"wake-{secrets.token_hex(8)}"
     reply = sandbox.run_hidden(_AGENT.replace("@WAKE@", repr(f"/run/nbexec/{wake}")), config.startup_timeout)
+    if reply is not None and str(reply.get("evalue", "")).startswith("nbexec-checkpoint-blocked"):
+        raise Blocked(f"the sandbox holds sockets gVisor cannot save ({str(reply['evalue'])[27:200]})")
     if reply is None or reply.get("status") != "ok":
         raise SandboxError("the sandbox's kernel did not prepare for a checkpoint")
     if sandbox.client is not None:
