@@ -47,15 +47,15 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 
 from . import daemon, pool
-from .container import Sandbox
-from .options import Place, container_options
+from .container import KERNEL_PORTS, Sandbox
+from .options import RUNTIME_MOUNT, Place, container_options
 
 log = logging.getLogger(__name__)
 
 NAME = "nbexec"  # the checkpoint's name in Docker's data root
 CHECKPOINT_SLACK = 64 * 1024**2  # a checkpoint may be this much larger than the sandbox's memory limit
 RECORD_VERSION = 1
-_SOCKETS = tuple(f"kernel-{n}" for n in range(1, 6))
+_SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
 _CHUNK = 1 << 20
 _probed: dict[str, bool] = {}
 _probe_lock = threading.Lock()
@@ -183,7 +183,7 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     sandbox.container = None
     return {"version": RECORD_VERSION, "runtime": config.runtime, "sandbox_id": sandbox.id,
             "workdir": str(sandbox.workdir), "uid": sandbox.uid, "gid": sandbox.gid, "wake": wake,
-            "connection": dict(sandbox.connection), "files": files}
+            "files": files}  # no key: every restore sets a fresh one
 
 
 def restore(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
@@ -213,7 +213,8 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
     """Copy the checkpoint into a new container, start it from it with a fresh key and session id (every
     sandbox restored from one image gets its own), and reconnect."""
     config, client, container = sandbox.config, daemon.connect(), None
-    sandbox.connection = {**record["connection"], "key": secrets.token_hex(32)}
+    sandbox.connection = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
+                          "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
     try:
         with daemon.translated("create a sandbox to restore"):
             container = client.containers.create(**container_options(
@@ -250,7 +251,7 @@ def _checked_record(record: dict[str, Any], config: SandboxConfig) -> dict[str, 
         assert record["version"] == RECORD_VERSION and record["runtime"] == config.runtime
         assert isinstance(record["sandbox_id"], str) and record["sandbox_id"].isalnum()
         assert isinstance(record["wake"], str) and record["wake"].replace("-", "").isalnum()
-        assert isinstance(record["connection"], dict) and isinstance(record["workdir"], str)
+        assert isinstance(record["workdir"], str) and "connection" not in record
         files = {str(name): (int(size), str(digest)) for name, (size, digest) in record["files"].items()}
     except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SandboxError("the hibernated sandbox's record is not one nbexec wrote") from exc

@@ -44,7 +44,7 @@ __all__ = ["Sandbox"]
 
 log = logging.getLogger(__name__)
 
-_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+KERNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
 class Sandbox:
@@ -122,7 +122,7 @@ class Sandbox:
         mark(self.workdir)  # /mnt/data lives below: never a place nbexec loads a .env from
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
-                "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
+                "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
         self.connection = info
         conn = self.runtime_dir / "kernel.json"
         conn.write_text(json.dumps(info))
@@ -190,8 +190,8 @@ class Sandbox:
     def connect_kernel(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
         deadline = time.monotonic() + self.config.startup_timeout
-        shell = self.runtime_dir / f"kernel-{_PORTS['shell_port']}"
-        iopub = self.runtime_dir / f"kernel-{_PORTS['iopub_port']}"
+        shell = self.runtime_dir / f"kernel-{KERNEL_PORTS['shell_port']}"
+        iopub = self.runtime_dir / f"kernel-{KERNEL_PORTS['iopub_port']}"
         delay, next_check = 0.002, time.monotonic() + 0.25
         while not (shell.exists() and iopub.exists()):
             if time.monotonic() > next_check:  # asking Docker costs a few ms: not on every poll
