@@ -29,6 +29,9 @@ from nbexec.sandbox.docker.container import Sandbox
 from nbexec.sandbox.docker.local import LocalSource
 
 from ..conftest import IMAGE, own_containers
+from ..test_runtimes import UNDER_RUNSC
+from . import test_hostile as hostile
+from .test_hostile import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
 
 STATE = """
 import threading, time, json as kept_module
@@ -370,3 +373,37 @@ def test_a_kernel_that_keeps_its_sockets_is_not_checkpointed(runsc: nbexec.Sandb
         LocalSource().hibernate(sandbox, folder)
     assert sandbox.state().running, "a checkpoint was tried on a kernel that kept its sockets"
     assert list(folder.iterdir()) == []
+
+
+CORE = ("fork-bomb", "memory-bomb", "write-rootfs", "http-exfiltration", "docker-bridge-host", "docker-socket",
+        "host-files", "capabilities", "symlink-to-host")
+
+
+@pytest.mark.parametrize("case", [c for c in hostile.CASES if c.id in CORE], ids=lambda c: c.id)
+def test_a_woken_sandbox_contains_the_hostile_suites_core_escapes(
+        case: hostile.Case, canary: Path, listener: hostile.Listener, cleanup_ledger: None,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The hostile suite's core cases, run by the engine on a sandbox that was hibernated and woken (the pool
+    hands out only such sandboxes here), judged by the suite's own checks (gVisor's, where test_runtimes has one:
+    a fork bomb ends a runsc sandbox rather than failing its fork)."""
+    run_ = hostile.prepare(case, listener)
+    config = hostile.contained_config(case, canary).replace(runtime="runsc")
+    woken: list[Sandbox] = []
+
+    def acquire(wanted: nbexec.SandboxConfig) -> Sandbox:
+        sandbox = pool.start_sandbox(wanted, role="session", warm_up=False)
+        folder = private_folder(tmp_path / f"h{len(woken)}")
+        record = checkpoint.hibernate(sandbox, folder)
+        if record is None:
+            sandbox.destroy()
+            pytest.fail("runsc's probe said it cannot keep memory")
+        woken.append(checkpoint.restore(wanted, record, folder))
+        return woken[-1]
+
+    monkeypatch.setattr(pool, "acquire", acquire)
+    before = hashlib.sha256(canary.read_bytes()).hexdigest()
+    result = nbexec.execute_notebook(run_.code, config=config)
+    assert len(woken) == 1, "the run's sandbox was not a woken one"
+    (UNDER_RUNSC[case.id][0] if case.id in UNDER_RUNSC else case.check)(result)  # as for a fresh runsc sandbox
+    assert hashlib.sha256(canary.read_bytes()).hexdigest() == before
+    assert listener.got(run_.token) == b"", "the host listener received data from the sandbox"
