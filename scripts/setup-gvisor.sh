@@ -2,19 +2,25 @@
 # Install gVisor (Debian package runsc) and register it with the running Docker engine as runtime "runsc".
 #
 # Idempotent; needs root. Existing keys of /etc/docker/daemon.json are kept; only runtimes.runsc is set (and
-# runtimes.crun with --crun). The engine is reloaded with SIGHUP, which keeps running containers running: it is
-# never restarted. Afterwards `nbexec doctor --runtimes` starts a test container with each runtime.
+# runtimes.crun with --crun), and "experimental": true, which `docker checkpoint` needs (durable sessions keep a
+# gVisor sandbox's memory through it: nbexec/sandbox/docker/checkpoint.py). The engine is reloaded with SIGHUP, which
+# keeps running containers running; but a reload does not turn experimental on: that takes an engine restart, which
+# this script does only with --restart (CI, which owns its engine); otherwise it says so, and hibernated sessions
+# replay instead. Afterwards `nbexec doctor --runtimes` starts a test container with each runtime.
 #
-#   sudo scripts/setup-gvisor.sh           # runsc only
-#   sudo scripts/setup-gvisor.sh --crun    # also install crun and register it (it may still refuse some hosts)
+#   sudo scripts/setup-gvisor.sh             # runsc only
+#   sudo scripts/setup-gvisor.sh --crun      # also install crun and register it (it may still refuse some hosts)
+#   sudo scripts/setup-gvisor.sh --restart   # restart the engine when experimental is not on yet
 set -euo pipefail
 
 DAEMON_JSON=${DAEMON_JSON:-/etc/docker/daemon.json}
 WITH_CRUN=0
+RESTART=0
 for arg in "$@"; do
     case "$arg" in
         --crun) WITH_CRUN=1 ;;
-        *) echo "usage: $0 [--crun]" >&2; exit 2 ;;
+        --restart) RESTART=1 ;;
+        *) echo "usage: $0 [--crun] [--restart]" >&2; exit 2 ;;
     esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -57,10 +63,11 @@ except FileNotFoundError:
 if not isinstance(config, dict) or not isinstance(config.get("runtimes", {}), dict):
     sys.exit(f"{path} is not a JSON object with a \"runtimes\" object; fix it by hand")
 runtimes = config.setdefault("runtimes", {})
-if all(runtimes.get(name) == entry for name, entry in wanted.items()):
+if all(runtimes.get(name) == entry for name, entry in wanted.items()) and config.get("experimental") is True:
     print(f"{path} already registers {', '.join(wanted)}")
     sys.exit(0)
 runtimes.update(wanted)
+config["experimental"] = True  # docker checkpoint (gVisor memory of hibernated sessions); read at engine start only
 os.makedirs(os.path.dirname(path), exist_ok=True)
 tmp = path + ".nbexec-tmp"
 with open(tmp, "w") as f:
@@ -93,6 +100,19 @@ if ! engine_matches; then
         echo "setup-gvisor.sh: Docker did not take the runtimes in $DAEMON_JSON after a reload; see \`docker info\`" \
              "and the engine's log" >&2
         exit 1
+    fi
+fi
+if [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != true ]; then
+    if [ "$RESTART" = 1 ]; then
+        systemctl restart docker 2>/dev/null || service docker restart
+        for _ in $(seq 1 120); do
+            [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = true ] && break
+            sleep 0.5
+        done
+    else
+        echo "setup-gvisor.sh: $DAEMON_JSON sets \"experimental\": true, but the running engine took no restart:" \
+             "restart it (systemctl restart docker) so hibernated gVisor sessions keep their memory (until then they" \
+             "replay)" >&2
     fi
 fi
 echo "Docker runtimes: $(docker info --format '{{range $name, $_ := .Runtimes}}{{$name}} {{end}}')"

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from nbexec.config import SandboxConfig
+from nbexec.errors import SandboxError
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.result import Connection
@@ -187,3 +188,13 @@ class SandboxSource(Protocol):
 
     def close(self) -> None:
         """Remove every sandbox this source holds ready (at shutdown)."""
+
+    def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
+        """Stop ``handle``'s sandbox keeping its memory in ``folder`` (0700, yours); a JSON-able record to wake it
+        from, or None when this source cannot keep memory (the engine then replays). The sandbox is gone after
+        a record is returned; on None it is untouched."""
+        return None
+
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
+        """A running sandbox from a record ``hibernate`` returned (raises SandboxError when it cannot)."""
+        raise SandboxError("this sandbox source cannot restore memory")

@@ -45,7 +45,7 @@ __all__ = ["Sandbox"]
 
 log = logging.getLogger(__name__)
 
-_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+KERNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
 class Sandbox:
@@ -68,7 +68,7 @@ class Sandbox:
         self.container: Any = None
         self.client: kernel.KernelClient | None = None
         self.started_at = time.monotonic()
-        self._connection: dict[str, Any] = {}
+        self.connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
         self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
         self.egress: Proxy | None = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
@@ -84,12 +84,12 @@ class Sandbox:
         return self.workdir / "run"
 
     @classmethod
-    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
-        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
-        docker_client = daemon.connect()
-        sandbox_id = uuid.uuid4().hex[:16]
+    def prepare(cls, config: SandboxConfig, *, ids: tuple[int, int] | None = None) -> Sandbox:
+        """A new sandbox's disk share, working folders and data filesystem (owned by ``ids``, else by its own
+        user), and its egress proxy; no container yet."""
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
-        sandbox = cls(config, sandbox_id, workdir)
+        sandbox = cls(config, uuid.uuid4().hex[:16], workdir)
+        sandbox.uid, sandbox.gid = ids or (sandbox.uid, sandbox.gid)
         try:
             # Its share of the host's disk is admitted before anything is written (DiskSpaceError otherwise).
             sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
@@ -97,9 +97,20 @@ class Sandbox:
             sandbox._prepare_folders()
             if config.network == "allowlist":  # before the container, which mounts the proxy's folder
                 sandbox.egress = egress.open_proxy(workdir, config)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    @classmethod
+    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
+        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
+        docker_client = daemon.connect()
+        sandbox = cls.prepare(config)
+        try:
             sandbox._create_container(docker_client, role)
             sandbox._watch_data()
-            sandbox._connect()
+            sandbox.connect_kernel()
             if sandbox.egress is not None:
                 assert sandbox.client is not None
                 egress.start_forwarder(sandbox.client, config)
@@ -112,8 +123,8 @@ class Sandbox:
         mark(self.workdir)  # /mnt/data lives below: never a place nbexec loads a .env from
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
-                "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
-        self._connection = info
+                "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
+        self.connection = info
         conn = self.runtime_dir / "kernel.json"
         conn.write_text(json.dumps(info))
         owner = self.file_owner()
@@ -168,16 +179,20 @@ class Sandbox:
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
-            self.container.reload()
-        self._init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
-        if self._init_process is not None:
-            self.freezer = datafs.Freezer.of_process(self._init_process[0])
+            self.attach(self.container)
 
-    def _connect(self) -> None:
+    def attach(self, container: Any) -> None:
+        """Take ``container`` (started) as this sandbox's: its init process and its cgroup freezer."""
+        self.container = container
+        container.reload()
+        self._init_process = _process_identity(container.attrs.get("State", {}).get("Pid"))
+        self.freezer = datafs.Freezer.of_process(self._init_process[0]) if self._init_process else None
+
+    def connect_kernel(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
         deadline = time.monotonic() + self.config.startup_timeout
-        shell = self.runtime_dir / f"kernel-{_PORTS['shell_port']}"
-        iopub = self.runtime_dir / f"kernel-{_PORTS['iopub_port']}"
+        shell = self.runtime_dir / f"kernel-{KERNEL_PORTS['shell_port']}"
+        iopub = self.runtime_dir / f"kernel-{KERNEL_PORTS['iopub_port']}"
         delay, next_check = 0.002, time.monotonic() + 0.25
         while not (shell.exists() and iopub.exists()):
             if time.monotonic() > next_check:  # asking Docker costs a few ms: not on every poll
@@ -187,7 +202,7 @@ class Sandbox:
             delay = min(delay * 1.5, 0.02)
         # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
         frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
-        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection,
+        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self.connection,
                                                   max_message=frame_limit)
         self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
@@ -386,11 +401,6 @@ def _add_wheel(folder_fd: int, wheel: WheelFile) -> None:
 
 
 def _process_identity(pid: Any) -> tuple[int, str] | None:
-    """(pid, start time) of a host process, or None when it does not exist here."""
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return pid, fields[19]  # starttime, in clock ticks since boot
+    """(pid, boot id and start time) of a host process, or None when it does not exist here."""
+    start = daemon.process_start(pid) if isinstance(pid, int) and pid > 0 else None
+    return (pid, start) if start is not None else None

@@ -27,6 +27,7 @@ LABEL_OWNER_START = "nbexec.owner.start"  # "<boot id>/<start time>" of that pro
 LABEL_ROLE = "nbexec.role"  # "pool", "oneshot" or "session"
 _lock = threading.Lock()
 _client: docker.DockerClient | None = None
+_root: Path | None = None
 
 
 def node() -> str:
@@ -104,6 +105,15 @@ def translated(action: str) -> Iterator[None]:
         raise DockerError(f"Docker refused to {action}: {exc.explanation or exc}") from exc
     except docker.errors.DockerException as exc:
         raise DockerError(f"Docker failed to {action}: {exc}") from exc
+
+
+def root_dir() -> Path:
+    """The engine's data root (``docker info``'s DockerRootDir), where it keeps each container's checkpoints."""
+    global _root
+    if _root is None:
+        with translated("ask the Docker engine for its data root"):
+            _root = Path(connect().info()["DockerRootDir"])
+    return _root
 
 
 def require_image(client: docker.DockerClient, image: str) -> None:

@@ -3,13 +3,14 @@ started for themselves, each a `container.Sandbox` (the local SandboxHandle)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
 
-from . import daemon, pool
+from . import checkpoint, daemon, pool
 from .container import Sandbox
 
 
@@ -24,12 +25,10 @@ class LocalSource:
         return pool.start_sandbox(config, role="session", warm_up=True)
 
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
-        if not isinstance(sandbox, Sandbox):
-            raise TypeError(f"{sandbox!r} is not a sandbox of this host")
         if wait:
-            sandbox.destroy()
+            _own(sandbox).destroy()
         else:  # destroyed in the background, and its pool refilled
-            pool.release(sandbox)
+            pool.release(_own(sandbox))
 
     def sweep(self) -> None:
         pool.sweep_orphans()
@@ -56,3 +55,17 @@ class LocalSource:
 
     def close(self) -> None:
         pool.shutdown()
+
+    def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
+        """Checkpoint the sandbox into ``folder`` where its runtime can (gVisor; probed), else None (see
+        `checkpoint`)."""
+        return checkpoint.hibernate(_own(handle), folder)
+
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
+        return checkpoint.restore(config, record, folder)
+
+
+def _own(sandbox: SandboxHandle) -> Sandbox:
+    if not isinstance(sandbox, Sandbox):
+        raise TypeError(f"{sandbox!r} is not a sandbox of this host")
+    return sandbox

@@ -14,9 +14,11 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 from nbexec.config import SandboxConfig, host_from_env
-from nbexec.errors import ConfigError, NodeError, NodeUnavailableError, SessionLimitError
+from nbexec.errors import ConfigError, NodeError, NodeUnavailableError, SandboxError, SessionLimitError
 from nbexec.names import is_image_name
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
 
@@ -141,6 +143,12 @@ class RemoteSource:
         for client in self.cluster.clients.values():
             with contextlib.suppress(Exception):
                 client.close()
+
+    def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
+        return None  # a node keeps its sandboxes' memory itself (not yet): the engine replays
+
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
+        raise SandboxError("remote sandboxes cannot be restored from a checkpoint here")
 
 
 _sources: dict[tuple[tuple[str, ...], str], RemoteSource] = {}

@@ -1,0 +1,366 @@
+"""Memory kept across a stop: gVisor checkpoint/restore of a local sandbox (`LocalSource.hibernate` / ``wake``).
+
+What blocks a plain ``docker checkpoint``: gVisor cannot save a socket backed by the host, and the kernel's five
+ZeroMQ sockets are exactly that (ipc:// files made through runsc's ``--host-uds=create`` in /run/nbexec), and it
+cannot save a listening TCP socket of its own netstack either (ipykernel's IOPub pipe for forked children binds
+tcp://127.0.0.1). Both fail the checkpoint *and kill the container*. So the host first asks the kernel to let go:
+``_AGENT`` (run silently in the kernel, like the warm imports) starts a thread that, once the reply went out,
+unbinds the IOPub pipe and then the five ipc sockets, and waits for a wake file; the host drops its connections,
+waits until the five socket files are gone, and checkpoints. Restored in a NEW container (a restored container
+cannot be checkpointed again: containerd's task gets stuck), the same thread sees the wake file and binds the same
+addresses again; the host reconnects with the key it kept. The agent runs on the sandbox's side, so it is trusted
+with nothing: a kernel that does not let go is not checkpointed (hibernate raises), and the host only ever waits,
+within a deadline, for socket files in a folder the sandbox cannot write once it is locked.
+
+Before anything changes, the agent looks for sockets of the code's that gVisor could not save (any TCP or UDP
+socket but the IOPub pipe's, a unix socket bound on a host mount such as /mnt/data): with one, it refuses and
+``hibernate`` returns None with the sandbox running on (the engine replays instead). Every restore hands the
+kernel a fresh HMAC key and session id and reseeds ``random`` (and numpy's global generator), so the sandboxes
+made from one image by `from_template` (a template, a fork) never share them.
+
+A checkpoint is hostile data on its way back: it is copied into ``folder`` private (0700/0600), each file's sha256
+and size is kept in the record, and ``wake`` copies only regular files (no links, nothing added nor missing)
+through descriptors, hashing what it copies, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all, and hands them
+to runsc alone. Whether a runtime can do any of this is found out by `supported` (a probe, cached per runtime per
+process): under runc (CRIU fails on this kernel's vDSO) it says no and ``hibernate`` returns None untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import socket
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import DockerError, SandboxError
+
+from . import daemon, pool
+from .container import KERNEL_PORTS, Sandbox
+from .options import RUNTIME_MOUNT, Place, container_options
+
+log = logging.getLogger(__name__)
+
+NAME = "nbexec"  # the checkpoint's name in Docker's data root
+CHECKPOINT_SLACK = 64 * 1024**2  # a checkpoint may be this much larger than the sandbox's memory limit
+RECORD_VERSION = 1
+_SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
+_CHUNK = 1 << 20
+_probed: dict[str, bool] = {}
+_probe_lock = threading.Lock()
+
+# Runs in the kernel (see the module docstring). @WAKE@ is the file whose appearance means "restored".
+_AGENT = """
+def __nbexec_agent(wake):
+    import os, threading, time, zmq
+    from ipykernel.kernelapp import IPKernelApp
+    app = IPKernelApp.instance()
+    pipe = getattr(app.iopub_thread, '_pipe_in', None)
+    port = getattr(app.iopub_thread, '_pipe_port', None)
+    socks = [app.shell_socket, app.control_socket, app.iopub_thread.socket, app.stdin_socket, app.heartbeat.socket]
+    ends = [s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks]
+    blockers = []  # sockets gVisor cannot save: any TCP/UDP but the pipe's listener, unix ones on host mounts
+    for table in ('tcp', 'tcp6', 'udp', 'udp6'):
+        for line in open(f'/proc/net/{table}').read().splitlines()[1:]:
+            if not (table == 'tcp' and line.split()[1] == f'0100007F:{port or 0:04X}'):
+                blockers.append(table + ' ' + line.split()[1])
+    for line in open('/proc/net/unix').read().splitlines()[1:]:
+        path = line.split()[7] if len(line.split()) > 7 else ''
+        if path.startswith(('/mnt/', '/run/nbexec/')) and path[:-1] != '/run/nbexec/kernel-':
+            blockers.append('unix ' + path)
+    if blockers:
+        raise RuntimeError('nbexec-checkpoint-blocked: ' + ', '.join(blockers[:8]))
+    def run():
+        time.sleep(0.3)  # the reply to this cell goes out first
+        if pipe is not None and port:
+            pipe.socket.unbind(f'tcp://127.0.0.1:{port}')
+        for s, e in zip(socks, ends):
+            s.unbind(e)
+        while not os.path.exists(wake):
+            time.sleep(0.005)
+        fresh = __import__('json').load(open(wake))  # this sandbox's own key and ids, never the image's
+        app.session.session, app.session.key = fresh['session'], fresh['key'].encode()
+        __import__('random').seed()
+        if 'numpy' in __import__('sys').modules:
+            __import__('numpy').random.seed()
+        if pipe is not None and port:
+            pipe.socket.bind(f'tcp://127.0.0.1:{port}')
+        for s, e in zip(socks, ends):
+            s.bind(e)
+    threading.Thread(target=run, name='nbexec-checkpoint', daemon=True).start()
+__nbexec_agent(@WAKE@)
+del __nbexec_agent
+"""
+
+
+class Blocked(SandboxError):
+    """The kernel holds sockets gVisor cannot save (a server of the code's on localhost...): nothing was done."""
+
+
+def supported(config: SandboxConfig) -> bool:
+    """Whether sandboxes of ``runtime`` keep their memory through hibernate/wake here: found out once per runtime
+    per process by doing it to a tiny sandbox and reading a variable back (never assumed from the runtime's name)."""
+    key = config.runtime or ""
+    with _probe_lock:
+        if key not in _probed:
+            _probed[key] = _probe(config.replace(memory="256m", max_data="16m", network=False, input_dir=None,
+                                                 warm_imports=(), pool_size=0))
+        return _probed[key]
+
+
+def _probe(config: SandboxConfig) -> bool:
+    runtime = config.runtime
+    with tempfile.TemporaryDirectory(prefix="nbexec-probe-") as folder:
+        sandbox = pool.start_sandbox(config, role="probe", warm_up=False)
+        woken: Sandbox | None = None
+        try:
+            marker = secrets.token_hex(8)
+            sandbox.run_hidden(f"__nbexec_probe = {marker!r}", config.startup_timeout)
+            record = checkpoint(sandbox, Path(folder))
+            woken = restore(config, record, Path(folder))
+            reply = woken.run_hidden("pass", config.startup_timeout, expressions={"m": "__nbexec_probe"})
+            value = ((reply or {}).get("user_expressions", {}).get("m") or {}).get("data", {}).get("text/plain")
+            return value == repr(marker)
+        except Exception as exc:  # the runtime cannot: hibernate returns None from now on
+            log.info("sandboxes of runtime %s cannot keep memory through a stop: %s", runtime or "default", exc)
+            return False
+        finally:
+            (woken or sandbox).destroy()  # one working folder: the woken sandbox's, when there is one
+
+
+def hibernate(sandbox: Sandbox, folder: Path) -> dict[str, Any] | None:
+    """Checkpoint ``sandbox`` into ``folder`` and remove its container; its record, or None (untouched) when its
+    runtime cannot keep memory, it reaches the host's egress proxy, or its code holds a socket gVisor cannot save
+    (a TCP or UDP socket, a unix socket on a host mount): a checkpoint that fails kills the container."""
+    if sandbox.config.network == "allowlist" or not supported(sandbox.config):
+        return None
+    try:
+        return checkpoint(sandbox, folder)
+    except Blocked as exc:  # the kernel was asked before anything changed: the sandbox runs on, untouched
+        log.info("sandbox %s is not checkpointed: %s", sandbox.id, exc)
+        return None
+
+
+def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
+    """Quiesce the kernel, checkpoint the container into Docker's data root, copy it into ``folder`` privately,
+    and remove the container (its working folder, /mnt/data with it, stays where it is)."""
+    config = sandbox.config
+    wake = f"wake-{secrets.token_hex(8)}"
+    reply = sandbox.run_hidden(_AGENT.replace("@WAKE@", repr(f"/run/nbexec/{wake}")), config.startup_timeout)
+    if reply is not None and str(reply.get("evalue", "")).startswith("nbexec-checkpoint-blocked"):
+        raise Blocked(f"the sandbox holds sockets gVisor cannot save ({str(reply['evalue'])[27:200]})")
+    if reply is None or reply.get("status") != "ok":
+        raise SandboxError("the sandbox's kernel did not prepare for a checkpoint")
+    if sandbox.client is not None:
+        sandbox.client.close()
+        sandbox.client = None
+    _wait(lambda: not any(_answers(sandbox.runtime_dir / name) for name in _SOCKETS), config.startup_timeout,
+          "the sandbox's kernel did not let go of its sockets")
+    if sandbox.freezer is not None:
+        sandbox.freezer.thaw()
+    api = daemon.connect().api
+    started = time.monotonic()
+    with daemon.translated("checkpoint a sandbox"):
+        response = api._post_json(api._url("/containers/{0}/checkpoints", sandbox.container.id),
+                                  data={"CheckpointID": NAME, "Exit": True})
+        api._raise_for_status(response)
+    files = _copy_out(Path(daemon.root_dir()) / "containers" / sandbox.container.id / "checkpoints" / NAME,
+                      folder / "checkpoint")
+    log.debug("sandbox %s checkpointed in %.3f s", sandbox.id, time.monotonic() - started)
+    with contextlib.suppress(DockerError), daemon.translated("remove a checkpointed sandbox"):
+        sandbox.container.remove(force=True, v=True)
+    sandbox.container = None
+    return {"version": RECORD_VERSION, "runtime": config.runtime, "sandbox_id": sandbox.id,
+            "workdir": str(sandbox.workdir), "uid": sandbox.uid, "gid": sandbox.gid, "wake": wake,
+            "files": files}  # no key: every restore sets a fresh one
+
+
+def restore(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
+    """The hibernated sandbox of ``record`` running again: same id and working folder, in a new container started
+    from the checked checkpoint, its kernel reconnected; SandboxError (and nothing left behind) otherwise."""
+    files = _checked_record(record, config)
+    sandbox = Sandbox(config, record["sandbox_id"], Path(record["workdir"]))
+    sandbox.uid, sandbox.gid = int(record["uid"]), int(record["gid"])
+    sandbox.data_fs = True  # the engine keeps the working folder, its data filesystem mounted
+    return _start_from(sandbox, record, files, folder)
+
+
+def from_template(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
+    """A NEW sandbox (its own id, working folder and empty /mnt/data) whose kernel is the checkpoint of
+    ``record``: a template, or a fork. Its processes keep the template's uid (they were made with it)."""
+    files = _checked_record(record, config)
+    sandbox = Sandbox.prepare(config, ids=(int(record["uid"]), int(record["gid"])))
+    try:
+        return _start_from(sandbox, record, files, folder)
+    except BaseException:
+        sandbox.destroy()
+        raise
+
+
+def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple[int, str]],
+                folder: Path) -> Sandbox:
+    """Copy the checkpoint into a new container, start it from it with a fresh key and session id (every
+    sandbox restored from one image gets its own), and reconnect."""
+    config, client, container = sandbox.config, daemon.connect(), None
+    sandbox.connection = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
+                          "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
+    try:
+        with daemon.translated("create a sandbox to restore"):
+            container = client.containers.create(**container_options(
+                config, "session", Place(sandbox.id, sandbox.uid, sandbox.gid, sandbox.workdir)))
+        target = Path(daemon.root_dir()) / "containers" / container.id / "checkpoints" / NAME
+        _copy_in(folder / "checkpoint", target, files)
+        fresh = {"key": sandbox.connection["key"], "session": secrets.token_hex(16)}
+        _open_runtime(sandbox.runtime_dir, str(record["wake"]), json.dumps(fresh).encode())
+        with daemon.translated("restore a sandbox"):
+            response = client.api.post(client.api._url("/containers/{0}/start", container.id),
+                                       params={"checkpoint": NAME})
+            client.api._raise_for_status(response)
+        sandbox.attach(container)
+        with daemon.translated("remove a restored checkpoint"):  # read; the next hibernate writes its own
+            client.api._raise_for_status(client.api._delete(
+                client.api._url("/containers/{0}/checkpoints/{1}", container.id, NAME)))
+        _wait(lambda: all((sandbox.runtime_dir / name).exists() for name in _SOCKETS), config.startup_timeout,
+              "the restored kernel did not bind its sockets again")
+        _lock_sockets(sandbox.runtime_dir)
+        sandbox.connect_kernel()
+        (sandbox.runtime_dir / str(record["wake"])).unlink(missing_ok=True)
+    except BaseException:
+        if container is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True, v=True)
+        sandbox.container = None
+        raise
+    return sandbox
+
+
+def _checked_record(record: dict[str, Any], config: SandboxConfig) -> dict[str, tuple[int, str]]:
+    """The record's files as {name: (size, sha256)}, every field's type checked; SandboxError otherwise."""
+    try:
+        assert record["version"] == RECORD_VERSION and record["runtime"] == config.runtime
+        assert isinstance(record["sandbox_id"], str) and record["sandbox_id"].isalnum()
+        assert isinstance(record["wake"], str) and record["wake"].replace("-", "").isalnum()
+        assert isinstance(record["workdir"], str) and "connection" not in record
+        files = {str(name): (int(size), str(digest)) for name, (size, digest) in record["files"].items()}
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SandboxError("the hibernated sandbox's record is not one nbexec wrote") from exc
+    if not files or any("/" in name or name.startswith(".") for name in files):
+        raise SandboxError("the hibernated sandbox's record names no checkpoint files, or unsafe ones")
+    if sum(size for size, _ in files.values()) > config.memory_bytes + CHECKPOINT_SLACK:
+        raise SandboxError("the hibernated sandbox's checkpoint is larger than its memory limit allows")
+    return files
+
+
+def _copy_out(source: Path, target: Path) -> dict[str, list[Any]]:
+    """Copy the checkpoint Docker wrote (regular files only) into ``target`` (0700, files 0600); {name: [size,
+    sha256]} of what was copied."""
+    target.mkdir(mode=0o700)
+    files: dict[str, list[Any]] = {}
+    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    out = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name in sorted(os.listdir(fd)):
+            size, digest = _copy_file(fd, out, name, limit=None)
+            files[name] = [size, digest]
+    finally:
+        os.close(fd)
+        os.close(out)
+    return files
+
+
+def _copy_in(source: Path, target: Path, files: dict[str, tuple[int, str]]) -> None:
+    """Copy the kept checkpoint into Docker's data root: exactly the record's files, each a regular file of its
+    recorded size and sha256 (hashed as it is copied); SandboxError at the first difference."""
+    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if sorted(os.listdir(fd)) != sorted(files):
+            raise SandboxError("the hibernated sandbox's checkpoint has files added or removed: not restored")
+        target.mkdir(mode=0o700, parents=True)
+        out = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for name, (size, digest) in files.items():
+                if _copy_file(fd, out, name, limit=size) != (size, digest):
+                    raise SandboxError(f"the hibernated sandbox's checkpoint file {name!r} changed: not restored")
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _copy_file(src_dir: int, dst_dir: int, name: str, *, limit: int | None) -> tuple[int, str]:
+    """Copy one regular file (never a link) between folders; (bytes copied, their sha256); at most ``limit``+1."""
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_dir)
+    except OSError as exc:
+        raise SandboxError(f"the checkpoint file {name!r} cannot be read safely: {exc.strerror}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise SandboxError(f"the checkpoint file {name!r} is not a regular file")
+        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_dir)
+        digest, copied = hashlib.sha256(), 0
+        with os.fdopen(dst, "wb") as out:
+            while chunk := os.read(src, _CHUNK):
+                copied += len(chunk)
+                if limit is not None and copied > limit:
+                    break
+                digest.update(chunk)
+                out.write(chunk)
+        return copied, digest.hexdigest()
+    finally:
+        os.close(src)
+
+
+def _open_runtime(runtime_dir: Path, wake: str, content: bytes) -> None:
+    """Let the restored kernel bind its sockets again: the old socket files removed, the folder writable until it
+    is up (`Sandbox.connect_kernel` locks it), and the wake file its agent waits for."""
+    fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name in os.listdir(fd):
+            os.unlink(name, dir_fd=fd)
+        out = os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=fd)
+        with os.fdopen(out, "wb") as written:
+            written.write(content)
+    finally:
+        os.close(fd)
+    os.chmod(runtime_dir, 0o777)
+
+
+def _answers(path: Path) -> bool:
+    """Whether something listens on the unix socket at ``path`` (in the locked runtime folder: host-made)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1)
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def _lock_sockets(runtime_dir: Path) -> None:
+    """Lock the runtime folder again (the sandbox's code ran while it was open), then check that each name the
+    host will connect to is a socket, never a link or anything else the sandbox could have left there."""
+    os.chmod(runtime_dir, 0o555)
+    for name in _SOCKETS:
+        if not stat.S_ISSOCK(os.lstat(runtime_dir / name).st_mode):
+            raise SandboxError(f"the restored sandbox left {name!r} in its runtime folder that is not its socket")
+
+
+def _wait(done: Any, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise SandboxError(f"{message} within {timeout:g} s")
+        time.sleep(0.005)

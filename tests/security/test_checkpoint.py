@@ -1,0 +1,409 @@
+"""Durable sessions, the runtime side: a local sandbox hibernated to a folder by gVisor's checkpoint and woken in a
+new container keeps its memory (a variable, an imported module, a running thread) and its /mnt/data, cycle after
+cycle, and every limit a fresh sandbox has; under runc the probe says no and nothing is touched; a checkpoint
+changed on disk (a byte, a file added or removed, a link planted) is refused and leaves nothing behind.
+
+Judged from outside: what the woken kernel prints, the containers Docker lists, the files on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+import nbexec
+from nbexec.errors import SandboxError
+from nbexec.sandbox.docker import checkpoint, daemon, pool
+from nbexec.sandbox.docker.container import Sandbox
+from nbexec.sandbox.docker.local import LocalSource
+
+from ..conftest import IMAGE, own_containers
+from ..test_runtimes import UNDER_RUNSC
+from . import test_hostile as hostile
+from .test_hostile import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
+
+STATE = """
+import threading, time, json as kept_module
+x = 41
+ticks = [0]
+def tick():
+    while True:
+        ticks[0] += 1
+        time.sleep(0.01)
+threading.Thread(target=tick, daemon=True).start()
+open('/mnt/data/kept.txt', 'w').write('on disk')
+"""
+
+
+def run(sandbox: Sandbox, code: str) -> str:
+    """What ``code`` printed on the sandbox's kernel (an error's name and value appended)."""
+    out: list[str] = []
+
+    def take(message: nbexec.sandbox.messages.Message) -> None:
+        content = message.content()
+        if message.msg_type == "stream":
+            out.append(content["text"])
+        elif message.msg_type == "error":
+            out.append(f"{content['ename']}: {content['evalue']}")
+
+    execution = sandbox.run(code, deadline=time.monotonic() + 30, on_output=take)
+    assert execution.status != "gone", f"the sandbox went away running {code!r}: {''.join(out)}"
+    return "".join(out)
+
+
+def private_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "hibernated"
+    folder.mkdir(mode=0o700, parents=True)
+    return folder
+
+
+@pytest.fixture
+def runsc(cleanup_ledger: None) -> nbexec.SandboxConfig:
+    config = nbexec.SandboxConfig(image=IMAGE, runtime="runsc", pool_size=0, warm_imports=(), timeout=30)
+    if "runsc" not in (daemon.connect().info().get("Runtimes") or {}):
+        pytest.fail("gVisor (runsc) is not registered with Docker: run `sudo scripts/setup-gvisor.sh`",
+                    pytrace=False)
+    return config
+
+
+@pytest.fixture
+def sandboxes() -> Iterator[list[Sandbox]]:
+    """Every sandbox a test made or woke, destroyed at its end."""
+    made: list[Sandbox] = []
+    yield made
+    for index, sandbox in enumerate(made):  # a hibernated one shares its working folder with the one woken
+        if sandbox.container is not None or not any(s.workdir == sandbox.workdir for s in made[index + 1:]):
+            sandbox.destroy()
+
+
+def hibernated(config: nbexec.SandboxConfig, tmp_path: Path, made: list[Sandbox]) -> tuple[dict, Path, Sandbox]:
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    made.append(sandbox)
+    run(sandbox, STATE)
+    folder = private_folder(tmp_path)
+    record = LocalSource().hibernate(sandbox, folder)
+    assert record is not None, "runsc's probe said it cannot keep memory"
+    return record, folder, sandbox
+
+
+def test_state_survives_several_hibernate_wake_cycles(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                      sandboxes: list[Sandbox]) -> None:
+    source = LocalSource()
+    record, folder, first = hibernated(runsc, tmp_path, sandboxes)
+    assert own_containers() == [], "the hibernated sandbox's container is still there"
+    last = -1
+    for cycle in range(3):
+        woken = source.wake(runsc, record, folder)
+        sandboxes.append(woken)
+        assert woken.id == first.id
+        seen = json.loads(run(woken, "import json; print(json.dumps([x, kept_module.__name__, ticks[0], "
+                                      "open('/mnt/data/kept.txt').read()]))"))
+        assert seen[:2] == [41 + cycle, "json"] and seen[3] == "on disk"
+        assert seen[2] > last, "the background thread did not run on after the wake"
+        later = json.loads(run(woken, "time.sleep(0.3); print(ticks[0]); x += 1"))
+        assert later > seen[2], "the background thread stopped after the wake"
+        last = later
+        folder = private_folder(tmp_path / f"cycle{cycle}")
+        record = source.hibernate(woken, folder)
+        assert record is not None
+
+
+def test_a_hibernated_folder_is_private(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                        sandboxes: list[Sandbox]) -> None:
+    record, folder, sandbox = hibernated(runsc, tmp_path, sandboxes)
+    assert sandbox.connection["key"] not in json.dumps(record), "the record holds the kernel's key"
+    kept = folder / "checkpoint"
+    assert kept.stat().st_mode & 0o777 == 0o700
+    assert [p.stat().st_mode & 0o777 for p in kept.iterdir()] == [0o600 for _ in kept.iterdir()]
+
+
+LIMITS = """
+import os, socket, subprocess
+found = []
+try:
+    open('/usr/escaped', 'w')
+except OSError as e:
+    found.append('ro:' + type(e).__name__)
+try:
+    socket.create_connection(('1.1.1.1', 53), timeout=2)
+except OSError as e:
+    found.append('net:' + type(e).__name__)
+found.append('uid:%d' % os.getuid())
+found.append('mem:' + open('/proc/meminfo').readline().split()[1])
+print(' '.join(found))
+"""
+
+
+def test_a_woken_sandbox_keeps_every_limit(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                           sandboxes: list[Sandbox]) -> None:
+    config = runsc.replace(memory="256m", pids=128)
+    record, folder, first = hibernated(config, tmp_path, sandboxes)
+    woken = LocalSource().wake(config, record, folder)
+    sandboxes.append(woken)
+    seen = run(woken, LIMITS)
+    assert "ro:" in seen and "net:OSError" in seen and f"uid:{first.uid}" in seen and "mem:262144" in seen, seen
+    host = woken.container.attrs["HostConfig"]
+    assert (host["Memory"], host["PidsLimit"], host["ReadonlyRootfs"], host["NetworkMode"]) == (
+        256 * 1024**2, 128, True, "none")
+    # The memory limit is enforced by the woken container: a 400 MiB allocation ends the sandbox.
+    held: list[str] = []
+    with contextlib.suppress(nbexec.NbexecError):
+        held.append(run(woken, "b = bytearray(400 * 1024**2)\nb[::4096] = b'x' * len(b[::4096])\nprint('held')"))
+    assert "held" not in "".join(held), "the woken sandbox held 400 MiB under a 256 MiB limit"
+
+
+def test_a_woken_sandbox_keeps_its_pid_limit(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                             sandboxes: list[Sandbox]) -> None:
+    """200 processes under pids=128: refused, or (gVisor's way, as for a fresh sandbox) the sandbox ends."""
+    config = runsc.replace(pids=128)
+    record, folder, _ = hibernated(config, tmp_path, sandboxes)
+    woken = LocalSource().wake(config, record, folder)
+    sandboxes.append(woken)
+    out: list[str] = []
+    with contextlib.suppress(nbexec.NbexecError):
+        out.append(run(woken, "import subprocess\nps=[]\ntry:\n    [ps.append(subprocess.Popen(['sleep','60'])) "
+                              "for _ in range(200)]\nexcept OSError:\n    pass\nprint(len(ps))"))
+    assert not woken.state().running or int(out[0]) < 128, out
+
+
+def test_under_runc_the_probe_says_no_and_the_sandbox_is_untouched(cleanup_ledger: None, tmp_path: Path,
+                                                                  sandboxes: list[Sandbox]) -> None:
+    config = nbexec.SandboxConfig(image=IMAGE, runtime=None, pool_size=0, warm_imports=())
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "x = 7")
+    folder = private_folder(tmp_path)
+    assert LocalSource().hibernate(sandbox, folder) is None
+    assert run(sandbox, "print(x * 6)") == "42\n"
+    assert list(folder.iterdir()) == []
+
+
+def tamper_byte(kept: Path) -> None:
+    image = kept / "checkpoint.img"
+    with open(image, "r+b") as blob:
+        blob.seek(os.path.getsize(image) // 2)
+        byte = blob.read(1)
+        blob.seek(-1, os.SEEK_CUR)
+        blob.write(bytes([byte[0] ^ 1]))
+
+
+def tamper_add(kept: Path) -> None:
+    (kept / "extra.img").write_bytes(b"planted")
+
+
+def tamper_remove(kept: Path) -> None:
+    next(kept.iterdir()).unlink()
+
+
+def tamper_link(kept: Path) -> None:
+    image = kept / "checkpoint.img"
+    os.replace(image, kept.parent / "elsewhere.img")
+    image.symlink_to(kept.parent / "elsewhere.img")
+
+
+def tamper_grow(kept: Path) -> None:
+    with open(kept / "checkpoint.img", "ab") as blob:
+        blob.write(b"\0" * 4096)
+
+
+TAMPERING: dict[str, Callable[[Path], None]] = {
+    "byte": tamper_byte, "added": tamper_add, "removed": tamper_remove, "symlink": tamper_link, "grown": tamper_grow}
+
+
+@pytest.mark.parametrize("how", list(TAMPERING))
+def test_a_tampered_checkpoint_is_refused_and_leaves_nothing(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                             sandboxes: list[Sandbox], how: str) -> None:
+    record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    before = set((daemon.root_dir() / "containers").iterdir())
+    TAMPERING[how](folder / "checkpoint")
+    with pytest.raises(SandboxError, match="checkpoint"):
+        LocalSource().wake(runsc, record, folder)
+    assert own_containers() == [], "a refused wake left a container"
+    assert left_in_docker(before) == [], "a refused wake left a folder in Docker's data root"
+
+
+def left_in_docker(before: set[Path]) -> list[str]:
+    """Folders in Docker's data root made since ``before`` that are ours or of no container (the engine is shared:
+    other people's new containers are not leaks)."""
+    left = []
+    for folder in set((daemon.root_dir() / "containers").iterdir()) - before:
+        try:
+            labels = daemon.connect().containers.get(folder.name).labels
+        except docker.errors.NotFound:
+            if folder.exists():
+                left.append(folder.name)
+            continue
+        if labels.get(daemon.LABEL_OWNER) == daemon.owner():
+            left.append(folder.name)
+    return left
+
+
+@pytest.mark.parametrize("field,value", [("files", {}), ("files", {"../x": [1, "0" * 64]}),
+                                         ("runtime", None), ("sandbox_id", "../../etc"), ("version", 2),
+                                         ("connection", {"shell_port": "../../../../var/run/docker.sock"})])
+def test_a_forged_record_is_refused(runsc: nbexec.SandboxConfig, tmp_path: Path, sandboxes: list[Sandbox],
+                                    field: str, value: object) -> None:
+    record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    with pytest.raises(SandboxError):
+        LocalSource().wake(runsc, {**record, field: value}, folder)
+    assert own_containers() == []
+
+
+def test_a_checkpoint_past_its_cap_is_refused_before_a_byte_is_copied(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                      sandboxes: list[Sandbox]) -> None:
+    """The image grown (sparse) past memory + 64 MiB, and the record forged to match it: refused by its size."""
+    record, folder, _ = hibernated(runsc, tmp_path, sandboxes)
+    image = folder / "checkpoint" / "checkpoint.img"
+    os.truncate(image, 330 * 1024**2)
+    digest = hashlib.sha256()
+    with open(image, "rb") as blob:
+        while chunk := blob.read(1 << 20):
+            digest.update(chunk)
+    forged = {**record, "files": {**record["files"], "checkpoint.img": [330 * 1024**2, digest.hexdigest()]}}
+    with pytest.raises(SandboxError, match="larger than its memory limit"):
+        LocalSource().wake(runsc.replace(memory="256m"), forged, folder)
+    assert own_containers() == []
+
+
+def test_the_probe_is_asked_once_per_runtime(runsc: nbexec.SandboxConfig) -> None:
+    assert checkpoint.supported(runsc) is True
+    assert checkpoint.supported(runsc.replace(memory="1g")) is True  # cached: no second probe container
+
+
+PLANT = """
+import os, zmq
+_bind = zmq.Socket.bind
+def bind(self, address):
+    if address.endswith('/kernel-1') and any(f.startswith('wake-') for f in os.listdir('/run/nbexec')):
+        os.symlink(@BAIT@, '/run/nbexec/kernel-1')  # restored: the host is about to connect here
+        return None
+    return _bind(self, address)
+zmq.Socket.bind = bind
+"""
+
+
+def test_a_link_planted_for_the_host_to_follow_refuses_the_wake(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                sandboxes: list[Sandbox]) -> None:
+    """The woken kernel's code runs while its socket folder is open: it plants a link where the shell socket
+    goes, to a socket of the host. The host never connects to it, and the wake is refused."""
+    bait_path = Path(tempfile.mkdtemp(prefix="nbexec-bait-")) / "bait.sock"  # short: a unix socket's path limit
+    bait = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bait.bind(str(bait_path))
+    bait.listen(8)
+    bait.setblocking(False)
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, PLANT.replace("@BAIT@", repr(str(bait_path))))
+    folder = private_folder(tmp_path)
+    record = LocalSource().hibernate(sandbox, folder)
+    assert record is not None
+    with pytest.raises(SandboxError, match="not its socket"):
+        sandboxes.append(LocalSource().wake(runsc, record, folder))
+    with pytest.raises(BlockingIOError):
+        bait.accept()  # nobody connected to the host's socket
+    bait.close()
+    shutil.rmtree(bait_path.parent)
+    assert own_containers() == [], "a refused wake left a container"
+
+
+IDENTITY = ("import random\nk = get_ipython().kernel.session\n"
+            "print(json.dumps([k.key.decode(), k.session, random.random(), x, sorted(os.listdir('/mnt/data'))]))")
+
+
+def test_sandboxes_from_one_template_get_their_own_key_ids_and_files(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                     sandboxes: list[Sandbox]) -> None:
+    """Every sandbox restored from one memory image (a template, a fork) must not share its HMAC key, its
+    kernel session id, its random state or its /mnt/data with the others."""
+    template = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(template)
+    run(template, "import json, os, random\nx = 41\nrandom.seed(7)\nopen('/mnt/data/template.txt', 'w').write('t')")
+    folder = private_folder(tmp_path)
+    record = checkpoint.checkpoint(template, folder)
+    made = [checkpoint.from_template(runsc, record, folder) for _ in range(2)]
+    sandboxes.extend(made)
+    seen = [json.loads(run(sandbox, IDENTITY)) for sandbox in made]
+    assert [s[0] for s in seen] == [sandbox.connection["key"] for sandbox in made], "the kernel's key is not the host's"
+    assert seen[0][0] != seen[1][0] and seen[0][0] != template.connection["key"], "two sandboxes share a key"
+    assert seen[0][1] != seen[1][1], "two sandboxes share the kernel's session id"
+    assert seen[0][2] != seen[1][2], "two sandboxes draw the same random numbers"
+    assert [s[3] for s in seen] == [41, 41] and [s[4] for s in seen] == [[], []]
+    assert len({sandbox.id for sandbox in made} | {template.id}) == 3
+    assert len({sandbox.workdir for sandbox in made} | {template.workdir}) == 3
+
+
+@pytest.mark.parametrize("holds", [
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()",  # a server of the code's on localhost
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0))",
+    "s = socket.socket(socket.AF_UNIX); s.bind('/mnt/data/own.sock'); s.listen()",  # a socket on a host mount
+])
+def test_a_sandbox_holding_sockets_gvisor_cannot_save_is_left_running(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                      sandboxes: list[Sandbox], holds: str) -> None:
+    """A checkpoint that fails kills the container: such a sandbox is never checkpointed (None, the engine
+    replays), and it runs on with its state and its socket."""
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "import socket\nx = 6\n" + holds)
+    folder = private_folder(tmp_path)
+    assert LocalSource().hibernate(sandbox, folder) is None
+    assert run(sandbox, "print(x * 7, s.fileno() > 0)") == "42 True\n"
+    assert list(folder.iterdir()) == []
+
+
+def test_a_kernel_that_keeps_its_sockets_is_not_checkpointed(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                              sandboxes: list[Sandbox]) -> None:
+    """The code disables the agent's unbinding: the host waits only up to startup_timeout, never checkpoints a
+    container whose host sockets are still bound (that would kill it), and writes nothing into the folder."""
+    config = runsc.replace(startup_timeout=5)
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "import zmq\nzmq.Socket.unbind = lambda self, endpoint: None")
+    folder = private_folder(tmp_path)
+    with pytest.raises(SandboxError, match="did not let go"):
+        LocalSource().hibernate(sandbox, folder)
+    assert sandbox.state().running, "a checkpoint was tried on a kernel that kept its sockets"
+    assert list(folder.iterdir()) == []
+
+
+CORE = ("fork-bomb", "memory-bomb", "write-rootfs", "http-exfiltration", "docker-bridge-host", "docker-socket",
+        "host-files", "capabilities", "symlink-to-host")
+
+
+@pytest.mark.parametrize("case", [c for c in hostile.CASES if c.id in CORE], ids=lambda c: c.id)
+def test_a_woken_sandbox_contains_the_hostile_suites_core_escapes(
+        case: hostile.Case, canary: Path, listener: hostile.Listener, cleanup_ledger: None,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The hostile suite's core cases, run by the engine on a sandbox that was hibernated and woken (the pool
+    hands out only such sandboxes here), judged by the suite's own checks (gVisor's, where test_runtimes has one:
+    a fork bomb ends a runsc sandbox rather than failing its fork)."""
+    run_ = hostile.prepare(case, listener)
+    config = hostile.contained_config(case, canary).replace(runtime="runsc")
+    woken: list[Sandbox] = []
+
+    def acquire(wanted: nbexec.SandboxConfig) -> Sandbox:
+        sandbox = pool.start_sandbox(wanted, role="session", warm_up=False)
+        folder = private_folder(tmp_path / f"h{len(woken)}")
+        record = checkpoint.hibernate(sandbox, folder)
+        if record is None:
+            sandbox.destroy()
+            pytest.fail("runsc's probe said it cannot keep memory")
+        woken.append(checkpoint.restore(wanted, record, folder))
+        return woken[-1]
+
+    monkeypatch.setattr(pool, "acquire", acquire)
+    before = hashlib.sha256(canary.read_bytes()).hexdigest()
+    result = nbexec.execute_notebook(run_.code, config=config)
+    assert len(woken) == 1, "the run's sandbox was not a woken one"
+    (UNDER_RUNSC[case.id][0] if case.id in UNDER_RUNSC else case.check)(result)  # as for a fresh runsc sandbox
+    assert hashlib.sha256(canary.read_bytes()).hexdigest() == before
+    assert listener.got(run_.token) == b"", "the host listener received data from the sandbox"
