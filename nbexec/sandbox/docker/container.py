@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import tempfile
 import time
 import uuid
@@ -27,7 +26,7 @@ import docker.types
 
 from nbexec.config import SandboxConfig, running_as_root
 from nbexec.egress import describe_change
-from nbexec.errors import ConfigError, DockerError, PackageError, SandboxError
+from nbexec.errors import ConfigError, DockerError, SandboxError
 from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
@@ -36,7 +35,7 @@ from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
 from .options import RUNTIME_MOUNT, Place, container_options
-from .workdir import WORKDIR_PREFIX, remove_tree
+from .workdir import WORKDIR_PREFIX, provide_wheels, remove_tree
 
 if TYPE_CHECKING:
     from nbexec.egress.proxy import Proxy
@@ -301,15 +300,7 @@ class Sandbox:
 
     def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
         """Link (or copy) each wheel into /mnt/wheels under its own file name."""
-        fd = os.open(self.workdir / "wheels", transfer.DIR_FLAGS)
-        try:
-            present = set(os.listdir(fd))
-            for wheel in wheels:
-                if wheel.filename not in present:
-                    _add_wheel(fd, wheel)
-                    present.add(wheel.filename)
-        finally:
-            os.close(fd)
+        provide_wheels(self.workdir / "wheels", wheels)
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The egress connections since the last call and notes on what was capped; none without a proxy."""
@@ -383,21 +374,6 @@ class Sandbox:
         remove_tree(self.workdir)
         if self.disk is not None:
             self.disk.release()
-
-
-def _add_wheel(folder_fd: int, wheel: WheelFile) -> None:
-    """Hard-link ``wheel`` (checked by the host that resolved it) into the folder; a copy on another filesystem."""
-    if "/" in wheel.filename or not wheel.filename.endswith(".whl") or wheel.filename.startswith("."):
-        raise PackageError(f"{wheel.filename!r} is not a wheel's file name")
-    try:
-        os.link(wheel.path, wheel.filename, dst_dir_fd=folder_fd)
-        return
-    except OSError:  # another filesystem (or no hard links): copy
-        pass
-    with open(wheel.path, "rb") as blob:
-        out = os.open(wheel.filename, transfer.WRITE_FLAGS, 0o644, dir_fd=folder_fd)
-        with os.fdopen(out, "wb") as copy:
-            shutil.copyfileobj(blob, copy)
 
 
 def _process_identity(pid: Any) -> tuple[int, str] | None:
