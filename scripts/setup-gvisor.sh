@@ -104,11 +104,19 @@ if ! engine_matches; then
 fi
 if [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != true ]; then
     if [ "$RESTART" = 1 ]; then
-        systemctl restart docker 2>/dev/null || service docker restart
+        if ! { systemctl restart docker 2>/dev/null || service docker restart 2>/dev/null; }; then
+            # No init system (a container, or scripts/setup.sh started dockerd by hand): stop it, start it again.
+            pid=$(pidof dockerd || true)
+            [ -n "$pid" ] && kill $pid
+            for _ in $(seq 1 60); do pidof dockerd >/dev/null || break; sleep 0.5; done
+            nohup setsid dockerd >>/var/log/nbexec-dockerd.log 2>&1 &
+        fi
         for _ in $(seq 1 120); do
             [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = true ] && break
             sleep 0.5
         done
+        [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = true ] || {
+            echo "setup-gvisor.sh: the engine did not come back with \"experimental\": true; see its log" >&2; exit 1; }
     else
         echo "setup-gvisor.sh: $DAEMON_JSON sets \"experimental\": true, but the running engine took no restart:" \
              "restart it (systemctl restart docker) so hibernated gVisor sessions keep their memory (until then they" \
