@@ -4,7 +4,6 @@ cached wheel installed without pip (its INSTALLER file says who installed it) an
 from __future__ import annotations
 
 import stat
-import subprocess
 import sys
 import types
 import zipfile
@@ -288,23 +287,31 @@ def test_no_write_follows_a_link_planted_in_the_prefix(tmp_path: Path, planted: 
     assert outside.read_bytes() == b"precious" and (root / planted).is_symlink()
 
 
-def test_an_image_without_pypa_installer_installs_with_pip_offline(tmp_path: Path) -> None:
+def _as_the_kernel_loads_it() -> types.ModuleType:
+    """This module's source run as the kernel runs it: in a fresh module that is not in sys.modules."""
+    module = types.ModuleType("_nbexec_wheels_unregistered")
+    exec(compile(Path(wheelinstall.__file__).read_text(), "<nbexec-wheels>", "exec"), module.__dict__)
+    return module
+
+
+def test_an_image_without_pypa_installer_installs_with_pip_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """An image built before pypa/installer was in it: the kernel's import fails, pip (offline, the sandbox's
-    PIP_* settings) installs the cached wheels instead, and the result says so."""
+    PIP_* settings) installs the cached wheels instead, and the output says so."""
     from .pyindex import make_wheel
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     made = make_wheel(wheels, "nbexec-hidden", "1.0", "V = 7\n")
-    script = ("import sys\nsys.modules['installer'] = None  # import installer raises ImportError\n"
-              f"exec(compile(open({wheelinstall.__file__!r}).read(), 'wheelinstall', 'exec'))\n"
-              f"print(install(['nbexec-hidden'], [[{made.name!r}, 'nbexec-hidden', '1.0']], "
-              f"folder={str(wheels)!r}, prefix={str(tmp_path / 'prefix')!r}))\n")
-    env = {"PATH": "/usr/bin:/bin", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_NO_CACHE_DIR": "1",
-           "PIP_PREFIX": str(tmp_path / "prefix"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert f"pip ({wheelinstall.NO_INSTALLER}): " in done.stdout and wheelinstall.NO_INSTALLER in done.stderr
+    monkeypatch.setitem(sys.modules, "installer", None)  # import installer raises ImportError
+    for name, value in {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_NO_CACHE_DIR": "1",
+                        "PIP_PREFIX": str(tmp_path / "prefix"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    module = _as_the_kernel_loads_it()
+    said = module.install(["nbexec-hidden"], [[made.name, "nbexec-hidden", "1.0"]], folder=str(wheels),
+                          prefix=str(tmp_path / "prefix"))
+    assert said.startswith(f"pip ({wheelinstall.NO_INSTALLER}): ") and wheelinstall.NO_INSTALLER in \
+        capsys.readouterr().err
     site = Path(wheelinstall.paths(str(tmp_path / "prefix"))["purelib"])
     assert (site / "nbexec_hidden" / "__init__.py").read_text() == "V = 7\n"
     assert (site / "nbexec_hidden-1.0.dist-info" / "INSTALLER").read_text() == "pip\n"
@@ -347,7 +354,5 @@ def test_the_wheels_own_record_is_never_read(tmp_path: Path, record: bytes) -> N
 def test_the_module_installs_as_the_kernel_loads_it(tmp_path: Path) -> None:
     """The kernel runs this module's source in a module not (yet) in sys.modules: nothing in it may need to be
     (a @dataclass did, and every install in the sandbox failed)."""
-    module = types.ModuleType("_nbexec_wheels_unregistered")
-    exec(compile(Path(wheelinstall.__file__).read_text(), "<nbexec-wheels>", "exec"), module.__dict__)
-    module.unpack(str(_build(tmp_path / "w.whl", [("bad/x.py", b"X", 0o644)])), _places(tmp_path))
+    _as_the_kernel_loads_it().unpack(str(_build(tmp_path / "w.whl", [("bad/x.py", b"X", 0o644)])), _places(tmp_path))
     assert (tmp_path / "pure" / "bad" / "x.py").read_bytes() == b"X"
