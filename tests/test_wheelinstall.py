@@ -200,12 +200,12 @@ def _launcher(module: str, name: str, call: str) -> str:
 def test_console_scripts_are_written_as_pip_would(tmp_path: Path) -> None:
     entry_points = ("[gui_scripts]\ng = m:f\n[console_scripts]\n.hidden = m:f\nbad/name = m:f\nempty =  :f\n"
                     "good = pkg.mod:obj.method\nplain = pkg.mod\npercent = m:f%\na:b = m:f\nspaced =  m : f \n"
-                    "back\\slash = m:f\nextras = m:f [x]\n# ")
+                    "back\\slash = m:f\nextras = m:f [x]\nXtool = m:f\n# ")
     members = [("bad-1.0.dist-info/entry_points.txt", entry_points.encode() + b"\xff\n", 0o644)]
     wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path))
     scripts = {p.name: p.read_text() for p in (tmp_path / "bin").iterdir()}
     assert scripts == {"good": _launcher("pkg.mod", "obj", "obj.method"), "a:b": _launcher("m", "f", "f"),
-                       "spaced": _launcher("m", "f", "f")}
+                       "spaced": _launcher("m", "f", "f"), "Xtool": _launcher("m", "f", "f")}
     # gui_scripts are no console scripts; hidden, slashed and module-less names are skipped, and so are references
     # that are not module:attr (no callable, a "%", extras): pypa/installer would stop half-way on them
     assert all(stat.S_IMODE((tmp_path / "bin" / name).stat().st_mode) == 0o755 for name in scripts)
@@ -257,7 +257,11 @@ def test_a_wheel_without_one_dist_info_is_refused(tmp_path: Path) -> None:
     [("bad-1.0.dist-info/INSTALLER/x", b"y", 0o644)],  # in the way of the files the installer adds
     [("bad-1.0.dist-info/REQUESTED/x", b"y", 0o644)],
     [("bad-1.0.dist-info/RECORD/x", b"y", 0o644)],
-], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts", "installer", "requested", "record"])
+    [("bad-1.0.dist-info/entry_points.txt", b"[console_scripts]\ntool = m:f\n", 0o644),
+     ("bad-1.0.data/scripts/tool/x", b"y", 0o644)],  # a launcher in the way of a data script's folder
+    [("bad-1.0.data/purelib/bad", b"x", 0o644), ("bad/x.py", b"y", 0o644)],  # through the data folder into the root
+], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts", "installer", "requested", "record", "launcher",
+        "data-into-root"])
 def test_a_name_that_is_both_a_file_and_a_folder_is_refused_whole(tmp_path: Path,
                                                                    members: list[tuple[str, bytes, int]]) -> None:
     """Found by tests/test_fuzz_names.py: such a wheel stopped half-way with an OSError, some files written."""
@@ -333,7 +337,7 @@ def test_bytecode_a_wheel_ships_in_pycache_is_not_installed(tmp_path: Path) -> N
     """A .pyc beside its source is run instead of it: a wheel could ship code its source does not show.
     pypa/installer skips __pycache__ members (with a warning); the rest installs."""
     members = [("bad/x.py", b"X = 1\n", 0o644), ("bad/__pycache__/x.cpython-311.pyc", b"evil", 0o644)]
-    with pytest.warns(RuntimeWarning, match="__pycache__"):
+    with pytest.warns(RuntimeWarning, match=r"__pycache__/x\.cpython-311\.pyc from bad-1\.0\."):
         written = wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path))
     assert (tmp_path / "pure" / "bad" / "x.py").exists() and not (tmp_path / "pure" / "bad" / "__pycache__").exists()
     assert not any("__pycache__" in row for row in written)
@@ -356,3 +360,31 @@ def test_the_module_installs_as_the_kernel_loads_it(tmp_path: Path) -> None:
     (a @dataclass did, and every install in the sandbox failed)."""
     _as_the_kernel_loads_it().unpack(str(_build(tmp_path / "w.whl", [("bad/x.py", b"X", 0o644)])), _places(tmp_path))
     assert (tmp_path / "pure" / "bad" / "x.py").read_bytes() == b"X"
+
+
+def test_a_big_member_is_recorded_with_its_whole_size(tmp_path: Path) -> None:
+    big = bytes(range(256)) * 700  # 179,200 bytes: several blocks of the copy
+    _build(tmp_path / "w.whl", [("bad/big.bin", big, 0o644)])
+    wheelinstall.unpack(str(tmp_path / "w.whl"), _places(tmp_path))
+    assert (tmp_path / "pure" / "bad" / "big.bin").read_bytes() == big
+    rows = (tmp_path / "pure" / "bad-1.0.dist-info" / "RECORD").read_text().splitlines()
+    assert f"bad/big.bin,{_digest(big)},{len(big)}" in rows
+
+
+def test_a_refused_wheel_version_is_shown_to_20_characters(tmp_path: Path) -> None:
+    version = "2" + "0123456789" * 3
+    _build(tmp_path / "w.whl", [("bad/x.py", b"x", 0o644)], WHEEL.encode().replace(b"1.0", version.encode(), 1))
+    with pytest.raises(wheelinstall.UnsafeWheel) as refused:
+        wheelinstall.unpack(str(tmp_path / "w.whl"), _places(tmp_path / "p"))
+    assert f"({version[:20]!r})" in str(refused.value)
+
+
+@pytest.mark.parametrize(("name", "where", "scheme"), [
+    ("bad/x.py", "pure/bad/x.py", "purelib"), ("bad-1.0.data/scripts/sub/t", "bin/sub/t", "scripts"),
+    ("bad-1.0.data/platlib/m.so", "plat/m.so", "platlib"), ("bad-1.0.data/data/share/f", "share/f", "data"),
+    ("bad-1.0.data/headers/h.h", "include/h.h", "headers")])
+def test_each_member_is_placed_in_its_scheme(tmp_path: Path, name: str, where: str, scheme: str) -> None:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = (stat.S_IFREG | 0o644) << 16
+    assert wheelinstall.target(name, info, "bad-1.0.dist-info", _places(tmp_path), "purelib") == \
+        (str(tmp_path / where), scheme)

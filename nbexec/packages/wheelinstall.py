@@ -182,7 +182,7 @@ class CheckedWheel(WheelSource):
     def __init__(self, archive: zipfile.ZipFile, dist_info: str, members: list[zipfile.ZipInfo], root: str,
                  version: str, scripts: dict[str, str]) -> None:
         stem = dist_info[:-len(".dist-info")]
-        super().__init__(stem.rpartition("-")[0], stem.rpartition("-")[2])
+        super().__init__(stem, "")  # only pypa/installer's messages read these: the two properties below are exact
         self.archive, self.members, self.root, self.scripts = archive, members, root, scripts
         self.info, self.data = dist_info, stem + ".data"
         self.wheel = f"Wheel-Version: {version}\nRoot-Is-Purelib: {str(root == 'purelib').lower()}\n"
