@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def test_a_wheel_is_unpacked_with_its_record_scripts_and_data(tmp_path: Path) ->
     assert (tmp_path / "prefix" / "share" / "bad.txt").read_text() == "data"
     tool = Path(places["scripts"]) / "tool"
     assert tool.read_text().startswith("#!/") and tool.stat().st_mode & 0o111
-    assert "from bad import main" in (Path(places["scripts"]) / "bad-cli").read_text()
+    assert (Path(places["scripts"]) / "bad-cli").read_text() == _launcher("bad", "main", "main")
     meta = site / "bad-1.0.dist-info"
     assert (meta / "INSTALLER").read_text() == "nbexec\n" and (meta / "REQUESTED").exists()
     record = (meta / "RECORD").read_text()
@@ -179,30 +180,34 @@ def test_files_modes_shebangs_and_the_record_are_exact(tmp_path: Path) -> None:
     content = {"bad/x.py": b"#!python\nx", "bad/tool.sh": b"run", "bad-1.0.dist-info/WHEEL": WHEEL.encode(),
                "bad/other-x": b"o", "bad/other-w": b"w",
                "../bin/cli": cli.read_bytes(), "bad-1.0.dist-info/INSTALLER": b"nbexec\n"}
-    assert rows[:-1] == [[name, _digest(data), str(len(data))] for name, data in
-                         [(n, content[n]) for n in ("bad-1.0.dist-info/WHEEL", "bad/x.py", "bad/tool.sh",
-                                                    "bad/other-x", "bad/other-w", "../bin/cli",
-                                                    "bad-1.0.dist-info/INSTALLER")]]
-    assert rows[-1] == ["bad-1.0.dist-info/RECORD", "", ""]  # the wheel's own RECORD is never taken
-    assert written == [row[0] for row in rows]
+    expected = [[name, _digest(data), str(len(data))] for name, data in content.items()]
+    expected.append(["bad-1.0.dist-info/RECORD", "", ""])  # the wheel's own RECORD is never taken
+    # pypa/installer's RECORD: one row per file written, sorted by the path within its scheme
+    assert rows == sorted(expected, key=lambda row: row[0].removeprefix("../bin/"))
+    assert sorted(written) == sorted(row[0] for row in rows)
     requested = tmp_path / "again"
     wheelinstall.unpack(str(tmp_path / "w.whl"), _places(requested), requested=True)
     assert (requested / "pure" / "bad-1.0.dist-info" / "REQUESTED").read_bytes() == b""
 
 
+def _launcher(module: str, name: str, call: str) -> str:
+    """pypa/installer's posix launcher."""
+    return (f"#!{sys.executable}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom {module} import {name}\n"
+            'if __name__ == "__main__":\n    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])\n'
+            f"    sys.exit({call}())\n")
+
+
 def test_console_scripts_are_written_as_pip_would(tmp_path: Path) -> None:
     entry_points = ("[gui_scripts]\ng = m:f\n[console_scripts]\n.hidden = m:f\nbad/name = m:f\nempty =  :f\n"
-                    "good = pkg.mod:obj.method\nplain = pkg.mod\npercent = m:f%\na:b = m:f\n# ")
+                    "good = pkg.mod:obj.method\nplain = pkg.mod\npercent = m:f%\na:b = m:f\nspaced =  m : f \n"
+                    "back\\slash = m:f\nextras = m:f [x]\nXtool = m:f\n# ")
     members = [("bad-1.0.dist-info/entry_points.txt", entry_points.encode() + b"\xff\n", 0o644)]
     wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path))
     scripts = {p.name: p.read_text() for p in (tmp_path / "bin").iterdir()}
-    head = f"#!{sys.executable}\n"
-    assert scripts == {
-        "good": head + "import sys\nfrom pkg.mod import obj\nsys.exit(obj.method())\n",
-        "plain": head + "import pkg.mod\n",
-        "percent": head + "import sys\nfrom m import f%\nsys.exit(f%())\n",
-        "a:b": head + "import sys\nfrom m import f\nsys.exit(f())\n",
-    }  # gui_scripts are no console scripts; hidden, slashed and module-less names are skipped, never the rest
+    assert scripts == {"good": _launcher("pkg.mod", "obj", "obj.method"), "a:b": _launcher("m", "f", "f"),
+                       "spaced": _launcher("m", "f", "f"), "Xtool": _launcher("m", "f", "f")}
+    # gui_scripts are no console scripts; hidden, slashed and module-less names are skipped, and so are references
+    # that are not module:attr (no callable, a "%", extras): pypa/installer would stop half-way on them
     assert all(stat.S_IMODE((tmp_path / "bin" / name).stat().st_mode) == 0o755 for name in scripts)
 
 
@@ -217,7 +222,7 @@ def test_only_the_first_64_kib_of_entry_points_is_read(tmp_path: Path) -> None:
     text = "[console_scripts]\n" + "# " + "p" * 65507 + "\nab = m:fg\n"  # the cap falls between "f" and "g"
     members = [("bad-1.0.dist-info/entry_points.txt", text.encode(), 0o644)]
     wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path))
-    assert (tmp_path / "bin" / "ab").read_text().endswith("from m import f\nsys.exit(f())\n")
+    assert (tmp_path / "bin" / "ab").read_text() == _launcher("m", "f", "f")
 
 
 @pytest.mark.parametrize(("name", "words"), [
@@ -252,7 +257,11 @@ def test_a_wheel_without_one_dist_info_is_refused(tmp_path: Path) -> None:
     [("bad-1.0.dist-info/INSTALLER/x", b"y", 0o644)],  # in the way of the files the installer adds
     [("bad-1.0.dist-info/REQUESTED/x", b"y", 0o644)],
     [("bad-1.0.dist-info/RECORD/x", b"y", 0o644)],
-], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts", "installer", "requested", "record"])
+    [("bad-1.0.dist-info/entry_points.txt", b"[console_scripts]\ntool = m:f\n", 0o644),
+     ("bad-1.0.data/scripts/tool/x", b"y", 0o644)],  # a launcher in the way of a data script's folder
+    [("bad-1.0.data/purelib/bad", b"x", 0o644), ("bad/x.py", b"y", 0o644)],  # through the data folder into the root
+], ids=["file-then-folder", "folder-then-file", "dist-info", "scripts", "installer", "requested", "record", "launcher",
+        "data-into-root"])
 def test_a_name_that_is_both_a_file_and_a_folder_is_refused_whole(tmp_path: Path,
                                                                    members: list[tuple[str, bytes, int]]) -> None:
     """Found by tests/test_fuzz_names.py: such a wheel stopped half-way with an OSError, some files written."""
@@ -260,3 +269,122 @@ def test_a_name_that_is_both_a_file_and_a_folder_is_refused_whole(tmp_path: Path
     with pytest.raises(wheelinstall.UnsafeWheel, match="both a file and a folder"):
         wheelinstall.unpack(str(path), _places(tmp_path / "p"))
     assert not (tmp_path / "p").exists(), "a refused wheel wrote something"
+
+
+# -- pypa/installer behind nbexec's checks (issue #25, point 6) ---------------------------------------------------
+
+@pytest.mark.parametrize("planted", ["pure/bad/x.py", "bin/tool", "bin/cli", "pure/bad-1.0.dist-info/INSTALLER",
+                                     "pure/bad-1.0.dist-info/RECORD"],
+                         ids=["member", "data-script", "launcher", "installer", "record"])
+def test_no_write_follows_a_link_planted_in_the_prefix(tmp_path: Path, planted: str) -> None:
+    """pypa/installer's own destination opens with open("wb"): it would write through a link earlier code left in
+    /mnt/packages. nbexec's destination refuses to (O_NOFOLLOW) and the file the link names keeps its bytes."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    root = tmp_path / "prefix"
+    (root / planted).parent.mkdir(parents=True)
+    (root / planted).symlink_to(outside)
+    members = [("bad/x.py", b"x", 0o644), ("bad-1.0.data/scripts/tool", b"#!python\nt", 0o755),
+               ("bad-1.0.dist-info/entry_points.txt", b"[console_scripts]\ncli = bad:main\n", 0o644)]
+    with pytest.raises(OSError):
+        wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(root))
+    assert outside.read_bytes() == b"precious" and (root / planted).is_symlink()
+
+
+def _as_the_kernel_loads_it() -> types.ModuleType:
+    """This module's source run as the kernel runs it: in a fresh module that is not in sys.modules."""
+    module = types.ModuleType("_nbexec_wheels_unregistered")
+    exec(compile(Path(wheelinstall.__file__).read_text(), "<nbexec-wheels>", "exec"), module.__dict__)
+    return module
+
+
+def test_an_image_without_pypa_installer_installs_with_pip_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """An image built before pypa/installer was in it: the kernel's import fails, pip (offline, the sandbox's
+    PIP_* settings) installs the cached wheels instead, and the output says so."""
+    from .pyindex import make_wheel
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    made = make_wheel(wheels, "nbexec-hidden", "1.0", "V = 7\n")
+    monkeypatch.setitem(sys.modules, "installer", None)  # import installer raises ImportError
+    for name, value in {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_NO_CACHE_DIR": "1",
+                        "PIP_PREFIX": str(tmp_path / "prefix"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    module = _as_the_kernel_loads_it()
+    said = module.install(["nbexec-hidden"], [[made.name, "nbexec-hidden", "1.0"]], folder=str(wheels),
+                          prefix=str(tmp_path / "prefix"))
+    assert said.startswith(f"pip ({wheelinstall.NO_INSTALLER}): ") and wheelinstall.NO_INSTALLER in \
+        capsys.readouterr().err
+    site = Path(wheelinstall.paths(str(tmp_path / "prefix"))["purelib"])
+    assert (site / "nbexec_hidden" / "__init__.py").read_text() == "V = 7\n"
+    assert (site / "nbexec_hidden-1.0.dist-info" / "INSTALLER").read_text() == "pip\n"
+
+
+@pytest.mark.parametrize("version", [b"2.0", b"", None, b"10.1", b" 0.9"], ids=["2.0", "empty", "missing", "10.1",
+                                                                               "0.9"])
+def test_a_wheel_of_another_wheel_version_is_refused_whole(tmp_path: Path, version: bytes | None) -> None:
+    """Deliberate change: a wheel that is not Wheel-Version 1.x is refused (pip and pypa/installer refuse it too)."""
+    wheel = WHEEL.encode().replace(b"Wheel-Version: 1.0\n", b"" if version is None
+                                   else b"Wheel-Version: " + version + b"\n")
+    path = _build(tmp_path / "w.whl", [("bad/x.py", b"x", 0o644)], wheel)
+    with pytest.raises(wheelinstall.UnsafeWheel, match=r"no Wheel-Version 1\.x wheel"):
+        wheelinstall.unpack(str(path), _places(tmp_path / "p"))
+    assert not (tmp_path / "p").exists(), "a refused wheel wrote something"
+
+
+def test_bytecode_a_wheel_ships_in_pycache_is_not_installed(tmp_path: Path) -> None:
+    """A .pyc beside its source is run instead of it: a wheel could ship code its source does not show.
+    pypa/installer skips __pycache__ members (with a warning); the rest installs."""
+    members = [("bad/x.py", b"X = 1\n", 0o644), ("bad/__pycache__/x.cpython-311.pyc", b"evil", 0o644)]
+    with pytest.warns(RuntimeWarning, match=r"__pycache__/x\.cpython-311\.pyc from bad-1\.0\."):
+        written = wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path))
+    assert (tmp_path / "pure" / "bad" / "x.py").exists() and not (tmp_path / "pure" / "bad" / "__pycache__").exists()
+    assert not any("__pycache__" in row for row in written)
+
+
+@pytest.mark.parametrize("record", [b"\xff\x00junk", b"", b"bad/x.py,sha256=AAAA,1\n../../../owned.py,sha256=x,3\n",
+                                    b'"unclosed,\n' * 3], ids=["binary", "empty", "lies", "bad-csv"])
+def test_the_wheels_own_record_is_never_read(tmp_path: Path, record: bytes) -> None:
+    """pypa/installer's WheelFile reads RECORD (and stops on a malformed one); nbexec's source never does: what it
+    says changes nothing, and the RECORD written lists what was written, with the true digests."""
+    members = [("bad/x.py", b"X = 1\n", 0o644), ("bad-1.0.dist-info/RECORD", record, 0o644)]
+    wheelinstall.unpack(str(_build(tmp_path / "w.whl", members)), _places(tmp_path / "p"))
+    rows = (tmp_path / "p" / "pure" / "bad-1.0.dist-info" / "RECORD").read_text().splitlines()
+    assert f"bad/x.py,{_digest(b'X = 1' + bytes([10]))},6" in rows and len(rows) == 4  # x.py, WHEEL, INSTALLER, RECORD
+    assert not list(tmp_path.rglob("owned.py"))
+
+
+def test_the_module_installs_as_the_kernel_loads_it(tmp_path: Path) -> None:
+    """The kernel runs this module's source in a module not (yet) in sys.modules: nothing in it may need to be
+    (a @dataclass did, and every install in the sandbox failed)."""
+    _as_the_kernel_loads_it().unpack(str(_build(tmp_path / "w.whl", [("bad/x.py", b"X", 0o644)])), _places(tmp_path))
+    assert (tmp_path / "pure" / "bad" / "x.py").read_bytes() == b"X"
+
+
+def test_a_big_member_is_recorded_with_its_whole_size(tmp_path: Path) -> None:
+    big = bytes(range(256)) * 700  # 179,200 bytes: several blocks of the copy
+    _build(tmp_path / "w.whl", [("bad/big.bin", big, 0o644)])
+    wheelinstall.unpack(str(tmp_path / "w.whl"), _places(tmp_path))
+    assert (tmp_path / "pure" / "bad" / "big.bin").read_bytes() == big
+    rows = (tmp_path / "pure" / "bad-1.0.dist-info" / "RECORD").read_text().splitlines()
+    assert f"bad/big.bin,{_digest(big)},{len(big)}" in rows
+
+
+def test_a_refused_wheel_version_is_shown_to_20_characters(tmp_path: Path) -> None:
+    version = "2" + "0123456789" * 3
+    _build(tmp_path / "w.whl", [("bad/x.py", b"x", 0o644)], WHEEL.encode().replace(b"1.0", version.encode(), 1))
+    with pytest.raises(wheelinstall.UnsafeWheel) as refused:
+        wheelinstall.unpack(str(tmp_path / "w.whl"), _places(tmp_path / "p"))
+    assert f"({version[:20]!r})" in str(refused.value)
+
+
+@pytest.mark.parametrize(("name", "where", "scheme"), [
+    ("bad/x.py", "pure/bad/x.py", "purelib"), ("bad-1.0.data/scripts/sub/t", "bin/sub/t", "scripts"),
+    ("bad-1.0.data/platlib/m.so", "plat/m.so", "platlib"), ("bad-1.0.data/data/share/f", "share/f", "data"),
+    ("bad-1.0.data/headers/h.h", "include/h.h", "headers")])
+def test_each_member_is_placed_in_its_scheme(tmp_path: Path, name: str, where: str, scheme: str) -> None:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = (stat.S_IFREG | 0o644) << 16
+    assert wheelinstall.target(name, info, "bad-1.0.dist-info", _places(tmp_path), "purelib") == \
+        (str(tmp_path / where), scheme)

@@ -1,39 +1,55 @@
 """The installer that runs inside the sandbox's kernel: wheels from /mnt/wheels unpacked into /mnt/packages.
 
-Standard library only: `nbexec.packages` sends this module's source into the kernel once per sandbox (as the
-module ``_nbexec_wheels``), so an install of cached wheels starts no pip (pip's own start costs about a second
-of the sandbox's CPU). It installs exactly the host's resolution when that is safe to do without pip: every
-distribution is absent, already at the resolved version, or (a dependency) installed at a version every
-requirement of the resolution accepts. Anything else (another version of a package asked for, a requirement the
-installed version does not meet) is handed to pip, offline, as before.
+Standard library and pypa/installer (in the runtime image) only: `nbexec.packages` sends this module's source into
+the kernel once per sandbox (as the module ``_nbexec_wheels``), so an install of cached wheels starts no pip (pip's
+own start costs about a second of the sandbox's CPU). It installs exactly the host's resolution when that is safe
+to do without pip: every distribution is absent, already at the resolved version, or (a dependency) installed at a
+version every requirement of the resolution accepts. Anything else (another version of a package asked for, a
+requirement the installed version does not meet) is handed to pip, offline, as before.
 
-Every byte of a wheel is treated as hostile: members with absolute paths, ``..``, backslashes, links, devices,
-duplicate names, or a place outside the purelib/platlib/scripts/data/headers mapping refuse the whole wheel, and
-files are created without following links. Writes land on /mnt/packages, whose size the kernel enforces.
+Every byte of a wheel is treated as hostile, and checked here before pypa/installer sees it: members with absolute
+paths, ``..``, backslashes, links, devices, duplicate names, a name both file and folder, or a place outside the
+purelib/platlib/scripts/data/headers mapping refuse the whole wheel before anything is written; WHEEL and
+entry_points.txt are read to 64 KiB; the wheel's RECORD is never read. pypa/installer then lays the checked members
+out (schemes, launchers, RECORD) through a destination that creates files without following links. Writes land on
+/mnt/packages, whose size the kernel enforces. An image without pypa/installer installs with pip, offline, instead.
 """
 
 from __future__ import annotations
 
 import base64
 import configparser
-import csv
 import hashlib
 import importlib
 import importlib.metadata
 import io
 import os
+import re
 import stat
 import subprocess
 import sys
 import sysconfig
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from email.parser import HeaderParser
-from typing import Any
+from typing import IO, Any, BinaryIO, cast
+
+try:
+    from installer import install as _lay_out
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.records import Hash, RecordEntry
+    from installer.scripts import Script
+    from installer.sources import WheelSource
+    from installer.utils import Scheme
+except ImportError:  # an image built before pypa/installer was in it: `install` hands the wheels to pip
+    _lay_out = None  # type: ignore[assignment]
+    SchemeDictionaryDestination = WheelSource = object  # type: ignore[assignment,misc]
 
 PREFIX = "/mnt/packages"
 WHEELS = "/mnt/wheels"
 _SCHEMES = ("purelib", "platlib", "scripts", "data", "headers")
+_REFERENCE = re.compile(r"\s*([\w.]+)\s*:\s*([\w.]+)\s*")  # module:attr, as pypa/installer parses a console script
+NO_INSTALLER = "this image has no pypa/installer, so pip installs the cached wheels instead"
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -58,6 +74,9 @@ def install(specs: Sequence[str], wheels: Sequence[Sequence[str]], *, asked: Ite
     todo, decided = _plan(wheels, folder, asked)
     if decided == "pip":
         return _pip(specs, verbose)
+    if todo and _lay_out is None:
+        print(f"nbexec: {NO_INSTALLER}", file=sys.stderr)
+        return _pip(specs, verbose, why=f" ({NO_INSTALLER})")
     done = []
     for filename, name, version in todo:
         unpack(os.path.join(folder, filename), places, requested=name in asked)
@@ -123,7 +142,7 @@ def _requires(path: str) -> list[str]:
     return HeaderParser().parsestr(text).get_all("Requires-Dist") or []
 
 
-def _pip(specs: Sequence[str], verbose: bool) -> str:
+def _pip(specs: Sequence[str], verbose: bool, why: str = "") -> str:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--", *specs],
                           capture_output=True, text=True)
     if done.returncode:
@@ -131,7 +150,7 @@ def _pip(specs: Sequence[str], verbose: bool) -> str:
     importlib.invalidate_caches()
     if verbose:
         print(done.stdout.strip()[-3000:])
-    return "pip: " + done.stdout.strip()[-200:]
+    return f"pip{why}: " + done.stdout.strip()[-200:]
 
 
 def _dist_info(names: list[str]) -> str:
@@ -156,34 +175,90 @@ def target(name: str, info: zipfile.ZipInfo, dist_info: str, places: dict[str, s
     return os.path.join(places[parts[1]], *parts[2:]), parts[1]
 
 
+class CheckedWheel(WheelSource):
+    """A wheel whose every member nbexec checked, as pypa/installer reads it: the checked members only (never the
+    wheel's RECORD), the WHEEL nbexec read (its root scheme, its version) and the console scripts nbexec kept."""
+
+    def __init__(self, archive: zipfile.ZipFile, dist_info: str, members: list[zipfile.ZipInfo], root: str,
+                 version: str, scripts: dict[str, str]) -> None:
+        stem = dist_info[:-len(".dist-info")]
+        super().__init__(stem, "")  # only pypa/installer's messages read these: the two properties below are exact
+        self.archive, self.members, self.root, self.scripts = archive, members, root, scripts
+        self.info, self.data = dist_info, stem + ".data"
+        self.wheel = f"Wheel-Version: {version}\nRoot-Is-Purelib: {str(root == 'purelib').lower()}\n"
+
+    @property
+    def dist_info_dir(self) -> str:
+        return self.info
+
+    @property
+    def data_dir(self) -> str:
+        return self.data
+
+    @property
+    def dist_info_filenames(self) -> list[str]:
+        return ["WHEEL", *(["entry_points.txt"] if self.scripts else [])]
+
+    def read_dist_info(self, filename: str) -> str:
+        return self.wheel if filename == "WHEEL" else \
+            "[console_scripts]\n" + "".join(f"{name} = {ref}\n" for name, ref in self.scripts.items())
+
+    def get_contents(self) -> Iterator[tuple[tuple[str, str, str], BinaryIO, bool]]:
+        for info in self.members:
+            with self.archive.open(info) as stream:
+                yield (info.filename, "", ""), cast(BinaryIO, stream), bool((info.external_attr >> 16) & 0o111)
+
+
+class NoFollowDestination(SchemeDictionaryDestination):
+    """pypa/installer's destination, writing through `_put` (never following a link the sandbox planted) with
+    nbexec's modes (0o755 for scripts and members with an x bit, 0o644 for the rest); remembers what it wrote.
+    No @dataclass: the kernel runs this module unregistered in sys.modules, where dataclasses cannot look it up."""
+
+    def __init__(self, places: dict[str, str]) -> None:
+        super().__init__(dict(places), sys.executable, "posix")
+        self.written: list[str] = []
+
+    def write_to_fs(self, scheme: Scheme, path: str, stream: IO[bytes], is_executable: bool) -> RecordEntry:
+        where = os.path.join(self.scheme_dict[scheme], path)
+        digest, size = _put(where, stream, 0o755 if is_executable or scheme == "scripts" else 0o644)
+        self.written.append(where)
+        return RecordEntry(path, Hash("sha256", digest), size)
+
+    def write_script(self, name: str, module: str, attr: str, section: Any) -> RecordEntry:
+        """pypa/installer's launcher, written by `write_to_fs` (its own write_script chmods by path, after)."""
+        filename, launcher = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
+        return self.write_to_fs(Scheme("scripts"), filename, io.BytesIO(launcher), True)
+
+
 def unpack(path: str, places: dict[str, str], *, requested: bool = False) -> list[str]:
-    """Install one wheel: its files, console scripts, INSTALLER, REQUESTED and a RECORD of what was written."""
+    """Install one wheel: its files, console scripts, INSTALLER, REQUESTED and a RECORD of what was written.
+    Returns the RECORD's paths (relative to the root scheme's folder)."""
     with zipfile.ZipFile(path) as archive:
-        members = [info for info in archive.infolist() if not info.filename.endswith("/")]
-        names = [info.filename for info in members]
-        if len(set(names)) != len(names):
-            raise UnsafeWheel(f"{os.path.basename(path)} names a file twice")
-        dist_info = _dist_info(names)
-        wheel = HeaderParser().parsestr(archive.read(f"{dist_info}/WHEEL")[:65536].decode("utf-8", "replace"))
-        root = "purelib" if str(wheel.get("Root-Is-Purelib", "")).strip().lower() == "true" else "platlib"
-        planned = [(info, *target(info.filename, info, dist_info, places, root)) for info in members
-                   if info.filename != f"{dist_info}/RECORD"]
-        scripts = {os.path.join(places["scripts"], name): body for name, body in _scripts(archive, dist_info).items()}
-        site = places[root]
-        meta = os.path.join(site, dist_info)
-        _refuse_clashes(path, [where for _, where, _ in planned] + list(scripts)
-                        + [os.path.join(meta, name) for name in ("INSTALLER", "REQUESTED", "RECORD")])
-        records = [_write(archive, info, where, scheme) for info, where, scheme in planned]
-        records += [_put(where, body.encode(), 0o755) for where, body in scripts.items()]
-    extra = {"INSTALLER": b"nbexec\n", **({"REQUESTED": b""} if requested else {})}
-    for name, content in extra.items():
-        records.append(_put(os.path.join(meta, name), content, 0o644))
-    rows = [(os.path.relpath(where, site), digest, str(size)) for where, digest, size in records]
-    rows.append((os.path.relpath(os.path.join(meta, "RECORD"), site), "", ""))
-    text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerows(rows)
-    _put(os.path.join(meta, "RECORD"), text.getvalue().encode(), 0o644)
-    return [row[0] for row in rows]
+        source = checked(path, archive, places)
+        destination = NoFollowDestination(places)
+        _lay_out(source, destination, {"INSTALLER": b"nbexec\n", **({"REQUESTED": b""} if requested else {})})
+    return [os.path.relpath(where, places[source.root]) for where in destination.written]
+
+
+def checked(path: str, archive: zipfile.ZipFile, places: dict[str, str]) -> CheckedWheel:
+    """The wheel at ``path`` once every member is checked, or UnsafeWheel (before anything is written)."""
+    members = [info for info in archive.infolist() if not info.filename.endswith("/")]
+    names = [info.filename for info in members]
+    if len(set(names)) != len(names):
+        raise UnsafeWheel(f"{os.path.basename(path)} names a file twice")
+    dist_info = _dist_info(names)
+    wheel = HeaderParser().parsestr(archive.read(f"{dist_info}/WHEEL")[:65536].decode("utf-8", "replace"))
+    version = str(wheel.get("Wheel-Version", "")).strip()
+    if not version.startswith("1."):
+        raise UnsafeWheel(f"{os.path.basename(path)} is no Wheel-Version 1.x wheel ({version[:20]!r})")
+    root = "purelib" if str(wheel.get("Root-Is-Purelib", "")).strip().lower() == "true" else "platlib"
+    members = [info for info in members if info.filename != f"{dist_info}/RECORD"]
+    planned = [target(info.filename, info, dist_info, places, root)[0] for info in members]
+    scripts = _scripts(archive, dist_info)
+    meta = os.path.join(places[root], dist_info)
+    _refuse_clashes(path, planned + [os.path.join(places["scripts"], name) for name in scripts]
+                    + [os.path.join(meta, name) for name in ("INSTALLER", "REQUESTED", "RECORD")])
+    return CheckedWheel(archive, dist_info, members, root, version, scripts)
 
 
 def _refuse_clashes(wheel: str, writes: list[str]) -> None:
@@ -198,27 +273,24 @@ def _refuse_clashes(wheel: str, writes: list[str]) -> None:
             folder = os.path.dirname(folder)
 
 
-def _write(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, scheme: str) -> tuple[str, str, int]:
-    with archive.open(info) as source:
-        content = source.read()
-    executable = scheme == "scripts" or bool((info.external_attr >> 16) & 0o111)
-    if scheme == "scripts" and content.startswith(b"#!python"):
-        content = b"#!" + sys.executable.encode() + content[len(b"#!python"):]
-    return _put(where, content, 0o755 if executable else 0o644)
-
-
-def _put(where: str, content: bytes, mode: int) -> tuple[str, str, int]:
+def _put(where: str, stream: IO[bytes], mode: int) -> tuple[str, int]:
+    """Write ``stream`` to a new or truncated ``where`` (never through a link), ``mode`` whatever the umask; its
+    sha256 (urlsafe base64, unpadded) and size."""
     os.makedirs(os.path.dirname(where), exist_ok=True)
-    fd = os.open(where, _FLAGS, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(content)
-    os.chmod(where, mode, follow_symlinks=False)
-    digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
-    return where, f"sha256={digest}", len(content)
+    digest, size = hashlib.sha256(), 0
+    with os.fdopen(os.open(where, _FLAGS, mode), "wb") as handle:
+        os.fchmod(handle.fileno(), mode)
+        for block in iter(lambda: stream.read(1 << 16), b""):
+            digest.update(block)
+            handle.write(block)
+            size += len(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode(), size
 
 
 def _scripts(archive: zipfile.ZipFile, dist_info: str) -> dict[str, str]:
-    """The console_scripts launchers pip would write (entry_points.txt): name -> the launcher's text."""
+    """The console scripts of entry_points.txt that pypa/installer can write a launcher for: name -> module:attr.
+    A hidden, slashed or empty name, or a reference that is not module:attr, is skipped (pypa/installer would
+    stop half-way on it)."""
     try:
         text = archive.read(f"{dist_info}/entry_points.txt")[:65536].decode("utf-8", "replace")
     except KeyError:
@@ -229,14 +301,10 @@ def _scripts(archive: zipfile.ZipFile, dist_info: str) -> dict[str, str]:
         parser.read_string(text)
     except configparser.Error:
         return {}
-    launchers = {}
     entries: dict[str, Any] = dict(parser["console_scripts"]) if parser.has_section("console_scripts") else {}
+    kept = {}
     for name, value in entries.items():
-        module, _, attr = value.partition(":")
-        if not name or "/" in name or name.startswith(".") or not module.strip():
-            continue
-        call = f"{attr.strip()}()" if attr.strip() else "None"
-        launchers[name] = (f"#!{sys.executable}\nimport sys\nfrom {module.strip()} import "
-                           f"{attr.strip().split('.')[0]}\nsys.exit({call})\n") if attr.strip() else \
-            f"#!{sys.executable}\nimport {module.strip()}\n"
-    return launchers
+        reference = _REFERENCE.fullmatch(value)
+        if name and not name.startswith(".") and not any(c in name for c in "/\\\0") and reference:
+            kept[name] = f"{reference[1]}:{reference[2]}"
+    return kept
