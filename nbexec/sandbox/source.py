@@ -11,6 +11,10 @@ ready (``capacity``), whether it can serve at all (``readiness``), starts fillin
 removes everything at shutdown (``close``). What it cannot do it says: ``mounts_host_folders`` is False for a
 source whose sandboxes do not run on this host (a config with ``input_dir`` is then refused at ``acquire``).
 
+Memory kept across a sleep (durable sessions): ``hibernate(handle, folder)`` stops a sandbox keeping its memory
+in a folder and returns a record to ``wake(config, record, folder)`` it from; the defaults here say "not
+supported" (None, SandboxError) and the engine then brings memory back by replaying the session's cells.
+
 ``SandboxHandle``: what a sandbox offers. No method hands out a host path, so a sandbox whose kernel and files
 live on another machine implements it over the network: kernel operations (``run``, ``run_hidden``,
 ``interrupt``, ``kernel_lost``), its life (``state``, ``seems_alive``, ``freeze``, ``kill``, ``destroy``), its
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from nbexec.config import SandboxConfig
+from nbexec.errors import SandboxError
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.result import Connection
@@ -180,3 +185,13 @@ class SandboxSource(Protocol):
 
     def close(self) -> None:
         """Remove every sandbox this source holds ready (at shutdown)."""
+
+    def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
+        """Stop ``handle``'s sandbox keeping its memory in ``folder`` (0700, yours); a JSON-able record to wake it
+        from, or None when this source cannot keep memory (the engine then replays). The sandbox is gone after
+        a record is returned; on None it is untouched."""
+        return None
+
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
+        """A running sandbox from a record ``hibernate`` returned (raises SandboxError when it cannot)."""
+        raise SandboxError("this sandbox source cannot restore memory")

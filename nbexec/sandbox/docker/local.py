@@ -7,13 +7,13 @@ from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
-from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
+from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
 from . import daemon, pool
 from .container import Sandbox
 
 
-class LocalSource:
+class LocalSource(SandboxSource):
     """Sandboxes on this host's Docker engine (see the module docstring)."""
 
     mounts_host_folders = True

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nbexec.config import SandboxConfig, host_from_env
 from nbexec.errors import ConfigError, NodeError, NodeUnavailableError, SessionLimitError
 from nbexec.names import is_image_name
-from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
+from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
 from .handle import SMALL, RemoteHandle
 from .nodes import Health, NodeClient, rank
@@ -69,7 +69,7 @@ class Cluster:
             self.inflight[url] += change
 
 
-class RemoteSource:
+class RemoteSource(SandboxSource):
     """Sandboxes on remote nodes (see the module docstring)."""
 
     mounts_host_folders = False
