@@ -60,6 +60,8 @@ class Reapable(Protocol):
 
     def close(self) -> None: ...
 
+    def close_at_exit(self) -> None: ...
+
 
 _live: weakref.WeakSet[Reapable] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -105,7 +107,7 @@ def _reap_forever() -> None:
 
 
 def close_all() -> None:
-    """Close every live session (runs at interpreter exit)."""
+    """Close every live session (runs at interpreter exit); durable ones are left to their state folder."""
     for session in list(_live):
         with contextlib.suppress(Exception):
-            session.close()
+            session.close_at_exit()

@@ -35,7 +35,7 @@ from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
 from .options import RUNTIME_MOUNT, Place, container_options
-from .workdir import WORKDIR_PREFIX, remove_tree
+from .workdir import CLAIM_FILE, WORKDIR_PREFIX, remove_tree
 
 if TYPE_CHECKING:
     from nbexec.egress.proxy import Proxy
@@ -67,9 +67,9 @@ class Sandbox:
         self.container: Any = None
         self.client: kernel.KernelClient | None = None
         self.started_at = time.monotonic()
-        self._connection: dict[str, Any] = {}
+        self.connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
-        self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
+        self.init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
         self.egress: Proxy | None = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
         self.disk: space.Reservation | None = None  # its share of the host's disk, held until destroy
 
@@ -83,8 +83,9 @@ class Sandbox:
         return self.workdir / "run"
 
     @classmethod
-    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
-        """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
+    def start(cls, config: SandboxConfig, *, role: str, claim: str = "") -> Sandbox:
+        """Create the working folders, the data filesystem and the container; wait until the kernel answers.
+        ``claim``: the state folder that keeps it past this process (see `nbexec.files.statefolder`)."""
         docker_client = daemon.connect()
         sandbox_id = uuid.uuid4().hex[:16]
         workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
@@ -94,9 +95,11 @@ class Sandbox:
             sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
             sandbox.data_dir.mkdir(mode=0o700)
             sandbox._prepare_folders()
+            if claim:  # read by the sweep (workdir.remove_stale_workdirs): kept while the state folder wants it
+                (workdir / CLAIM_FILE).write_text(claim)
             if config.network == "allowlist":  # before the container, which mounts the proxy's folder
                 sandbox.egress = egress.open_proxy(workdir, config)
-            sandbox._create_container(docker_client, role)
+            sandbox._create_container(docker_client, role, claim)
             sandbox._watch_data()
             sandbox._connect()
             if sandbox.egress is not None:
@@ -112,7 +115,7 @@ class Sandbox:
         self.runtime_dir.mkdir(mode=0o700)
         info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
                 "signature_scheme": "hmac-sha256", "kernel_name": "python3", **_PORTS}
-        self._connection = info
+        self.connection = info
         conn = self.runtime_dir / "kernel.json"
         conn.write_text(json.dumps(info))
         owner = self.file_owner()
@@ -161,16 +164,16 @@ class Sandbox:
         except DockerError:
             self.kill()
 
-    def _create_container(self, docker_client: docker.DockerClient, role: str) -> None:
+    def _create_container(self, docker_client: docker.DockerClient, role: str, claim: str) -> None:
         options = container_options(self.config, role, Place(self.id, self.uid, self.gid, self.workdir,
-                                                             tuple(self._input_masks)))
+                                                             tuple(self._input_masks), claim))
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
             self.container.reload()
-        self._init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
-        if self._init_process is not None:
-            self.freezer = datafs.Freezer.of_process(self._init_process[0])
+        self.init_process = _process_identity(self.container.attrs.get("State", {}).get("Pid"))
+        if self.init_process is not None:
+            self.freezer = datafs.Freezer.of_process(self.init_process[0])
 
     def _connect(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
@@ -186,7 +189,7 @@ class Sandbox:
             delay = min(delay * 1.5, 0.02)
         # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
         frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
-        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self._connection,
+        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self.connection,
                                                   max_message=frame_limit)
         self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
@@ -216,6 +219,12 @@ class Sandbox:
             text = self.container.logs(tail=20).decode("utf-8", "replace").strip()
             return f" Its last lines:\n{text}" if text else ""
         return ""
+
+    def describe(self) -> dict[str, Any]:
+        """What finds this sandbox again once this process is gone (see `adopt`); holds the kernel's key."""
+        return {"kind": "local", "id": self.id, "container": self.container.id, "workdir": str(self.workdir),
+                "uid": self.uid, "gid": self.gid, "data_fs": self.data_fs, "connection": self.connection,
+                "language_info": self.language_info}
 
     # -- the kernel ---------------------------------------------------------------------------------
 
@@ -305,9 +314,9 @@ class Sandbox:
         """A cheap check (no Docker call) that the container's init still runs: False once it is gone.
 
         Uses the host's /proc when the engine is local; assumes alive when that cannot be known."""
-        if self._init_process is None:
+        if self.init_process is None:
             return self.container is not None
-        return _process_identity(self._init_process[0]) == self._init_process
+        return _process_identity(self.init_process[0]) == self.init_process
 
     def state(self) -> ContainerState:
         """Ask Docker whether the container still runs and how it ended."""

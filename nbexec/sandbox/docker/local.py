@@ -9,7 +9,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
-from . import daemon, pool
+from . import adopt, daemon, pool
 from .container import Sandbox
 
 
@@ -18,10 +18,13 @@ class LocalSource(SandboxSource):
 
     mounts_host_folders = True
 
-    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
-        if purpose == "oneshot" or config.pool_size:
+    def acquire(self, config: SandboxConfig, *, purpose: str, claim: str = "") -> SandboxHandle:
+        if not claim and (purpose == "oneshot" or config.pool_size):
             return pool.acquire(config)
-        return pool.start_sandbox(config, role="session", warm_up=True)
+        return pool.start_sandbox(config, role="session", warm_up=True, claim=claim)
+
+    def adopt(self, config: SandboxConfig, record: dict[str, Any]) -> SandboxHandle:
+        return adopt.adopt(config, record)
 
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         if not isinstance(sandbox, Sandbox):

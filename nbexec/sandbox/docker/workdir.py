@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nbexec.files import statefolder
 from nbexec.files.folders import work_root
 
 from . import datafs
 
 WORKDIR_PREFIX = "nbexec-"
+CLAIM_FILE = "claim"  # in a working folder a state folder keeps past its owner: that folder's claim
 
 
 def remove_tree(path: Path) -> None:
@@ -56,7 +58,21 @@ def remove_stale_workdirs() -> list[Path]:
             pass
         except PermissionError:
             continue
+        if _claimed(entry):
+            continue
         remove_tree(entry)  # a dead process's data filesystems are unmounted first
         removed.append(entry)
     return removed
 
+
+
+def _claimed(workdir: Path) -> bool:
+    """Whether a state folder still wants this working folder (its claim file, read without following links)."""
+    try:
+        fd = os.open(workdir / CLAIM_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return statefolder.claim_alive(os.read(fd, 4096).decode("utf-8", "replace").strip())
+    finally:
+        os.close(fd)

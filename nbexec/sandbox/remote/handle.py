@@ -74,6 +74,11 @@ class RemoteHandle:
     def __repr__(self) -> str:
         return f"<RemoteHandle {self.id} on {self.node}>"
 
+    def describe(self) -> dict[str, Any]:
+        """What finds this sandbox again from another process (`RemoteSource.adopt`): its node and id."""
+        return {"kind": "remote", "url": self.client.url, "id": self.id, "node": self.node,
+                "language_info": self.language_info, "memory": self.config.memory, "interrupt_grace": self.grace}
+
     # -- the node going away ------------------------------------------------------------------------------
 
     def _lost_error(self) -> Exception:
