@@ -16,6 +16,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from typing import Any
 
 from nbexec import __version__
 from nbexec.config import parse_size
+from nbexec.engine import durable
 from nbexec.engine.session import Session
 from nbexec.errors import SessionError
 
@@ -58,7 +60,8 @@ def _decode_files(files: dict[str, str] | None) -> dict[str, bytes]:
 def create_app(settings: ServerSettings) -> Any:
     """The ASGI application: the FastAPI routes behind the gateway (Host, token and body checks)."""
     folders = Tenants(settings.config, max_sessions=1024, session_ttl=settings.session_ttl,
-                      result_ttl=settings.result_ttl, runs_per_token=settings.max_running_per_token)
+                      result_ttl=settings.result_ttl, runs_per_token=settings.max_running_per_token,
+                      state_dir=settings.state_dir)
     runs = Runs(folders, settings)
     metrics = Metrics(lambda: len(folders.sessions), lambda: folders.source.capacity(settings.config).ready)
 
@@ -78,7 +81,8 @@ def create_app(settings: ServerSettings) -> Any:
     app.state.nbexec = folders
     app.state.gate = runs  # per-token slots, read by operators' tooling and the tests
     app.state.metrics = metrics
-    app.state.instance = uuid.uuid4().hex[:12]  # new at every start: callers tell a restarted node by it
+    # New at every start (callers tell a restarted node by it), unless a state folder keeps it with the sessions.
+    app.state.instance = _instance(settings)
     _ops_routes(app, folders, metrics)
     _execute_routes(app, folders, runs, metrics)
     _session_routes(app, folders, runs, metrics)
@@ -89,6 +93,18 @@ def create_app(settings: ServerSettings) -> Any:
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True,
                        larger={sandboxes.WHEEL_ROUTE: parse_size(settings.config.max_package_download)})
     return app
+
+
+def _instance(settings: ServerSettings) -> str:
+    if settings.state_dir is None:
+        return uuid.uuid4().hex[:12]
+    folder = durable.hold(settings.state_dir)
+    kept = folder.read("instance", limit=64)
+    if kept is not None and re.fullmatch(rb"[0-9a-f]{12}", kept):
+        return kept.decode()
+    instance = uuid.uuid4().hex[:12]
+    folder.write("instance", instance.encode())
+    return instance
 
 
 def _ops_routes(app: FastAPI, folders: Tenants, metrics: Metrics) -> None:

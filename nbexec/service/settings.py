@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
@@ -23,6 +24,7 @@ class ServerSettings:
     session_ttl: float = 20 * 60.0
     result_ttl: float = 15 * 60.0  # seconds a one-shot result's files stay downloadable, then they are deleted
     keepalive: float = 15.0  # seconds between SSE keep-alive comments on a quiet stream
+    state_dir: Path | None = None  # durable sessions: kept across restarts, with this node's instance
 
     def __post_init__(self) -> None:
         if self.auth and not self.tokens:

@@ -1,0 +1,102 @@
+"""Durable sessions under chaos (issue #26), with real `nbexec serve` processes on loopback (tests/cluster.py): a
+node started with --state-dir that is killed with SIGKILL (idle, or in the middle of a run) and started again
+answers the same session ids, through the router, with the same variables and files; a node without a state
+folder comes back as a new instance (its sessions answer 410/404 as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from nbexec.sandbox.docker.workdir import remove_tree
+
+from ..cluster import Server, all_up, client, node, router, wait_ready
+from ..conftest import wait_until
+from .test_durable import claimed_containers, claimed_workdirs
+
+
+@pytest.fixture
+def durable_node(docker_ready: None, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path / "cluster"
+    tmp.mkdir(mode=0o755)
+    tmp.chmod(0o755)
+    state = tmp_path / "state"
+    member = node(0, tmp, tag="durable")
+    member.args += ["--state-dir", str(state)]
+    member.start()
+    front = router([member]).start()
+    try:
+        wait_ready([member])
+        wait_until(lambda: all_up(front, 1), 60, "the router never saw the node up", interval=0.2)
+        yield {"node": member, "router": front, "state": state}
+    finally:
+        for server in (front, member):
+            if server.process is not None and server.process.poll() is None:
+                server.kill(signal.SIGTERM)
+        for container in claimed_containers(state):
+            container.remove(force=True)
+        for workdir in claimed_workdirs(state):
+            remove_tree(workdir)
+        wait_until(lambda: not member.containers(), 60, "the node left containers behind")
+
+
+def restart(member: Server, front: Server) -> None:
+    member.kill(signal.SIGKILL)
+    wait_until(lambda: not all_up(front, 1), 60, "the router never saw the node go", interval=0.2)
+    member.start()
+    wait_ready([member])
+    wait_until(lambda: all_up(front, 1), 60, "the router never saw the node come back", interval=0.2)
+
+
+def test_node_sigkill_and_restart_keeps_the_session(durable_node: dict[str, Any]) -> None:
+    member, front = durable_node["node"], durable_node["router"]
+    with client(front) as http:
+        session = http.post("/v1/sessions").json()["id"]
+        first = http.post(f"/v1/sessions/{session}/execute",
+                          json={"code": "x = 41\nopen('kept.txt', 'w').write('still here')"}).json()
+        assert first["ok"], first
+    restart(member, front)
+    with client(front) as http:
+        answer = http.post(f"/v1/sessions/{session}/execute", json={"code": "print(x + 1, open('kept.txt').read())"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["stdout"] == "42 still here\n"
+        assert http.get(f"/v1/sessions/{session}").json()["cells"] == 2
+        assert http.delete(f"/v1/sessions/{session}").status_code == 204
+    assert claimed_containers(durable_node["state"]) == []
+
+
+def test_node_sigkill_mid_execution_keeps_the_session(durable_node: dict[str, Any]) -> None:
+    member, front = durable_node["node"], durable_node["router"]
+    with client(front) as http:
+        session = http.post("/v1/sessions").json()["id"]
+        assert http.post(f"/v1/sessions/{session}/execute", json={"code": "y = 7"}).json()["ok"]
+    started = threading.Event()
+
+    def long_run() -> None:
+        with client(front, timeout=30) as http:
+            started.set()
+            with contextlib.suppress(httpx.HTTPError):  # its node was killed under it
+                http.post(f"/v1/sessions/{session}/execute",
+                          json={"code": "import time\nwhile True: time.sleep(0.1)"})
+
+    runner = threading.Thread(target=long_run)
+    runner.start()
+    started.wait(10)
+    wait_until(lambda: "busy" in httpx.get(f"{front.url}/v1/sessions/{session}", timeout=5,
+                                           headers={"Authorization": client(front).headers["Authorization"]}).text,
+               30, "the long run never started", interval=0.1)
+    restart(member, front)
+    runner.join(60)
+    with client(front) as http:
+        answer = http.post(f"/v1/sessions/{session}/execute", json={"code": "print(y)"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["stdout"] == "7\n"
+        assert http.delete(f"/v1/sessions/{session}").status_code == 204
