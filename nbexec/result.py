@@ -271,6 +271,7 @@ class ExecutionResult(_Value):
     packages: tuple[Package, ...] = ()  # packages asked for and what became of them (nbexec.packages)
     connections: tuple[Connection, ...] = ()  # network="allowlist": every connection tried (nbexec.egress)
     node: str | None = None  # the node that ran it (NBEXEC_NODES, `nbexec serve`); None for a local run
+    restored: str | None = None  # a sleeping session woke for this run: memory back by "checkpoint" or "replay"
 
     @classmethod
     def from_dict(cls, data: Any, notebook: NotebookNode | None = None) -> ExecutionResult:

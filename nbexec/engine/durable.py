@@ -45,6 +45,8 @@ class Record:
     ttl: float | None
     status: str
     created_at: float
+    asleep: str | None = None  # how it wakes: "checkpoint" (``memory`` is the source's record) or "replay"
+    memory: dict[str, Any] | None = None
 
 
 def config_dict(config: SandboxConfig) -> dict[str, Any]:
@@ -79,7 +81,8 @@ def save(folder: StateFolder, record: Record) -> None:
     """Write ``record`` (atomically, 0600) and say that the folder's holder is alive."""
     body = {"version": VERSION, "id": record.id, "owner": record.owner, "config": config_dict(record.config),
             "sandbox": record.sandbox, "output_dir": record.output_dir, "notebook": record.notebook,
-            "ttl": record.ttl, "status": record.status, "created_at": record.created_at, "saved_at": time.time()}
+            "ttl": record.ttl, "status": record.status, "created_at": record.created_at, "saved_at": time.time(),
+            "asleep": record.asleep, "memory": record.memory}
     folder.write(record.id + SUFFIX, json.dumps(body, separators=(",", ":")).encode())
     folder.touch()
 
@@ -108,15 +111,25 @@ def load(folder: StateFolder, session_id: str) -> Record:
                       sandbox=_dict(body.get("sandbox")), output_dir=_text(body.get("output_dir")),
                       notebook=notebook.from_json(json.dumps(body.get("notebook")), f"session {session_id}"),
                       ttl=float(ttl) if isinstance(ttl, (int, float)) else None,
-                      status=str(body.get("status") or ""), created_at=float(body.get("created_at") or 0))
+                      status=str(body.get("status") or ""), created_at=float(body.get("created_at") or 0),
+                      asleep=_asleep(body.get("asleep")),
+                      memory=body["memory"] if isinstance(body.get("memory"), dict) else None)
     except (ValueError, TypeError, NbexecError) as exc:
         raise SessionNotFoundError(f"the record of session {session_id!r} in {folder.path} cannot be read "
                                    f"back ({exc}); remove it") from None
 
 
+def _asleep(value: Any) -> str | None:
+    if value not in (None, "checkpoint", "replay"):
+        raise ValueError("the record's sleep is neither checkpoint nor replay")
+    return str(value) if value else None
+
+
 def _dict(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("the record has no sandbox")
+    if not value:
+        return {}
     return value
 
 

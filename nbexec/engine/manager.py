@@ -21,12 +21,13 @@ class SessionManager:
 
     def __init__(self, config: SandboxConfig | None = None, *, max_sessions: int = 32,
                  ttl: float | None = DEFAULT_TTL, keep_files: bool = True,
-                 state_dir: str | Path | None = None) -> None:
+                 state_dir: str | Path | None = None, hibernate_after: float | None = None) -> None:
         self.config = config
         self.max_sessions = max_sessions
         self.ttl = ttl
         self.keep_files = keep_files  # False: a session's output folder is deleted when it closes
         self.state_dir = state_dir
+        self.hibernate_after = hibernate_after  # idle seconds before a session sleeps (None: never)
         self._sessions: dict[str, Session] = {}
         self._lost: dict[str, str] = {}  # kept sessions that could not be found again: why
         self._adopted = state_dir is None
@@ -40,7 +41,8 @@ class SessionManager:
         for session_id in durable.ids(durable.hold(self.state_dir)):
             try:
                 self._sessions[session_id] = Session.resume(session_id, state_dir=self.state_dir,
-                                                            keep_files=self.keep_files)
+                                                            keep_files=self.keep_files,
+                                                            hibernate_after=self.hibernate_after)
             except (SessionLostError, SessionNotFoundError) as exc:
                 self._lost[session_id] = str(exc)
 
@@ -63,6 +65,7 @@ class SessionManager:
                 raise SessionLimitError(f"a session with id {session_id!r} already exists")
             session_options.setdefault("keep_files", self.keep_files)
             session_options.setdefault("state_dir", self.state_dir)
+            session_options.setdefault("hibernate_after", self.hibernate_after)
             session = Session(config or self.config, ttl=self.ttl, session_id=session_id, **session_options)
             self._sessions[session.id] = session
             return session

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from nbformat import NotebookNode
 
@@ -38,6 +39,7 @@ from nbexec.stores.storage import ArtifactStore, LocalStore
 
 from . import budget, cells, collect, durable, reaper, sources, widgets
 from .budget import OutputCallback
+from .hibernation import Hibernation
 from .sessionfiles import SessionFiles
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ _NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole ti
                  "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
-class Session(reaper.SessionBase, SessionFiles):
+class Session(reaper.SessionBase, SessionFiles, Hibernation):
     """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
 
     Starts on first use or on ``start()``. Its output folder is opened once and written only through that
@@ -59,10 +61,16 @@ class Session(reaper.SessionBase, SessionFiles):
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
                  store: ArtifactStore | None = None, keep_files: bool = True, one_shot: bool = False,
-                 state_dir: str | Path | None = None, owner: str = "") -> None:
+                 state_dir: str | Path | None = None, owner: str = "",
+                 hibernate_after: float | None = None) -> None:
         self.id = session_id or (uuid.uuid4().hex[:16] if one_shot else uuid.uuid4().hex)
         self.state_dir, self.owner = (None if one_shot else state_dir), owner  # durable: see `durable`
         self._state: StateFolder | None = None
+        self.hibernate_after = None if one_shot else hibernate_after  # idle seconds before it sleeps (hibernation)
+        self._asleep: str | None = None
+        self._memory: dict[str, Any] | None = None
+        self._memory_dir: Path | None = None
+        self._woke: tuple[str, tuple[str, ...]] | None = None
         self._config = config
         self._requested_dir = output_dir
         self.ttl = ttl
@@ -90,13 +98,16 @@ class Session(reaper.SessionBase, SessionFiles):
 
     @property
     def status(self) -> str:
-        """new, ready, busy, dead or closed."""
+        """new, ready, busy, asleep, dead or closed."""
+        if self._asleep and not self._closed:
+            return "asleep"
         return self._status(dead=bool(self._dead_reason), started=self._sandbox is not None)
 
     def start(self) -> Session:
         """Start the sandbox now (otherwise the first run starts it)."""
         with self._lock:
             self._check_usable()
+            self.wake_if_asleep()
             if self._sandbox is None:
                 started = time.monotonic()
                 opened = self._open_output()
@@ -116,19 +127,23 @@ class Session(reaper.SessionBase, SessionFiles):
 
     @classmethod
     def resume(cls, session_id: str, *, state_dir: str | Path, store: ArtifactStore | None = None,
-               keep_files: bool = True) -> Session:
+               keep_files: bool = True, hibernate_after: float | None = None) -> Session:
         """The durable session ``session_id`` its state folder keeps, found again by a new process: the same
         kernel (its variables) and /mnt/data; SessionNotFoundError without a record, SessionLostError when its
         sandbox is gone."""
         folder = durable.hold(state_dir)
         record = durable.load(folder, session_id)
         try:
-            sandbox = sources.for_config(record.config).adopt(record.config, record.sandbox)
+            sandbox = None if record.asleep == "checkpoint" else \
+                sources.for_config(record.config).adopt(record.config, record.sandbox)
         except SandboxError as exc:
             raise SessionLostError(f"Session {session_id} cannot be found again: {exc}") from exc
         session = cls(record.config, session_id=session_id, ttl=record.ttl, store=store, keep_files=keep_files,
-                      state_dir=state_dir, owner=record.owner)
+                      state_dir=state_dir, owner=record.owner, hibernate_after=hibernate_after)
         session._state, session._sandbox, session.notebook = folder, sandbox, record.notebook
+        session._asleep, session._memory = record.asleep, record.memory
+        if record.asleep == "checkpoint":
+            session._memory_dir = folder.child(f"memory-{session_id}")
         session.created_at = record.created_at
         if record.output_dir is not None:
             session.output_dir = Path(record.output_dir)
@@ -137,7 +152,7 @@ class Session(reaper.SessionBase, SessionFiles):
         return session
 
     def _hold(self) -> str:
-        """The claim of the state folder this durable session is kept in ("" when it is not durable)."""
+        """The claim of the state folder this durable session is kept in ("" when not durable)."""
         if self.state_dir is None:
             return ""
         if not statefolder.valid_name(self.id + durable.SUFFIX):
@@ -147,10 +162,11 @@ class Session(reaper.SessionBase, SessionFiles):
 
     def _keep(self, status: str) -> None:
         """Write this durable session's record to its state folder (see `durable`)."""
-        if self._state is not None and self._sandbox is not None:
+        if self._state is not None and (self._sandbox is not None or self._asleep):
             durable.save(self._state, durable.Record(
-                self.id, self.owner, self.config, self._sandbox.describe(),
-                str(self.output_dir) if self.output_dir else None, self.notebook, self.ttl, status, self.created_at))
+                self.id, self.owner, self.config, self._sandbox.describe() if self._sandbox else {},
+                str(self.output_dir) if self.output_dir else None, self.notebook, self.ttl, status, self.created_at,
+                self._asleep, self._memory))
 
     def _open_output(self) -> bool | None:
         """Make or open the output folder on the first start: None when it was open already, else whether this
@@ -196,6 +212,7 @@ class Session(reaper.SessionBase, SessionFiles):
             self._closed = True
             sandbox, self._sandbox = self._sandbox, None
         reaper.forget(self)
+        self.forget_memory()
         if self._state is not None:
             durable.forget(self._state, self.id)
         if sandbox is not None:
@@ -203,8 +220,7 @@ class Session(reaper.SessionBase, SessionFiles):
         self._close_folder(remove=not self.keep_files)
 
     def close_at_exit(self) -> None:
-        """At interpreter exit: a durable session is left to its state folder (its sandbox runs on for the next
-        process to `resume`); any other closes."""
+        """At interpreter exit: a durable session is left to its state folder (for `resume`); others close."""
         if self._state is None:
             self.close()
 
@@ -311,6 +327,9 @@ class Session(reaper.SessionBase, SessionFiles):
             notes = run.notes + ((f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; "
                                   f"the cells had the rest",) if installed and left < limit else ())
             result = self._result(sandbox, dataclasses.replace(run, packages=tuple(installed), notes=notes))
+            if self._woke is not None:  # this call woke it: said, with whatever the replay found
+                (how, woke), self._woke = self._woke, None
+                result = dataclasses.replace(result, restored=how, notes=(*woke, *result.notes))
             self._keep("dead" if self._dead_reason else "ready")
             return result
 

@@ -160,6 +160,14 @@ class SandboxHandle(Protocol):
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """Egress connections since the last call (network="allowlist"), and notes on what was capped."""
 
+    def sleep(self) -> None:
+        """Stop every process of the sandbox (no memory or CPU used), keeping /mnt/data and every limit as they
+        are, for `awake`; SandboxError when this sandbox cannot."""
+
+    def awake(self) -> None:
+        """Start a fresh kernel in a slept sandbox, over its kept /mnt/data (its memory is not kept: the engine
+        replays); SandboxError when it cannot."""
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able record that finds this sandbox again from another process (`SandboxSource.adopt`); it
         may hold the kernel's key: kept private (see `nbexec.files.statefolder`)."""

@@ -36,7 +36,11 @@ CHILD = textwrap.dedent("""
     config = nbexec.SandboxConfig(image=sys.argv[2], pool_size=0, warm_imports=(), timeout=30, interrupt_grace=3)
     session = nbexec.Session(config, state_dir=sys.argv[1])
     assert session.run("x = 41\\nopen('kept.txt', 'w').write('still here')").ok
+    if sys.argv[3] == "sleep-then-die":
+        assert session.hibernate()
     print(session.id, flush=True)
+    if sys.argv[3] == "sleep-then-die":
+        os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[3] == "die":
         os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[3] == "die-running":

@@ -65,7 +65,8 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
         if isinstance(exc.__cause__, docker.errors.NotFound):
             raise SandboxError(f"the sandbox {sandbox.id}'s container is gone") from None
         raise
-    _check_container(container, sandbox)
+    asleep = record.get("asleep") is True and not container.attrs.get("State", {}).get("Running")
+    _check_container(container, sandbox, asleep=asleep)
     sandbox.container = container
     sandbox.data_fs = bool(record.get("data_fs")) and os.path.ismount(sandbox.data_dir)
     pid = container.attrs.get("State", {}).get("Pid")
@@ -74,7 +75,8 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
         sandbox.freezer = datafs.Freezer.of_process(sandbox.init_process[0])
     try:
         sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
-        _reconnect(sandbox)
+        if not asleep:  # a slept sandbox gets its kernel when it wakes (`sleep.Sleeper.awake`)
+            _reconnect(sandbox)
     except BaseException:
         if sandbox.client is not None:
             sandbox.client.close()
@@ -85,14 +87,14 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
     return sandbox
 
 
-def _check_container(container: Any, sandbox: Sandbox) -> None:
+def _check_container(container: Any, sandbox: Sandbox, *, asleep: bool) -> None:
     attrs = container.attrs
     labels = attrs.get("Config", {}).get("Labels") or {}
     mounts = {Path(m.get("Source", "")) for m in attrs.get("Mounts") or []}
     if labels.get(daemon.LABEL) != "1" or attrs.get("Name", "").lstrip("/") != f"nbexec-{sandbox.id}" \
             or sandbox.runtime_dir not in mounts:
         raise SandboxError(f"the container of the record is not the sandbox {sandbox.id}")
-    if not attrs.get("State", {}).get("Running"):
+    if not attrs.get("State", {}).get("Running") and not asleep:
         raise SandboxError(f"the sandbox {sandbox.id}'s container stopped while its owner was away")
 
 

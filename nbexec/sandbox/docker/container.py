@@ -35,6 +35,7 @@ from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
 from .options import RUNTIME_MOUNT, Place, container_options
+from .sleep import Sleeper
 from .workdir import CLAIM_FILE, WORKDIR_PREFIX, remove_tree
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 _PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
-class Sandbox:
+class Sandbox(Sleeper):
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
@@ -101,7 +102,7 @@ class Sandbox:
                 sandbox.egress = egress.open_proxy(workdir, config)
             sandbox._create_container(docker_client, role, claim)
             sandbox._watch_data()
-            sandbox._connect()
+            sandbox.connect_kernel()
             if sandbox.egress is not None:
                 assert sandbox.client is not None
                 egress.start_forwarder(sandbox.client, config)
@@ -175,7 +176,7 @@ class Sandbox:
         if self.init_process is not None:
             self.freezer = datafs.Freezer.of_process(self.init_process[0])
 
-    def _connect(self) -> None:
+    def connect_kernel(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
         deadline = time.monotonic() + self.config.startup_timeout
         shell = self.runtime_dir / f"kernel-{_PORTS['shell_port']}"
@@ -224,7 +225,7 @@ class Sandbox:
         """What finds this sandbox again once this process is gone (see `adopt`); holds the kernel's key."""
         return {"kind": "local", "id": self.id, "container": self.container.id, "workdir": str(self.workdir),
                 "uid": self.uid, "gid": self.gid, "data_fs": self.data_fs, "connection": self.connection,
-                "language_info": self.language_info}
+                "language_info": self.language_info, "asleep": self.client is None}
 
     # -- the kernel ---------------------------------------------------------------------------------
 
