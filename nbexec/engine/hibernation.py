@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nbformat import NotebookNode
 
@@ -30,7 +30,10 @@ from nbexec.files.statefolder import StateFolder
 from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 
+from . import snapshots
+
 log = logging.getLogger(__name__)
+S = TypeVar("S", bound="Hibernation")
 
 
 def replay(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig) -> list[str]:
@@ -152,6 +155,55 @@ class Hibernation:
                         f"{time.monotonic() - started:.2f} s")
         self._woke = (how, tuple(notes))
         self._keep("ready")
+
+    # -- snapshots (see `snapshots`) -----------------------------------------------------------------
+
+    state_dir: str | Path | None
+    owner: str
+
+    def snapshot(self, *, snapshot_dir: str | Path | None = None) -> str:
+        """Keep this session's files and notebook as a snapshot (see `snapshots`); its id, restorable by the
+        same ``owner`` with `from_snapshot` (or `fork`)."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            return snapshots.store_for(self.state_dir, snapshot_dir).take(self.owner, self.config, self.notebook,
+                                                                          self._sandbox)
+
+    def fork(self: S, *, snapshot_dir: str | Path | None = None, **options: Any) -> S:
+        """A new session from a snapshot of this one (its files, and its memory by replay)."""
+        options.setdefault("state_dir", self.state_dir)
+        return self.from_snapshot(self.snapshot(snapshot_dir=snapshot_dir), owner=self.owner,
+                                  snapshot_dir=snapshot_dir, **options)
+
+    @classmethod
+    def from_snapshot(cls: type[S], snapshot_id: str, *, owner: str = "", snapshot_dir: str | Path | None = None,
+                      **options: Any) -> S:
+        """A new session started from snapshot ``snapshot_id`` of ``owner``: its files checked and put into
+        /mnt/data, its notebook's executed cells replayed; the first run says ``restored="replay"`` and names
+        any cell that replayed otherwise. SnapshotError for an unknown, another owner's or tampered snapshot."""
+        restored = snapshots.store_for(options.get("state_dir"), snapshot_dir).open(owner, snapshot_id)
+        session = cls(restored.config, owner=owner, **options)  # type: ignore[call-arg]
+        try:
+            session.start()
+            assert session._sandbox is not None
+            started = time.monotonic()
+            snapshots.put_files(session._sandbox, restored)
+            session.notebook = restored.notebook
+            notes = replay(session._sandbox, session.notebook, session.config)
+            session._woke = ("replay", (f"restored from a snapshot: its memory came back by replay in "
+                                        f"{time.monotonic() - started:.2f} s", *notes))
+            session._keep("ready")
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Any:
+        raise NotImplementedError
 
     def forget_memory(self) -> None:
         folder, self._memory_dir = self._memory_dir, None
