@@ -70,6 +70,22 @@ class SessionManager:
             self._sessions[session.id] = session
             return session
 
+    def restore(self, snapshot_id: str, *, owner: str = "", snapshot_dir: str | Path | None = None,
+                **session_options: Any) -> Session:
+        """A new session of this manager from snapshot ``snapshot_id`` of ``owner`` (see Session.from_snapshot),
+        within ``max_sessions``."""
+        with self._lock:
+            self._prune_locked()
+            if len(self._sessions) >= self.max_sessions:
+                raise SessionLimitError(f"{len(self._sessions)} sessions are live, the cap is {self.max_sessions}")
+        for name, value in (("keep_files", self.keep_files), ("state_dir", self.state_dir),
+                            ("hibernate_after", self.hibernate_after), ("ttl", self.ttl)):
+            session_options.setdefault(name, value)
+        session = Session.from_snapshot(snapshot_id, owner=owner, snapshot_dir=snapshot_dir, **session_options)
+        with self._lock:
+            self._sessions[session.id] = session
+        return session
+
     def get(self, session_id: str) -> Session:
         with self._lock:
             self._prune_locked()

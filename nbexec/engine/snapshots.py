@@ -34,7 +34,7 @@ from nbformat import NotebookNode
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
-from nbexec.errors import NbexecError, SnapshotError
+from nbexec.errors import NbexecError, SessionLimitError, SnapshotError
 from nbexec.files import folders, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
@@ -98,7 +98,7 @@ class SnapshotStore:
         """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner``; its id (SnapshotError past the caps)."""
         key = self._key()
         if self.count(owner) >= self.max_snapshots:
-            raise SnapshotError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
+            raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
         raw = secrets.token_hex(16)
         snapshot_id = f"{raw}.{self._mac(key, owner, raw)}"
         folders.make_output_dir(self.root / raw, may_exist=False)

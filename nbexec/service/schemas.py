@@ -41,6 +41,8 @@ class SessionBody(BaseModel):
     """POST /v1/sessions (the body is optional)."""
 
     image: str | None = IMAGE_FIELD
+    from_snapshot: str | None = Field(default=None, max_length=200,
+                                      description="Start from this snapshot of yours (POST .../snapshot).")
 
 
 class SandboxBody(BaseModel):

@@ -37,7 +37,7 @@ try:
     from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.responses import JSONResponse
 
-    from . import files, playground, sandboxes
+    from . import files, playground, sandboxes, snapshots
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
     from .runs import Runs, Shown, chosen, owner, too_many
@@ -89,7 +89,8 @@ def create_app(settings: ServerSettings) -> Any:
     files.add_routes(app, folders, runs)
     playground.add_routes(app)
     node.add_routes(app, folders, runs, lambda: len(folders.held), owner)  # /v1/capacity: this server as a node
-    sandboxes.add_routes(app, folders, runs, settings)  # the seam over HTTP, for library clients (NBEXEC_NODES)
+    sandboxes.add_routes(app, folders, runs, settings)
+    snapshots.add_routes(app, folders, runs, _describe)  # the seam over HTTP, for library clients (NBEXEC_NODES)
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True,
                        larger={sandboxes.WHEEL_ROUTE: parse_size(settings.config.max_package_download)})
     return app
@@ -164,6 +165,9 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         config = chosen(settings.config, body.image if body is not None else None)
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
+        if body is not None and body.from_snapshot:
+            return _describe(await runs.io(who, snapshots.restore, folders, runs, who, body.from_snapshot, shown),
+                             shown)
         try:
             return _describe(folders.new_session(who, settings.store, shown.id, config), shown)
         except SessionError as exc:

@@ -181,6 +181,17 @@ class Tenants:
             self._owners[session.id] = who
         return session
 
+    def restore_session(self, who: str, snapshot_id: str, store: ArtifactStore | None,
+                        shown: Callable[[str], str] = str) -> Session:
+        """A new session of ``who`` from their snapshot ``snapshot_id`` (SnapshotError when it is not theirs)."""
+        session_id = uuid.uuid4().hex
+        folder = self._folder(f"session-{session_id}")
+        session = self.sessions.restore(snapshot_id, owner=who, session_id=session_id, output_dir=folder,
+                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
+        with self._lock:
+            self._owners[session.id] = who
+        return session
+
     def session(self, who: str, session_id: str) -> Session | None:
         with self._lock:
             if self._owners.get(session_id) != who:

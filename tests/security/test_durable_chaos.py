@@ -18,7 +18,7 @@ import pytest
 
 from nbexec.sandbox.docker.workdir import remove_tree
 
-from ..cluster import Server, all_up, client, node, router, wait_ready
+from ..cluster import OTHER_TOKEN, Server, all_up, client, node, router, wait_ready
 from ..conftest import wait_until
 from .test_durable import claimed_containers, claimed_workdirs
 
@@ -100,3 +100,32 @@ def test_node_sigkill_mid_execution_keeps_the_session(durable_node: dict[str, An
         assert answer.status_code == 200, answer.text
         assert answer.json()["stdout"] == "7\n"
         assert http.delete(f"/v1/sessions/{session}").status_code == 204
+
+
+def test_snapshot_fork_and_restore_over_http(durable_node: dict[str, Any]) -> None:
+    front = durable_node["router"]
+    with client(front) as http, client(front, OTHER_TOKEN) as other:
+        session = http.post("/v1/sessions").json()["id"]
+        assert http.post(f"/v1/sessions/{session}/execute",
+                         json={"code": "x = 41\nopen('f.txt', 'w').write('kept')"}).json()["ok"]
+        answer = http.post(f"/v1/sessions/{session}/snapshot")
+        assert answer.status_code == 201, answer.text
+        snapshot = answer.json()["snapshot"]
+        restored = http.post("/v1/sessions", json={"from_snapshot": snapshot})
+        assert restored.status_code == 201, restored.text
+        result = http.post(f"/v1/sessions/{restored.json()['id']}/execute",
+                           json={"code": "print(x + 1, open('f.txt').read())"}).json()
+        assert result["stdout"] == "42 kept\n" and result["restored"] == "replay"
+        forked = http.post(f"/v1/sessions/{session}/fork")
+        assert forked.status_code == 201, forked.text
+        assert http.post(f"/v1/sessions/{forked.json()['id']}/execute",
+                         json={"code": "print(x)"}).json()["stdout"] == "41\n"
+        # another token, a changed id, garbage: 404, and no session made
+        for asked, who in ((snapshot, other), (snapshot[:-1] + ("0" if snapshot[-1] != "0" else "1"), http),
+                           ("../../etc", http), ("", http)):
+            refused = who.post("/v1/sessions", json={"from_snapshot": asked})
+            assert refused.status_code in (404, 201 if asked == "" else 404), refused.text
+            if refused.status_code == 201:
+                who.delete(f"/v1/sessions/{refused.json()['id']}")
+        for made in (session, restored.json()["id"], forked.json()["id"]):
+            assert http.delete(f"/v1/sessions/{made}").status_code == 204

@@ -137,7 +137,7 @@ def test_snapshot_count_is_capped_per_owner(tmp_path: Path, cleanup_ledger: None
     with Session(cfg(), owner="alice") as session:
         assert session.run("x = 1").ok
         made = [session.snapshot(snapshot_dir=store) for _ in range(snapshots.MAX_SNAPSHOTS)]
-        with pytest.raises(nbexec.SnapshotError, match="snapshots are kept"):
+        with pytest.raises(nbexec.SessionLimitError, match="snapshots are kept"):
             session.snapshot(snapshot_dir=store)
         assert len([p for p in store.iterdir() if p.is_dir()]) == snapshots.MAX_SNAPSHOTS
         snapshots.SnapshotStore(store).delete("alice", made[0])
