@@ -83,6 +83,9 @@ def connection_of(request: ServerRequestContext[Any, Any]) -> Connection:
     return found
 
 
+MCP_OWNER = "mcp"  # the owner of this server's snapshots: its clients share them (ids are unguessable, signed)
+
+
 @dataclass(eq=False)
 class _Client:
     """One MCP client: its nbexec Session (made on first use) and the files it may read, by resource URI."""
@@ -117,7 +120,7 @@ class Clients:
         """The client's session, made on first use (with ``config``: the image its first call chose)."""
         self.prune(client)
         if client.session is None:
-            client.session = self.manager.create(config=config)
+            client.session = self.manager.create(config=config, owner=MCP_OWNER)
         elif config is not None and client.session.config.image != config.image:
             raise ConfigError(f"this conversation's session runs in image {client.session.config.image}, the one its "
                               "first call chose; omit image to keep using it")
@@ -193,6 +196,31 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         content += [Image(path=image.path).to_image_content() for image in result.images
                     if image.mime != "image/svg+xml"]
         return CallToolResult(content=content, is_error=not result.ok)  # the code raised: the model is told
+
+    @server.tool(name="snapshot_session", structured_output=False,
+                 description="Keep this conversation's Python session (its files and the cells run so far) as a "
+                             "snapshot; returns its id, for restore_session.")
+    async def snapshot_session(ctx: Context) -> CallToolResult:
+        client = clients.client(connection_of(ctx.request_context))
+        try:
+            made = await asyncio.to_thread(clients.session_for(client).snapshot)
+        except NbexecError as exc:
+            return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
+        return CallToolResult(content=[TextContent(text=made)])
+
+    @server.tool(name="restore_session", structured_output=False,
+                 description="Replace this conversation's Python session with one started from a snapshot id "
+                             "snapshot_session returned (its files, and its variables by re-running its cells).")
+    async def restore_session(snapshot_id: str, ctx: Context) -> CallToolResult:
+        client = clients.client(connection_of(ctx.request_context))
+        try:
+            restored = await asyncio.to_thread(clients.manager.restore, snapshot_id, owner=MCP_OWNER)
+        except NbexecError as exc:
+            return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
+        old, client.session, client.files = client.session, restored, {}
+        if old is not None:
+            await asyncio.to_thread(old.close)
+        return CallToolResult(content=[TextContent(text=f"restored: {len(restored.notebook.cells)} cells replayed")])
 
     async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Answer resources/list and resources/read from the requesting client's own files only."""

@@ -164,6 +164,20 @@ def test_live_holder_keeps_its_sandboxes_whatever_the_grace(state_dir: Path,
     assert claimed_containers(state_dir) == [] and claimed_workdirs(state_dir) == []
 
 
+def test_adopting_process_keeps_them_whatever_the_grace(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dead owner's sandboxes, found again by this (live) process: its holding keeps them, not the grace."""
+    child, session_id = owner_process(state_dir, "die")
+    assert child.wait(60) == -signal.SIGKILL
+    session = Session.resume(session_id, state_dir=state_dir)
+    try:
+        monkeypatch.setenv("NBEXEC_STATE_GRACE", "0")
+        sweep()
+        assert len(claimed_containers(state_dir)) == 1 and len(claimed_workdirs(state_dir)) == 1
+        assert session.run("print(x)").stdout == "41\n"
+    finally:
+        session.close()
+
+
 def test_state_folder_is_private(state_dir: Path, config: nbexec.SandboxConfig) -> None:
     cfg = config.replace(pool_size=0)
     with Session(cfg, state_dir=state_dir) as session:
