@@ -33,7 +33,8 @@ from ..conftest import IMAGE
 CHILD = textwrap.dedent("""
     import os, signal, sys
     import nbexec
-    config = nbexec.SandboxConfig(image=sys.argv[2], pool_size=0, warm_imports=(), timeout=30, interrupt_grace=3)
+    config = nbexec.SandboxConfig(image=sys.argv[2], pool_size=0, warm_imports=(), timeout=30, interrupt_grace=3,
+                                  runtime=sys.argv[4] or None)
     session = nbexec.Session(config, state_dir=sys.argv[1])
     assert session.run("x = 41\\nopen('kept.txt', 'w').write('still here')").ok
     if sys.argv[3] == "sleep-then-die":
@@ -87,8 +88,8 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
         remove_tree(workdir)
 
 
-def owner_process(state_dir: Path, how: str) -> tuple[subprocess.Popen[str], str]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(state_dir), IMAGE, how], stdout=subprocess.PIPE,
+def owner_process(state_dir: Path, how: str, runtime: str = "") -> tuple[subprocess.Popen[str], str]:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(state_dir), IMAGE, how, runtime], stdout=subprocess.PIPE,
                              stdin=subprocess.PIPE, text=True)
     assert child.stdout is not None
     session_id = child.stdout.readline().strip()
@@ -103,8 +104,9 @@ def sweep() -> None:
     remove_stale_workdirs()
 
 
-def test_session_survives_sigkill_of_its_process(state_dir: Path, config: nbexec.SandboxConfig) -> None:
-    child, session_id = owner_process(state_dir, "die")
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_session_survives_sigkill_of_its_process(state_dir: Path, config: nbexec.SandboxConfig, runtime: str) -> None:
+    child, session_id = owner_process(state_dir, "die", runtime)
     assert child.wait(60) == -signal.SIGKILL
     sweep()  # the new process's sweep must keep what the state folder claims
     assert len(claimed_containers(state_dir)) == 1

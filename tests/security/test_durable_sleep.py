@@ -40,8 +40,9 @@ def container_of(session: Session) -> Any:
     return daemon.connect().containers.get(handle.describe()["container"])
 
 
-def test_asleep_runs_nothing_and_wakes_by_replay(cleanup_ledger: None) -> None:
-    with Session(cfg()) as session:
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_asleep_runs_nothing_and_wakes_by_replay(cleanup_ledger: None, runtime: str) -> None:
+    with Session(cfg(runtime=runtime)) as session:
         session.upload(b"kept bytes", "kept.bin")
         assert session.run("x = 41\nimport os\ndata_ino = os.stat('/mnt/data').st_ino").ok
         container = container_of(session)
@@ -128,8 +129,9 @@ def test_failing_checkpoint_sleeps_the_sandbox_instead(cleanup_ledger: None) -> 
         assert result.restored == "replay" and result.stdout == "6\n"
 
 
-def test_asleep_session_survives_sigkill_of_its_owner(state_dir: Path) -> None:  # noqa: F811
-    child, session_id = owner_process(state_dir, "sleep-then-die")
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_asleep_session_survives_sigkill_of_its_owner(state_dir: Path, runtime: str) -> None:  # noqa: F811
+    child, session_id = owner_process(state_dir, "sleep-then-die", runtime)
     assert child.wait(60) == -signal.SIGKILL
     session = Session.resume(session_id, state_dir=state_dir)
     try:
