@@ -36,7 +36,7 @@ from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 from . import daemon, datafs, egress, inputmount, users
 from .options import RUNTIME_MOUNT, Place, container_options
 from .sleep import Sleeper
-from .workdir import CLAIM_FILE, WORKDIR_PREFIX, remove_tree
+from .workdir import CLAIM_FILE, CLAIMED_PREFIX, WORKDIR_PREFIX, remove_tree
 
 if TYPE_CHECKING:
     from nbexec.egress.proxy import Proxy
@@ -89,7 +89,8 @@ class Sandbox(Sleeper):
         ``claim``: the state folder that keeps it past this process (see `nbexec.files.statefolder`)."""
         docker_client = daemon.connect()
         sandbox_id = uuid.uuid4().hex[:16]
-        workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
+        prefix = CLAIMED_PREFIX if claim else f"{WORKDIR_PREFIX}{os.getpid()}-"  # a claimed one outlives this pid
+        workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=work_root()))
         sandbox = cls(config, sandbox_id, workdir)
         try:
             # Its share of the host's disk is admitted before anything is written (DiskSpaceError otherwise).

@@ -62,6 +62,12 @@ def owner_labels() -> dict[str, str]:
     return found
 
 
+def claim_labels(claim: str) -> dict[str, str]:
+    """The labels of a sandbox a state folder keeps (none without a ``claim``): the claim, and an owner that is no
+    process (so no sweep, nor an older nbexec's, judges it by a pid: its state folder does)."""
+    return {LABEL_STATE: claim, LABEL_OWNER: f"{node()}:state", LABEL_OWNER_START: ""} if claim else {}
+
+
 def _where() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
@@ -126,9 +132,9 @@ class Leftover:
 
 def _owner_alive(found: dict[str, str]) -> bool:
     """Whether the process that made a container (by its labels) still runs; other nodes' always count as alive."""
-    if found.get(LABEL_STATE) and statefolder.claim_alive(found[LABEL_STATE]):
-        return True  # a state folder keeps it for an owner that may come back (see nbexec.files.statefolder)
     host, _, pid = found.get(LABEL_OWNER, "").rpartition(":")
+    if found.get(LABEL_STATE) and (found.get(LABEL_NODE) or host) == node():
+        return statefolder.claim_alive(found[LABEL_STATE])  # its state folder judges (nbexec.files.statefolder)
     if (found.get(LABEL_NODE) or host) != node() or not pid.isdigit():
         return True  # another node's: not ours to judge
     start = found.get(LABEL_OWNER_START)

@@ -46,8 +46,7 @@ def container_options(config: SandboxConfig, role: str, place: Place) -> dict[st
         "user": f"{uid}:{gid}",
         # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
         "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
-        "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role,
-                   **({daemon.LABEL_STATE: place.claim} if place.claim else {})},
+        "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role, **daemon.claim_labels(place.claim)},
         "network_mode": "bridge" if config.network is True else "none",
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],

@@ -17,6 +17,7 @@ from nbexec.files.folders import work_root
 from . import datafs
 
 WORKDIR_PREFIX = "nbexec-"
+CLAIMED_PREFIX = WORKDIR_PREFIX + "state-"  # a working folder a state folder keeps: judged by its claim, not a pid
 CLAIM_FILE = "claim"  # in a working folder a state folder keeps past its owner: that folder's claim
 
 
@@ -48,6 +49,11 @@ def remove_stale_workdirs() -> list[Path]:
     """Remove working folders of nbexec processes on this machine that no longer run."""
     removed = []
     for entry in work_root().iterdir():
+        if entry.name.startswith(CLAIMED_PREFIX):
+            if not _claimed(entry):  # its state folder's holder is gone for good (see nbexec.files.statefolder)
+                remove_tree(entry)
+                removed.append(entry)
+            continue
         pid = entry.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
         if not entry.name.startswith(WORKDIR_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -57,8 +63,6 @@ def remove_stale_workdirs() -> list[Path]:
         except ProcessLookupError:
             pass
         except PermissionError:
-            continue
-        if _claimed(entry):
             continue
         remove_tree(entry)  # a dead process's data filesystems are unmounted first
         removed.append(entry)
