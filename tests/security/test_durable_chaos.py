@@ -7,7 +7,10 @@ folder comes back as a new instance (its sessions answer 410/404 as before).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from nbexec import Session
 from nbexec.sandbox.docker.workdir import remove_tree
 
-from ..cluster import OTHER_TOKEN, Server, all_up, client, node, router, wait_ready
+from ..cluster import NODE_TOKEN, OTHER_TOKEN, Server, all_up, client, node, router, wait_ready
 from ..conftest import wait_until
 from .test_durable import claimed_containers, claimed_workdirs
 
@@ -129,3 +133,33 @@ def test_snapshot_fork_and_restore_over_http(durable_node: dict[str, Any]) -> No
                 who.delete(f"/v1/sessions/{refused.json()['id']}")
         for made in (session, restored.json()["id"], forked.json()["id"]):
             assert http.delete(f"/v1/sessions/{made}").status_code == 204
+
+
+REMOTE_OWNER = """
+import os, signal, sys, nbexec
+config = nbexec.SandboxConfig(source="remote", pool_size=0, warm_imports=(), timeout=30)
+session = nbexec.Session(config, state_dir=sys.argv[1])
+assert session.run("x = 41\\nopen('kept.txt', 'w').write('on the node')").ok
+print(session.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_library_on_nodes_survives_sigkill(durable_node: dict[str, Any], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same engine, over the remote source: a library process using a node is killed, a new one finds its
+    session again (the sandbox the node holds), the same variables and files."""
+    member = durable_node["node"]
+    env = {**os.environ, "NBEXEC_NODES": member.url, "NBEXEC_NODE_TOKEN": NODE_TOKEN}
+    state = tmp_path / "library-state"
+    child = subprocess.run([sys.executable, "-c", REMOTE_OWNER, str(state)], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    monkeypatch.setenv("NBEXEC_NODES", member.url)
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", NODE_TOKEN)
+    session = Session.resume(child.stdout.strip(), state_dir=state)
+    try:
+        result = session.run("print(x + 1, open('kept.txt').read())")
+        assert result.ok and result.stdout == "42 on the node\n" and result.node == member.name
+    finally:
+        session.close()
