@@ -35,7 +35,7 @@ from nbformat import NotebookNode
 from nbexec import notebook
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError, SessionLimitError, SnapshotError
-from nbexec.files import folders, transfer
+from nbexec.files import folders, space, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 
@@ -101,6 +101,10 @@ class SnapshotStore:
             raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
         raw = secrets.token_hex(16)
         snapshot_id = f"{raw}.{self._mac(key, owner, raw)}"
+        # Admitted before a byte is written: its files (max_data) and notebook (the output budgets) plus the margin.
+        held = space.reserve([space.Need(self.root, config.max_data_bytes + 2 * (
+            config.max_output_bytes + config.max_display_bytes), "a snapshot of /mnt/data and the notebook")],
+            config.disk_margin_bytes)
         folders.make_output_dir(self.root / raw, may_exist=False)
         try:
             with folders.OutputFolder.open(self.root / raw) as target:
@@ -121,6 +125,8 @@ class SnapshotStore:
         except BaseException:
             remove_tree(self.root / raw)
             raise
+        finally:
+            held.release()  # what was written is gone from the free space; nothing more is held
         return snapshot_id
 
     def count(self, owner: str) -> int:

@@ -159,3 +159,14 @@ def test_restored_sandbox_keeps_every_limit(snap: tuple[Path, str], case: hostil
     store, snapshot_id = snap
     with Session.from_snapshot(snapshot_id, owner="alice", snapshot_dir=store) as restored:
         case.check(restored.run(case.code))
+
+
+def test_snapshot_is_admitted_before_it_writes(tmp_path: Path, cleanup_ledger: None) -> None:
+    """Less free disk than the snapshot may need (past disk_margin): refused before a byte is written."""
+    store = tmp_path / "snaps"
+    with Session(cfg(), owner="alice") as session:
+        assert session.run("x = 1").ok
+        session._config = session.config.replace(disk_margin="1000t")  # the host as if it had no room left
+        with pytest.raises(nbexec.DiskSpaceError):
+            session.snapshot(snapshot_dir=store)
+    assert [p for p in store.iterdir() if p.is_dir()] == []
