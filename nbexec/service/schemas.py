@@ -67,7 +67,7 @@ class _Open(BaseModel):
 
 class SessionModel(BaseModel):
     id: str
-    status: str = Field(description="ready, busy or closed")
+    status: str = Field(description="new, ready, busy, asleep, dead or closed")
     idle_s: float
     cells: int
 

@@ -61,7 +61,7 @@ def create_app(settings: ServerSettings) -> Any:
     """The ASGI application: the FastAPI routes behind the gateway (Host, token and body checks)."""
     folders = Tenants(settings.config, max_sessions=1024, session_ttl=settings.session_ttl,
                       result_ttl=settings.result_ttl, runs_per_token=settings.max_running_per_token,
-                      state_dir=settings.state_dir)
+                      state_dir=settings.state_dir, hibernate_after=settings.hibernate_after)
     runs = Runs(folders, settings)
     metrics = Metrics(lambda: len(folders.sessions), lambda: folders.source.capacity(settings.config).ready)
 

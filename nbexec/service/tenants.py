@@ -116,6 +116,7 @@ class Tenants:
     runs_per_token: int
     root: Path | None = None
     state_dir: Path | None = None  # durable: sessions and their folders outlive this process (see engine.durable)
+    hibernate_after: float | None = None  # idle seconds before a session sleeps (see engine.hibernation)
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class Tenants:
         self.held = Held(lambda handle, wait: self.source.release(handle, wait=wait), self.session_ttl)
         self.sessions = SessionManager(self.config, max_sessions=self.max_sessions, ttl=self.session_ttl,
                                        keep_files=False,  # a session's folder goes when it is closed or reaped
-                                       state_dir=self.state_dir)
+                                       state_dir=self.state_dir, hibernate_after=self.hibernate_after)
         self._owners: dict[str, str] = {}  # session id -> owner
         self._results: dict[str, _Kept] = {}
         self._lanes: dict[str, _Lanes] = {}

@@ -163,3 +163,46 @@ def test_library_on_nodes_survives_sigkill(durable_node: dict[str, Any], tmp_pat
         assert result.ok and result.stdout == "42 on the node\n" and result.node == member.name
     finally:
         session.close()
+
+
+def test_sessions_sleep_and_wake_under_load_on_a_node(docker_ready: None, tmp_path: Path) -> None:
+    """A node with NBEXEC_HIBERNATE_AFTER: several idle sessions go to sleep (status asleep, no process), and a
+    concurrent call to each wakes it (restored: replay), each with its own variables."""
+    tmp = tmp_path / "cluster"
+    tmp.mkdir(mode=0o755)
+    tmp.chmod(0o755)
+    member = node(0, tmp, tag="sleepy")
+    member.env["NBEXEC_HIBERNATE_AFTER"] = "1"
+    member.start()
+    front = router([member]).start()
+    try:
+        wait_ready([member])
+        wait_until(lambda: all_up(front, 1), 60, "the router never saw the node up", interval=0.2)
+        with client(front) as http:
+            ids = [http.post("/v1/sessions").json()["id"] for _ in range(4)]
+            for number, session in enumerate(ids):
+                assert http.post(f"/v1/sessions/{session}/execute", json={"code": f"n = {number}"}).json()["ok"]
+            for session in ids:
+                wait_until(lambda s=session: http.get(f"/v1/sessions/{s}").json()["status"] == "asleep", 120,
+                           "an idle session never went to sleep", interval=0.2)
+        answers: dict[str, Any] = {}
+
+        def wake(session: str) -> None:
+            with client(front) as http:
+                answers[session] = http.post(f"/v1/sessions/{session}/execute", json={"code": "print(n)"}).json()
+
+        threads = [threading.Thread(target=wake, args=(s,)) for s in ids]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        for number, session in enumerate(ids):
+            assert answers[session]["stdout"] == f"{number}\n" and answers[session]["restored"] == "replay"
+        with client(front) as http:
+            for session in ids:
+                assert http.delete(f"/v1/sessions/{session}").status_code == 204
+    finally:
+        for server in (front, member):
+            if server.process is not None and server.process.poll() is None:
+                server.kill(signal.SIGTERM)
+        wait_until(lambda: not member.containers(), 60, "the node left containers behind")
