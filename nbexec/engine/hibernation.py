@@ -65,6 +65,7 @@ class Hibernation:
 
     id: str
     hibernate_after: float | None
+    last_activity: float
     notebook: NotebookNode
     _lock: threading.RLock
     _closed: bool
@@ -89,12 +90,14 @@ class Hibernation:
     def _hold(self) -> str:
         raise NotImplementedError
 
-    def hibernate(self) -> bool:
+    def hibernate(self, *, idle_for: float = 0.0) -> bool:
         """Free the session's memory and CPU now, keeping its state (see the module docstring); False when it
-        cannot sleep (closed, dead, not started, already asleep, or its sandbox cannot)."""
+        cannot sleep (closed, dead, not started, already asleep, its sandbox cannot, or it was used within the
+        last ``idle_for`` seconds: checked under its lock, so a call that just ended keeps it awake)."""
         with self._lock:
             sandbox = self._sandbox
-            if self._closed or sandbox is None or self._asleep or self._dead_reason:
+            if self._closed or sandbox is None or self._asleep or self._dead_reason \
+                    or time.monotonic() - self.last_activity < idle_for:
                 return False
             folder = self._folder_for_memory()
             try:

@@ -63,7 +63,7 @@ class Reapable(Protocol):
 
     def close_at_exit(self) -> None: ...
 
-    def hibernate(self) -> bool: ...
+    def hibernate(self, *, idle_for: float = 0.0) -> bool: ...
 
 
 _live: weakref.WeakSet[Reapable] = weakref.WeakSet()
@@ -96,7 +96,7 @@ def reap(now: float | None = None) -> list[str]:
     for session in list(_live):
         if session.hibernate_after and now - session.last_activity > session.hibernate_after and not session.busy:
             with contextlib.suppress(Exception):  # one that cannot sleep stays awake (logged by it)
-                session.hibernate()
+                session.hibernate(idle_for=session.hibernate_after)
         if session.ttl and now - session.last_activity > session.ttl and not session.busy:
             log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
             session.close()
