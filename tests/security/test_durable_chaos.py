@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from nbexec import Session
+from nbexec.sandbox.docker import daemon
 from nbexec.sandbox.docker.workdir import remove_tree
 
 from ..cluster import NODE_TOKEN, OTHER_TOKEN, Server, all_up, client, node, router, wait_ready
@@ -206,3 +207,46 @@ def test_sessions_sleep_and_wake_under_load_on_a_node(docker_ready: None, tmp_pa
             if server.process is not None and server.process.poll() is None:
                 server.kill(signal.SIGTERM)
         wait_until(lambda: not member.containers(), 60, "the node left containers behind")
+
+
+def test_node_lost_for_good_session_restored_on_another(docker_ready: None, tmp_path: Path) -> None:
+    """Two nodes sharing a snapshot folder (NBEXEC_SNAPSHOT_DIR: shared storage): a session's node dies for good;
+    its last snapshot, asked for through the router, starts on the other node with its files and variables."""
+    tmp = tmp_path / "cluster"
+    tmp.mkdir(mode=0o755)
+    tmp.chmod(0o755)
+    shared = tmp_path / "snapshots"
+    members = [node(i, tmp, tag="pair") for i in range(2)]
+    for member in members:
+        member.env["NBEXEC_SNAPSHOT_DIR"] = str(shared)
+        member.start()
+    front = router(members).start()
+    try:
+        wait_ready(members)
+        wait_until(lambda: all_up(front, 2), 60, "the router never saw two nodes up", interval=0.2)
+        with client(front) as http:
+            session = http.post("/v1/sessions").json()["id"]
+            first = http.post(f"/v1/sessions/{session}/execute",
+                              json={"code": "x = 41\nopen('kept.txt', 'w').write('moved')"})
+            lost = next(m for m in members if m.name == first.headers["x-nbexec-node"])
+            snapshot = http.post(f"/v1/sessions/{session}/snapshot").json()["snapshot"]
+        lost.kill(signal.SIGKILL)
+        wait_until(lambda: all_up(front, 1), 60, "the router never saw the node go", interval=0.2)
+        with client(front) as http:
+            assert http.post(f"/v1/sessions/{session}/execute", json={"code": "x"}).status_code in (404, 410, 502,
+                                                                                                  503)
+            restored = http.post("/v1/sessions", json={"from_snapshot": snapshot})
+            assert restored.status_code == 201, restored.text
+            again = http.post(f"/v1/sessions/{restored.json()['id']}/execute",
+                              json={"code": "print(x + 1, open('kept.txt').read())"})
+            assert again.headers["x-nbexec-node"] != lost.name
+            assert again.json()["stdout"] == "42 moved\n" and again.json()["restored"] == "replay"
+            assert http.delete(f"/v1/sessions/{restored.json()['id']}").status_code == 204
+    finally:
+        for server in (front, *members):
+            if server.process is not None and server.process.poll() is None:
+                server.kill(signal.SIGTERM)
+        client_ = daemon.connect()
+        for member in members:  # the dead node's session container: its process is gone, swept by name
+            for name in member.containers():
+                client_.containers.get(name.lstrip("/")).remove(force=True)
