@@ -25,6 +25,7 @@ from .errors import (
     SessionLimitError,
     SessionLostError,
     SessionNotFoundError,
+    SnapshotError,
     StorageError,
 )
 from .notebook.links import rewrite as rewrite_links
@@ -62,6 +63,7 @@ __all__ = [
     "SessionManager",
     "SessionNotFoundError",
     "SkippedFile",
+    "SnapshotError",
     "StorageError",
     "Upload",
     "__version__",

@@ -14,7 +14,8 @@
     │   ├── SessionClosedError       the session was closed (or reaped after its idle TTL)
     │   ├── SessionLimitError        too many live sessions
     │   ├── SessionNotFoundError     no session with that id
-    │   └── SessionLostError         the node that held the session died or restarted (HTTP 410)
+    │   ├── SessionLostError         the node that held the session died or restarted (HTTP 410)
+    │   └── SnapshotError            a snapshot that is not yours, not there, tampered with, or over its caps
     ├── NodeError                a remote node (NBEXEC_NODES) failed
     │   ├── NodeUnavailableError     no node could be reached; nothing ran
     │   └── NodeLostError            the node was lost during the call; the code may have run (never retried)
@@ -96,6 +97,10 @@ class SessionNotFoundError(SessionError, KeyError):
 class SessionLostError(SessionError):
     """The node that held the session died, restarted or cannot be reached: its kernel state is gone (files
     already downloaded stay). Start a new session."""
+
+
+class SnapshotError(SessionError):
+    """A snapshot cannot be made (over its owner's caps) or restored (unknown, another owner's, tampered with)."""
 
 
 class NodeError(NbexecError):

@@ -272,6 +272,7 @@ class ExecutionResult(_Value):
     connections: tuple[Connection, ...] = ()  # network="allowlist": every connection tried (nbexec.egress)
     node: str | None = None  # the node that ran it (NBEXEC_NODES, `nbexec serve`); None for a local run
     exit_code: int | None = None  # Session.shell: the command's exit status (None for code, or when it never ended)
+    restored: str | None = None  # a sleeping session woke for this run: memory back by "checkpoint" or "replay"
 
     @classmethod
     def from_dict(cls, data: Any, notebook: NotebookNode | None = None) -> ExecutionResult:

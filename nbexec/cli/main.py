@@ -319,7 +319,6 @@ def _tokens(token_file: Path | None, *, checked: bool = True) -> tuple[bytes, ..
 
 def _loopback(host: str) -> bool:
     import ipaddress
-
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -345,10 +344,12 @@ def _loopback(host: str) -> bool:
               "the hostname). Unique per node sharing an engine, kept across restarts.")
 @click.option("--nodes", help="Run as a router in front of these nodes: comma-separated name=URL (or URL, then named "
               "host-port); they are called with NBEXEC_NODE_TOKEN. The sandbox options cap what a node may send.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), envvar="NBEXEC_STATE_DIR",
+              help="Keep sessions here (private): a restart with it finds them again (NBEXEC_STATE_DIR).")
 @sandbox_options
 def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
           max_running_per_token: int, max_calls_per_token: int, max_body: str, store: str, result_ttl: float,
-          node_name: str | None, nodes: str | None, **options: Any) -> None:
+          node_name: str | None, nodes: str | None, state_dir: Path | None, **options: Any) -> None:
     """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /v1/capacity, /healthz, /readyz,
     /metrics): as a node on this Docker engine, or with --nodes as a router in front of nodes."""
 
@@ -370,8 +371,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
         from nbexec.service import settings as served
     except ImportError as exc:
         fail(f"{exc} (pip install 'nbexec-sandbox[server]')", EXIT_USAGE, False)
-    tokens = [t.strip() for t in os.environ.get("NBEXEC_API_TOKENS", "").split(",") if t.strip()]
-    tokens += [line.strip() for line in token_file.read_text().splitlines() if line.strip()] if token_file else []
+    tokens = [t.decode("utf-8") for t in _tokens(token_file, checked=False)]
     if no_auth and not _loopback(host):
         fail("--no-auth is only allowed with a loopback --host (127.0.0.1, ::1, localhost)", EXIT_USAGE, False)
     if no_auth:
@@ -384,7 +384,7 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
         settings = served.ServerSettings(
             config=build_config(options), tokens=tuple(tokens), auth=not no_auth, store=artifact_store,
             max_body=parse_size(max_body), max_sessions_per_token=max_sessions_per_token,
-            max_running_per_token=max_running_per_token, result_ttl=result_ttl)
+            max_running_per_token=max_running_per_token, result_ttl=result_ttl, state_dir=state_dir)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE, False)
     except NbexecError as exc:

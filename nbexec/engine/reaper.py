@@ -53,12 +53,17 @@ class SessionBase:
 class Reapable(Protocol):
     id: str
     ttl: float | None
+    hibernate_after: float | None  # idle seconds after which it sleeps (see engine.hibernation)
     last_activity: float  # time.monotonic() of the last call
 
     @property
     def busy(self) -> bool: ...
 
     def close(self) -> None: ...
+
+    def close_at_exit(self) -> None: ...
+
+    def hibernate(self, *, idle_for: float = 0.0) -> bool: ...
 
 
 _live: weakref.WeakSet[Reapable] = weakref.WeakSet()
@@ -84,10 +89,14 @@ def forget(session: Reapable) -> None:
 
 
 def reap(now: float | None = None) -> list[str]:
-    """Close sessions idle for longer than their TTL; return their ids."""
+    """Close sessions idle for longer than their TTL (return their ids); put to sleep those idle for longer than
+    their ``hibernate_after``."""
     now = time.monotonic() if now is None else now
     reaped = []
     for session in list(_live):
+        if session.hibernate_after and now - session.last_activity > session.hibernate_after and not session.busy:
+            with contextlib.suppress(Exception):  # one that cannot sleep stays awake (logged by it)
+                session.hibernate(idle_for=session.hibernate_after)
         if session.ttl and now - session.last_activity > session.ttl and not session.busy:
             log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
             session.close()
@@ -97,7 +106,7 @@ def reap(now: float | None = None) -> list[str]:
 
 def _reap_forever() -> None:
     while True:
-        ttls = [s.ttl for s in list(_live) if s.ttl]
+        ttls = [t for s in list(_live) for t in (s.ttl, s.hibernate_after) if t]
         _wake.wait(max(0.2, min([t / 4 for t in ttls] + [30.0])))
         _wake.clear()
         with contextlib.suppress(Exception):
@@ -105,7 +114,7 @@ def _reap_forever() -> None:
 
 
 def close_all() -> None:
-    """Close every live session (runs at interpreter exit)."""
+    """Close every live session (runs at interpreter exit); durable ones are left to their state folder."""
     for session in list(_live):
         with contextlib.suppress(Exception):
-            session.close()
+            session.close_at_exit()

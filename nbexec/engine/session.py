@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from nbformat import NotebookNode
 
@@ -22,21 +23,24 @@ from nbexec import notebook
 from nbexec import packages as installs
 from nbexec.config import SandboxConfig
 from nbexec.errors import (
-    FileTooLargeError,
-    FileTransferError,
+    ConfigError,
+    SandboxError,
     SessionClosedError,
     SessionDeadError,
     SessionLostError,
 )
-from nbexec.files import artifacts, folders, space, transfer
+from nbexec.files import artifacts, folders, space, statefolder, transfer
+from nbexec.files.statefolder import StateFolder
 from nbexec.notebook import papermill
-from nbexec.result import CellError, ExecutionResult, File, Package
+from nbexec.result import CellError, ExecutionResult, Package
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import budget, cells, collect, reaper, rules, shell, sources, traces, widgets
+from . import budget, cells, collect, durable, reaper, rules, shell, sources, traces, widgets
 from .budget import OutputCallback
+from .hibernation import Hibernation
+from .sessionfiles import SessionFiles
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ _NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole ti
                  "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
-class Session(rules.LiveRules, reaper.SessionBase):
+class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
     """A kernel that keeps its state between runs: the one engine that runs cells and builds results.
 
     Starts on first use or on ``start()``. Its output folder is opened once and written only through that
@@ -56,8 +60,17 @@ class Session(rules.LiveRules, reaper.SessionBase):
 
     def __init__(self, config: SandboxConfig | None = None, *, output_dir: str | Path | None = None,
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
-                 store: ArtifactStore | None = None, keep_files: bool = True, one_shot: bool = False) -> None:
+                 store: ArtifactStore | None = None, keep_files: bool = True, one_shot: bool = False,
+                 state_dir: str | Path | None = None, owner: str = "",
+                 hibernate_after: float | None = None) -> None:
         self.id = session_id or (uuid.uuid4().hex[:16] if one_shot else uuid.uuid4().hex)
+        self.state_dir, self.owner = (None if one_shot else state_dir), owner  # durable: see `durable`
+        self._state: StateFolder | None = None
+        self.hibernate_after = None if one_shot else hibernate_after  # idle seconds before it sleeps (hibernation)
+        self._asleep: str | None = None
+        self._memory: dict[str, Any] | None = None
+        self._memory_dir: Path | None = None
+        self._woke: tuple[str, tuple[str, ...]] | None = None
         self._config = config
         self._requested_dir = output_dir
         self.ttl = ttl
@@ -85,20 +98,23 @@ class Session(rules.LiveRules, reaper.SessionBase):
 
     @property
     def status(self) -> str:
-        """new, ready, busy, dead or closed."""
+        """new, ready, busy, asleep, dead or closed."""
+        if self._asleep and not self._closed:
+            return "asleep"
         return self._status(dead=bool(self._dead_reason), started=self._sandbox is not None)
 
     def start(self) -> Session:
         """Start the sandbox now (otherwise the first run starts it)."""
         with self._lock:
             self._check_usable()
+            self.wake_if_asleep()
             if self._sandbox is None:
                 started = time.monotonic()
                 opened = self._open_output()
                 purpose = "oneshot" if self.one_shot else "session"
                 try:
                     with traces.span("nbexec.acquire", {"nbexec.purpose": purpose}):
-                        self._sandbox = self._source().acquire(self.config, purpose=purpose)
+                        self._sandbox = self._source().acquire(self.config, claim=self._hold(), purpose=purpose)
                 except BaseException:
                     if opened is not None:  # nothing of a session that never started stays (nor a folder it made)
                         self._close_folder(remove=opened)
@@ -107,7 +123,51 @@ class Session(rules.LiveRules, reaper.SessionBase):
                 self._start_s = time.monotonic() - started
                 if not self.one_shot:
                     reaper.register(self)
+                self._keep("ready")
             return self
+
+    @classmethod
+    def resume(cls, session_id: str, *, state_dir: str | Path, store: ArtifactStore | None = None,
+               keep_files: bool = True, hibernate_after: float | None = None) -> Session:
+        """The durable session ``session_id`` its state folder keeps, found again by a new process: the same
+        kernel (its variables) and /mnt/data; SessionNotFoundError without a record, SessionLostError when its
+        sandbox is gone."""
+        folder = durable.hold(state_dir)
+        record = durable.load(folder, session_id)
+        try:
+            sandbox = None if record.asleep == "checkpoint" else \
+                sources.for_config(record.config).adopt(record.config, record.sandbox)
+        except SandboxError as exc:
+            raise SessionLostError(f"Session {session_id} cannot be found again: {exc}") from exc
+        session = cls(record.config, session_id=session_id, ttl=record.ttl, store=store, keep_files=keep_files,
+                      state_dir=state_dir, owner=record.owner, hibernate_after=hibernate_after)
+        session._state, session._sandbox, session.notebook = folder, sandbox, record.notebook
+        session._asleep, session._memory = record.asleep, record.memory
+        if record.asleep == "checkpoint":
+            session._memory_dir = folder.child(f"memory-{session_id}")
+        session.created_at = record.created_at
+        if record.output_dir is not None:
+            session.output_dir = Path(record.output_dir)
+            session._folder = folders.OutputFolder.open(session.output_dir)
+        reaper.register(session)
+        return session
+
+    def _hold(self) -> str:
+        """The claim of the state folder this durable session is kept in ("" when not durable)."""
+        if self.state_dir is None:
+            return ""
+        if not statefolder.valid_name(self.id + durable.SUFFIX):
+            raise ConfigError(f"a durable session's id must be letters, digits and _.- (not {self.id!r})")
+        self._state = durable.hold(self.state_dir)
+        return self._state.claim
+
+    def _keep(self, status: str) -> None:
+        """Write this durable session's record to its state folder (see `durable`)."""
+        if self._state is not None and (self._sandbox is not None or self._asleep):
+            durable.save(self._state, durable.Record(
+                self.id, self.owner, self.config, self._sandbox.describe() if self._sandbox else {},
+                str(self.output_dir) if self.output_dir else None, self.notebook, self.ttl, status, self.created_at,
+                self._asleep, self._memory))
 
     def _open_output(self) -> bool | None:
         """Make or open the output folder on the first start: None when it was open already, else whether this
@@ -153,9 +213,17 @@ class Session(rules.LiveRules, reaper.SessionBase):
             self._closed = True
             sandbox, self._sandbox = self._sandbox, None
         reaper.forget(self)
+        self.forget_memory()
+        if self._state is not None:
+            durable.forget(self._state, self.id)
         if sandbox is not None:
             self._source().release(sandbox, wait=True)
         self._close_folder(remove=not self.keep_files)
+
+    def close_at_exit(self) -> None:
+        """At interpreter exit: a durable session is left to its state folder (for `resume`); others close."""
+        if self._state is None:
+            self.close()
 
     def _close_folder(self, *, remove: bool) -> None:
         disk, self._disk = self._disk, None
@@ -188,21 +256,6 @@ class Session(rules.LiveRules, reaper.SessionBase):
             self.start()
             if sandbox is not None:
                 self._copy_in(kept)
-
-    def _copy_out(self, sandbox: SandboxHandle) -> list[File]:
-        assert self._folder is not None
-        with self._folder.child("data") as target:
-            return sandbox.snapshot(target, collect.limits(self.config), self._copied).files
-
-    def _copy_in(self, files: list[File]) -> None:
-        """Put the host copies of a previous sandbox's files into the new /mnt/data."""
-        sandbox = self._sandbox
-        assert sandbox is not None
-        for item in files:
-            with open(item.path, "rb") as handle:  # a private host folder nbexec made (0700)
-                sandbox.put_file(item.name, handle)
-        self._copied.clear()  # the new filesystem's files are new: copy them again after the next run
-        self._hashed.clear()
 
     def interrupt(self) -> None:
         """Interrupt the running cell (safe to call from another thread)."""
@@ -258,6 +311,7 @@ class Session(rules.LiveRules, reaper.SessionBase):
             # One time limit for the run: the host's package work counts inside it, the cells get what is left.
             limit = timeout or self.config.timeout
             deadline = time.monotonic() + limit
+            self._keep("busy")
             preparing = installs.prepared(sandbox, self.notebook, self.config, requested=packages,
                                           first_index=index, deadline=deadline)
             with traces.entered(preparing, "nbexec.packages") as installed:
@@ -265,7 +319,12 @@ class Session(rules.LiveRules, reaper.SessionBase):
                 run = self._run_cells(sandbox, index, started, left, on_output)
             notes = run.notes + ((f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; "
                                   f"the cells had the rest",) if installed and left < limit else ())
-            return self._result(sandbox, dataclasses.replace(run, packages=tuple(installed), notes=notes))
+            result = self._result(sandbox, dataclasses.replace(run, packages=tuple(installed), notes=notes))
+            if self._woke is not None:  # this call woke it: said, with whatever the replay found
+                (how, woke), self._woke = self._woke, None
+                result = dataclasses.replace(result, restored=how, notes=(*woke, *result.notes))
+            self._keep("dead" if self._dead_reason else "ready")
+            return result
 
     def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float,
                    on_output: OutputCallback | None) -> collect.Run:
@@ -327,72 +386,6 @@ class Session(rules.LiveRules, reaper.SessionBase):
         with folders.OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
             transfer.replace(parent, path.name, content)
         return path
-
-    # -- files --------------------------------------------------------------------------------------
-
-    def upload(self, source: str | Path | bytes, name: str | None = None) -> str:
-        """Put a host file (streamed) or bytes into /mnt/data as ``name``; return its path inside the sandbox.
-
-        A file that does not fit in /mnt/data (max_data, max_files) raises FileTransferError."""
-        if isinstance(source, bytes) and not name:
-            raise FileTransferError("upload(bytes) needs a name")
-        name = name or Path(str(source)).name
-        with self._lock:
-            self.start()
-            sandbox = self._sandbox
-            assert sandbox is not None
-            if isinstance(source, bytes):
-                sandbox.put_file(name, source)
-            else:
-                try:
-                    handle = open(source, "rb")  # noqa: SIM115 - closed below, after the streamed copy
-                except OSError as exc:
-                    raise FileTransferError(f"cannot read {source}: {exc.strerror}") from exc
-                with handle:
-                    limit = self.config.max_data_bytes
-                    if limit and os.fstat(handle.fileno()).st_size > limit:
-                        raise FileTransferError(f"{name!r} is larger than the /mnt/data cap ({self.config.max_data})")
-                    sandbox.put_file(name, handle)
-            self.last_activity = time.monotonic()
-        return f"/mnt/data/{name}"
-
-    def download(self, name: str) -> bytes:
-        """The bytes of /mnt/data/``name`` (a regular file; links are refused). A file over max_data (by its
-        apparent size) raises FileTooLargeError before a byte is read."""
-        _, chunks = self.open_file(name)
-        try:
-            return b"".join(chunks)
-        finally:
-            chunks.close()
-
-    def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
-        """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused, and so is
-        a file over ``max_bytes`` or max_data, whichever is smaller (FileTooLargeError; nothing is read)."""
-        cap = min((c for c in (max_bytes, self.config.max_data_bytes) if c), default=0)
-        with self._lock:
-            self.start()
-            assert self._sandbox is not None
-            self.last_activity = time.monotonic()
-            try:
-                return self._sandbox.open_file(name, max_bytes=cap)
-            except FileTooLargeError as exc:
-                if cap != self.config.max_data_bytes:
-                    raise
-                raise FileTooLargeError(f"{exc} (the /mnt/data cap, max_data, is {self.config.max_data})") from None
-
-    def files(self) -> list[File]:
-        """The regular files now in /mnt/data, as a run would keep them (see `listing`)."""
-        return self.listing().files
-
-    def listing(self) -> artifacts.Collection:
-        """/mnt/data as it is now, read as a run's collection reads it: the regular files within max_data and
-        max_files, hashed (an unchanged file only once per session), and the rest listed as skipped with why
-        (a file over the caps is never read, whatever its apparent size), with notes."""
-        with self._lock:
-            self.start()
-            assert self._sandbox is not None
-            self.last_activity = time.monotonic()
-            return self._sandbox.list_files(collect.limits(self.config), self._hashed)
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status}>"

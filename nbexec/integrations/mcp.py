@@ -40,7 +40,7 @@ from nbexec.errors import ConfigError, NbexecError
 from nbexec.files import artifacts
 from nbexec.result import ExecutionResult
 
-from . import mcpcalls, tools
+from . import tools
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ try:
         TextContent,
     )
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    from . import mcpcalls, mcpsnapshots
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec mcp` needs the mcp extra: pip install 'nbexec-sandbox[mcp]'") from exc
 
@@ -83,6 +85,9 @@ def connection_of(request: ServerRequestContext[Any, Any]) -> Connection:
     if not isinstance(found, Connection):
         raise RuntimeError("this mcp version does not expose the client connection; nbexec needs mcp>=2.3,<3")
     return found
+
+
+MCP_OWNER = "mcp"  # the owner of this server's snapshots: its clients share them (ids are unguessable, signed)
 
 
 @dataclass(eq=False)
@@ -119,7 +124,7 @@ class Clients:
         """The client's session, made on first use (with ``config``: the image its first call chose)."""
         self.prune(client)
         if client.session is None:
-            client.session = self.manager.create(config=config)
+            client.session = self.manager.create(config=config, owner=MCP_OWNER)
         elif config is not None and client.session.config.image != config.image:
             raise ConfigError(f"this conversation's session runs in image {client.session.config.image}, the one its "
                               "first call chose; omit image to keep using it")
@@ -222,6 +227,9 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         content += [Image(path=image.path).to_image_content() for image in result.images
                     if image.mime != "image/svg+xml"]
         return CallToolResult(content=content, is_error=not result.ok)  # the code raised: the model is told
+
+    mcpsnapshots.register(server, clients.manager, lambda ctx: clients.client(connection_of(ctx.request_context)),
+                          lambda client: clients.session_for(client), MCP_OWNER)
 
     async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Answer resources/list and resources/read from the requesting client's own files only."""

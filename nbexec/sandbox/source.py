@@ -11,6 +11,12 @@ ready (``capacity``), whether it can serve at all (``readiness``), starts fillin
 removes everything at shutdown (``close``). What it cannot do it says: ``mounts_host_folders`` is False for a
 source whose sandboxes do not run on this host (a config with ``input_dir`` is then refused at ``acquire``).
 
+Durable sessions: ``acquire(..., claim=...)`` marks a sandbox a state folder keeps past this process,
+``handle.describe()`` is a record that finds it again, ``adopt(config, record)`` connects to it from a new
+process. Memory kept across a sleep (durable sessions): ``hibernate(handle, folder)`` stops a sandbox keeping its memory
+in a folder and returns a record to ``wake(config, record, folder)`` it from; the defaults here say "not
+supported" (None, SandboxError) and the engine then brings memory back by replaying the session's cells.
+
 ``SandboxHandle``: what a sandbox offers. No method hands out a host path, so a sandbox whose kernel and files
 live on another machine implements it over the network: kernel operations (``run``, ``run_hidden``,
 ``interrupt``, ``kernel_lost``), its life (``state``, ``seems_alive``, ``freeze``, ``kill``, ``destroy``), its
@@ -161,14 +167,27 @@ class SandboxHandle(Protocol):
         closed, and the change is in the next `take_connections` (see `nbexec.egress`). The caller checked the
         change against its policy (`nbexec.egress.check_change`); ConfigError for a bad entry, nothing changed."""
 
+    def sleep(self) -> None:
+        """Stop every process of the sandbox (no memory or CPU used), keeping /mnt/data and every limit as they
+        are, for `awake`; SandboxError when this sandbox cannot."""
+
+    def awake(self) -> None:
+        """Start a fresh kernel in a slept sandbox, over its kept /mnt/data (its memory is not kept: the engine
+        replays); SandboxError when it cannot."""
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able record that finds this sandbox again from another process (`SandboxSource.adopt`); it
+        may hold the kernel's key: kept private (see `nbexec.files.statefolder`)."""
+
 
 class SandboxSource(Protocol):
     """Gives ready sandboxes, takes them back, sweeps what dead processes left (see the module docstring)."""
 
     mounts_host_folders: bool
 
-    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
-        """A ready sandbox for ``purpose`` ("oneshot" or "session"); NbexecError when none can be had."""
+    def acquire(self, config: SandboxConfig, *, purpose: str, claim: str = "") -> SandboxHandle:
+        """A ready sandbox for ``purpose`` ("oneshot" or "session"); NbexecError when none can be had. A
+        ``claim`` (a state folder's, see `nbexec.files.statefolder`) keeps it past this process's death."""
 
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         """Remove the sandbox: before returning with ``wait``, else in the background (a one-shot's caller
@@ -188,6 +207,11 @@ class SandboxSource(Protocol):
 
     def close(self) -> None:
         """Remove every sandbox this source holds ready (at shutdown)."""
+
+    def adopt(self, config: SandboxConfig, record: dict[str, Any]) -> SandboxHandle:
+        """The running sandbox a ``describe`` record names, from another (maybe dead) process; SandboxError
+        when it is gone or the record does not name one of this source's."""
+        raise SandboxError("this sandbox source cannot find sandboxes again")
 
     def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
         """Stop ``handle``'s sandbox keeping its memory in ``folder`` (0700, yours); a JSON-able record to wake it

@@ -42,6 +42,8 @@ class SessionBody(BaseModel):
     """POST /v1/sessions (the body is optional)."""
 
     image: str | None = IMAGE_FIELD
+    from_snapshot: str | None = Field(default=None, max_length=200,
+                                      description="Start from this snapshot of yours (POST .../snapshot).")
 
 
 class EgressBody(BaseModel):
@@ -75,7 +77,7 @@ class _Open(BaseModel):
 
 class SessionModel(BaseModel):
     id: str
-    status: str = Field(description="ready, busy or closed")
+    status: str = Field(description="new, ready, busy, asleep, dead or closed")
     idle_s: float
     cells: int
 

@@ -16,6 +16,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from typing import Any
 
 from nbexec import __version__
 from nbexec.config import parse_size
+from nbexec.engine import durable
 from nbexec.engine.session import Session
 from nbexec.errors import SessionError
 
@@ -35,7 +37,7 @@ try:
     from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.responses import JSONResponse
 
-    from . import files, playground, sandboxes
+    from . import files, playground, sandboxes, snapshots
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
     from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
@@ -68,7 +70,8 @@ def _decode_files(files: dict[str, str] | None) -> dict[str, bytes]:
 def create_app(settings: ServerSettings) -> Any:
     """The ASGI application: the FastAPI routes behind the gateway (Host, token and body checks)."""
     folders = Tenants(settings.config, max_sessions=1024, session_ttl=settings.session_ttl,
-                      result_ttl=settings.result_ttl, runs_per_token=settings.max_running_per_token)
+                      result_ttl=settings.result_ttl, runs_per_token=settings.max_running_per_token,
+                      state_dir=settings.state_dir, hibernate_after=settings.hibernate_after)
     runs = Runs(folders, settings)
     metrics = Metrics(lambda: len(folders.sessions), lambda: folders.source.capacity(settings.config).ready)
 
@@ -88,17 +91,31 @@ def create_app(settings: ServerSettings) -> Any:
     app.state.nbexec = folders
     app.state.gate = runs  # per-token slots, read by operators' tooling and the tests
     app.state.metrics = metrics
-    app.state.instance = uuid.uuid4().hex[:12]  # new at every start: callers tell a restarted node by it
+    # New at every start (callers tell a restarted node by it), unless a state folder keeps it with the sessions.
+    app.state.instance = _instance(settings)
     _ops_routes(app, folders, metrics)
     _execute_routes(app, folders, runs, metrics)
     _session_routes(app, folders, runs, metrics)
     files.add_routes(app, folders, runs)
     playground.add_routes(app)
     node.add_routes(app, folders, runs, lambda: len(folders.held), owner)  # /v1/capacity: this server as a node
-    sandboxes.add_routes(app, folders, runs, settings)  # the seam over HTTP, for library clients (NBEXEC_NODES)
+    sandboxes.add_routes(app, folders, runs, settings)
+    snapshots.add_routes(app, folders, runs, _describe)  # the seam over HTTP, for library clients (NBEXEC_NODES)
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True,
                        larger={sandboxes.WHEEL_ROUTE: parse_size(settings.config.max_package_download)})
     return app
+
+
+def _instance(settings: ServerSettings) -> str:
+    if settings.state_dir is None:
+        return uuid.uuid4().hex[:12]
+    folder = durable.hold(settings.state_dir)
+    kept = folder.read("instance", limit=64)
+    if kept is not None and re.fullmatch(rb"[0-9a-f]{12}", kept):
+        return kept.decode()
+    instance = uuid.uuid4().hex[:12]
+    folder.write("instance", instance.encode())
+    return instance
 
 
 def _ops_routes(app: FastAPI, folders: Tenants, metrics: Metrics) -> None:
@@ -171,6 +188,9 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         config = chosen(settings.config, body.image if body is not None else None)
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
+        if body is not None and body.from_snapshot:
+            return _describe(await runs.io(who, snapshots.restore, folders, runs, who, body.from_snapshot, shown),
+                             shown)
         try:
             return _describe(folders.new_session(who, settings.store, shown.id, config), shown)
         except SessionError as exc:

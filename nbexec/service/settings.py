@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
@@ -23,11 +25,26 @@ class ServerSettings:
     session_ttl: float = 20 * 60.0
     result_ttl: float = 15 * 60.0  # seconds a one-shot result's files stay downloadable, then they are deleted
     keepalive: float = 15.0  # seconds between SSE keep-alive comments on a quiet stream
+    state_dir: Path | None = None  # durable sessions: kept across restarts, with this node's instance
+    hibernate_after: float | None = field(default_factory=lambda: _seconds("NBEXEC_HIBERNATE_AFTER"))
 
     def __post_init__(self) -> None:
+        if self.hibernate_after is not None and not self.hibernate_after > 0:
+            raise ConfigError("NBEXEC_HIBERNATE_AFTER must be a number of seconds above 0")
         if self.auth and not self.tokens:
             raise ConfigError("no API token: give --token-file or NBEXEC_API_TOKENS (or --no-auth on loopback)")
         if any(len(t) < 16 for t in self.tokens):
             raise ConfigError("API tokens must be at least 16 characters long")
         if self.result_ttl <= 0 or self.keepalive <= 0:
             raise ConfigError("result_ttl and keepalive must be above 0 seconds")
+
+
+def _seconds(name: str) -> float | None:
+    """A number of seconds from the environment (at start-up, when settings are made), or None when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from nbexec.config import SandboxConfig, host_from_env
-from nbexec.engine import sources
+from nbexec.engine import durable, sources
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
 from nbexec.errors import SessionNotFoundError, StorageError
@@ -115,13 +115,16 @@ class Tenants:
     result_ttl: float
     runs_per_token: int
     root: Path | None = None
+    state_dir: Path | None = None  # durable: sessions and their folders outlive this process (see engine.durable)
+    hibernate_after: float | None = None  # idle seconds before a session sleeps (see engine.hibernation)
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.source = sources.for_config(self.config)  # where this node's sandboxes come from
         self.held = Held(lambda handle, wait: self.source.release(handle, wait=wait), self.session_ttl)
         self.sessions = SessionManager(self.config, max_sessions=self.max_sessions, ttl=self.session_ttl,
-                                       keep_files=False)  # a session's folder goes when it is closed or reaped
+                                       keep_files=False,  # a session's folder goes when it is closed or reaped
+                                       state_dir=self.state_dir, hibernate_after=self.hibernate_after)
         self._owners: dict[str, str] = {}  # session id -> owner
         self._results: dict[str, _Kept] = {}
         self._lanes: dict[str, _Lanes] = {}
@@ -129,8 +132,22 @@ class Tenants:
         self._closed = False
 
     def open(self) -> None:
-        """Make the private root folder (at start-up: constructors do no I/O)."""
-        self.root = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-serve-", dir=work_root()))
+        """Make the private root folder (at start-up: constructors do no I/O). With a state folder, the root is
+        kept in it, and the sessions it keeps are found again with their owners (results of runs are not)."""
+        if self.state_dir is None:
+            self.root = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-serve-", dir=work_root()))
+            return
+        self.root = durable.hold(self.state_dir).child("outputs")
+        self._remove_results()
+        for session_id in self.sessions.ids():
+            if (session := _get(self.sessions, session_id)) is not None and session.owner:
+                self._owners[session_id] = session.owner
+
+    def _remove_results(self) -> None:
+        assert self.root is not None
+        for entry in os.listdir(self.root):
+            if entry.startswith("run-"):
+                remove_tree(self.root / entry)
 
     def _folder(self, name: str) -> Path:
         assert self.root is not None, "Tenants.open() was not called"
@@ -159,8 +176,19 @@ class Tenants:
         files' URLs use the id ``shown`` makes of its id (see identity.View)."""
         session_id = uuid.uuid4().hex
         folder = self._folder(f"session-{session_id}")
-        session = self.sessions.create(session_id=session_id, output_dir=folder, config=config,
+        session = self.sessions.create(session_id=session_id, output_dir=folder, config=config, owner=who,
                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
+        with self._lock:
+            self._owners[session.id] = who
+        return session
+
+    def restore_session(self, who: str, snapshot_id: str, store: ArtifactStore | None,
+                        shown: Callable[[str], str] = str) -> Session:
+        """A new session of ``who`` from their snapshot ``snapshot_id`` (SnapshotError when it is not theirs)."""
+        session_id = uuid.uuid4().hex
+        folder = self._folder(f"session-{session_id}")
+        session = self.sessions.restore(snapshot_id, owner=who, session_id=session_id, output_dir=folder,
+                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
         with self._lock:
             self._owners[session.id] = who
         return session
@@ -268,7 +296,9 @@ class Tenants:
             self._closed = True
             lanes = list(self._lanes.values())
             one_shots = [kept.session for kept in self._results.values()]
-        live = [*one_shots, *(s for sid in self.sessions.ids() if (s := _get(self.sessions, sid)) is not None)]
+        kept = self.state_dir is not None  # durable sessions run on, for the next start to find again
+        live = [*one_shots, *(s for sid in ([] if kept else self.sessions.ids())
+                              if (s := _get(self.sessions, sid)) is not None)]
         for session in live:
             with contextlib.suppress(Exception):
                 session.interrupt()
@@ -278,12 +308,15 @@ class Tenants:
         deadline = time.monotonic() + self.config.interrupt_grace + 10
         for closer in closers:
             closer.join(max(0.0, deadline - time.monotonic()))
-        self.sessions.close_all()
+        if not kept:
+            self.sessions.close_all()
         for lane in lanes:
             lane.runs.shutdown(wait=False, cancel_futures=True)
             lane.io.shutdown(wait=False, cancel_futures=True)
         self.source.close()  # under SIGTERM uvicorn ends the process without atexit handlers: nothing else would
-        if self.root is not None:
+        if self.root is not None and kept:
+            self._remove_results()
+        elif self.root is not None:
             remove_tree(self.root)
 
 

@@ -366,3 +366,26 @@ def _http_busy_client(server: McpProcess) -> subprocess.Popen[bytes]:
     assert client.stdout is not None
     assert client.stdout.readline() == b"ready\n", "the busy client did not get going"
     return client
+
+
+def test_snapshot_and_restore_tools(http_server: McpProcess) -> None:
+    """A conversation keeps its session as a snapshot and another restores it (files and variables); a changed
+    id is refused as a tool error, the session left as it was."""
+    async def use() -> dict[str, str]:
+        out: dict[str, str] = {}
+        async with _client(http_server.url) as alice, _client(http_server.url) as bob:
+            await alice.call_tool("execute_python", {"code": "x = 41\nopen('n.txt', 'w').write('kept')"})
+            made = await alice.call_tool("snapshot_session", {})
+            assert not made.is_error, _text(made)
+            snapshot = _text(made).strip()
+            changed = snapshot[:-1] + ("0" if snapshot[-1] != "0" else "1")
+            bad = await bob.call_tool("restore_session", {"snapshot_id": changed})
+            out["bad"] = f"{bad.is_error} {_text(bad)}"
+            good = await bob.call_tool("restore_session", {"snapshot_id": snapshot})
+            assert not good.is_error, _text(good)
+            out["bob"] = _text(await bob.call_tool("execute_python", {"code": "print(x + 1, open('n.txt').read())"}))
+        return out
+
+    out = anyio.run(use)
+    assert out["bad"].startswith("True Tool error") and "snapshot" in out["bad"]
+    assert out["bob"].splitlines()[0] == "42 kept"

@@ -49,6 +49,7 @@ from nbexec.errors import DockerError, SandboxError
 from . import daemon, pool
 from .container import KERNEL_PORTS, Sandbox
 from .options import RUNTIME_MOUNT, Place, container_options
+from .workdir import claim_of
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +218,8 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
                           "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
     try:
         with daemon.translated("create a sandbox to restore"):
-            container = client.containers.create(**container_options(
-                config, "session", Place(sandbox.id, sandbox.uid, sandbox.gid, sandbox.workdir)))
+            container = client.containers.create(**container_options(config, "session", Place(
+                sandbox.id, sandbox.uid, sandbox.gid, sandbox.workdir, claim=claim_of(sandbox.workdir))))
         target = Path(daemon.root_dir()) / "containers" / container.id / "checkpoints" / NAME
         _copy_in(folder / "checkpoint", target, files)
         fresh = {"key": sandbox.connection["key"], "session": secrets.token_hex(16)}
@@ -364,3 +365,4 @@ def _wait(done: Any, timeout: float, message: str) -> None:
         if time.monotonic() > deadline:
             raise SandboxError(f"{message} within {timeout:g} s")
         time.sleep(0.005)
+

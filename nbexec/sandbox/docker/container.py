@@ -35,7 +35,8 @@ from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
 from .options import RUNTIME_MOUNT, Place, container_options
-from .workdir import WORKDIR_PREFIX, provide_wheels, remove_tree
+from .sleep import Sleeper
+from .workdir import CLAIM_FILE, CLAIMED_PREFIX, WORKDIR_PREFIX, provide_wheels, remove_tree
 
 if TYPE_CHECKING:
     from nbexec.egress.proxy import Proxy
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 KERNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
-class Sandbox:
+class Sandbox(Sleeper):
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
@@ -69,7 +70,7 @@ class Sandbox:
         self.started_at = time.monotonic()
         self.connection: dict[str, Any] = {}
         self.language_info: dict[str, Any] = {}
-        self._init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
+        self.init_process: tuple[int, str] | None = None  # (host pid, start time) of the container's init
         self.egress: Proxy | None = None  # network="allowlist": the host proxy it reaches (nbexec.egress)
         self.disk: space.Reservation | None = None  # its share of the host's disk, held until destroy
 
@@ -83,10 +84,12 @@ class Sandbox:
         return self.workdir / "run"
 
     @classmethod
-    def prepare(cls, config: SandboxConfig, *, ids: tuple[int, int] | None = None) -> Sandbox:
+    def prepare(cls, config: SandboxConfig, *, ids: tuple[int, int] | None = None, claim: str = "") -> Sandbox:
         """A new sandbox's disk share, working folders and data filesystem (owned by ``ids``, else by its own
-        user), and its egress proxy; no container yet."""
-        workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=work_root()))
+        user), and its egress proxy; no container yet. ``claim``: the state folder that keeps it past this process
+        (see `nbexec.files.statefolder`)."""
+        prefix = CLAIMED_PREFIX if claim else f"{WORKDIR_PREFIX}{os.getpid()}-"  # a claimed one outlives this pid
+        workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=work_root()))
         sandbox = cls(config, uuid.uuid4().hex[:16], workdir)
         sandbox.uid, sandbox.gid = ids or (sandbox.uid, sandbox.gid)
         try:
@@ -94,6 +97,8 @@ class Sandbox:
             sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
             sandbox.data_dir.mkdir(mode=0o700)
             sandbox._prepare_folders()
+            if claim:  # read by the sweep (workdir.remove_stale_workdirs): kept while the state folder wants it
+                (workdir / CLAIM_FILE).write_text(claim)
             if config.network == "allowlist":  # before the container, which mounts the proxy's folder
                 sandbox.egress = egress.open_proxy(workdir, config)
         except BaseException:
@@ -102,12 +107,12 @@ class Sandbox:
         return sandbox
 
     @classmethod
-    def start(cls, config: SandboxConfig, *, role: str) -> Sandbox:
+    def start(cls, config: SandboxConfig, *, role: str, claim: str = "") -> Sandbox:
         """Create the working folders, the data filesystem and the container; wait until the kernel answers."""
         docker_client = daemon.connect()
-        sandbox = cls.prepare(config)
+        sandbox = cls.prepare(config, claim=claim)
         try:
-            sandbox._create_container(docker_client, role)
+            sandbox._create_container(docker_client, role, claim)
             sandbox._watch_data()
             sandbox.connect_kernel()
             if sandbox.egress is not None:
@@ -172,9 +177,9 @@ class Sandbox:
         except DockerError:
             self.kill()
 
-    def _create_container(self, docker_client: docker.DockerClient, role: str) -> None:
+    def _create_container(self, docker_client: docker.DockerClient, role: str, claim: str) -> None:
         options = container_options(self.config, role, Place(self.id, self.uid, self.gid, self.workdir,
-                                                             tuple(self._input_masks)))
+                                                             tuple(self._input_masks), claim))
         with daemon.translated("start a sandbox container"):
             self.container = docker_client.containers.create(**options)
             self.container.start()
@@ -184,8 +189,8 @@ class Sandbox:
         """Take ``container`` (started) as this sandbox's: its init process and its cgroup freezer."""
         self.container = container
         container.reload()
-        self._init_process = _process_identity(container.attrs.get("State", {}).get("Pid"))
-        self.freezer = datafs.Freezer.of_process(self._init_process[0]) if self._init_process else None
+        self.init_process = _process_identity(container.attrs.get("State", {}).get("Pid"))
+        self.freezer = datafs.Freezer.of_process(self.init_process[0]) if self.init_process else None
 
     def connect_kernel(self) -> None:
         """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
@@ -231,6 +236,12 @@ class Sandbox:
             text = self.container.logs(tail=20).decode("utf-8", "replace").strip()
             return f" Its last lines:\n{text}" if text else ""
         return ""
+
+    def describe(self) -> dict[str, Any]:
+        """What finds this sandbox again once this process is gone (see `adopt`); holds the kernel's key."""
+        return {"kind": "local", "id": self.id, "container": self.container.id, "workdir": str(self.workdir),
+                "uid": self.uid, "gid": self.gid, "data_fs": self.data_fs, "connection": self.connection,
+                "language_info": self.language_info, "asleep": self.client is None}
 
     # -- the kernel ---------------------------------------------------------------------------------
 
@@ -318,9 +329,9 @@ class Sandbox:
         """A cheap check (no Docker call) that the container's init still runs: False once it is gone.
 
         Uses the host's /proc when the engine is local; assumes alive when that cannot be known."""
-        if self._init_process is None:
+        if self.init_process is None:
             return self.container is not None
-        return _process_identity(self._init_process[0]) == self._init_process
+        return _process_identity(self.init_process[0]) == self.init_process
 
     def state(self) -> ContainerState:
         """Ask Docker whether the container still runs and how it ended."""

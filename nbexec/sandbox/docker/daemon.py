@@ -17,6 +17,7 @@ import requests.exceptions
 
 from nbexec.config import host_from_env
 from nbexec.errors import DockerError, DockerUnavailableError, ImageNotFoundError
+from nbexec.files import statefolder
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ LABEL = "nbexec"
 LABEL_NODE = "nbexec.node"  # the nbexec instance's node name (NBEXEC_NODE_NAME, default the hostname)
 LABEL_OWNER = "nbexec.owner"  # "<node>:<pid>" of the process that made the container
 LABEL_OWNER_START = "nbexec.owner.start"  # "<boot id>/<start time>" of that process: a reused pid is another owner
+LABEL_STATE = "nbexec.state"  # "<identity>:<path>" of the state folder that keeps it past its owner (durable sessions)
 LABEL_ROLE = "nbexec.role"  # "pool", "oneshot" or "session"
 _lock = threading.Lock()
 _client: docker.DockerClient | None = None
@@ -59,6 +61,12 @@ def owner_labels() -> dict[str, str]:
     if start:
         found[LABEL_OWNER_START] = start
     return found
+
+
+def claim_labels(claim: str) -> dict[str, str]:
+    """The labels of a sandbox a state folder keeps (none without a ``claim``): the claim, and an owner that is no
+    process (so no sweep, nor an older nbexec's, judges it by a pid: its state folder does)."""
+    return {LABEL_STATE: claim, LABEL_OWNER: f"{node()}:state", LABEL_OWNER_START: ""} if claim else {}
 
 
 def _where() -> str:
@@ -135,6 +143,8 @@ class Leftover:
 def _owner_alive(found: dict[str, str]) -> bool:
     """Whether the process that made a container (by its labels) still runs; other nodes' always count as alive."""
     host, _, pid = found.get(LABEL_OWNER, "").rpartition(":")
+    if found.get(LABEL_STATE) and (found.get(LABEL_NODE) or host) == node():
+        return statefolder.claim_alive(found[LABEL_STATE])  # its state folder judges (nbexec.files.statefolder)
     if (found.get(LABEL_NODE) or host) != node() or not pid.isdigit():
         return True  # another node's: not ours to judge
     start = found.get(LABEL_OWNER_START)

@@ -8,21 +8,24 @@ from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
-from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
+from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
-from . import checkpoint, daemon, pool
+from . import adopt, checkpoint, daemon, pool
 from .container import Sandbox
 
 
-class LocalSource:
+class LocalSource(SandboxSource):
     """Sandboxes on this host's Docker engine (see the module docstring)."""
 
     mounts_host_folders = True
 
-    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
-        if purpose == "oneshot" or config.pool_size:
+    def acquire(self, config: SandboxConfig, *, purpose: str, claim: str = "") -> SandboxHandle:
+        if not claim and (purpose == "oneshot" or config.pool_size):
             return pool.acquire(config)
-        return pool.start_sandbox(config, role="session", warm_up=True)
+        return pool.start_sandbox(config, role="session", warm_up=True, claim=claim)
+
+    def adopt(self, config: SandboxConfig, record: dict[str, Any]) -> SandboxHandle:
+        return adopt.adopt(config, record)
 
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         if wait:

@@ -31,6 +31,7 @@ class Place:
     gid: int
     workdir: Path
     input_masks: tuple[docker.types.Mount, ...] = ()
+    claim: str = ""  # the state folder that keeps the sandbox past its owner (see nbexec.files.statefolder)
 
 
 def container_options(config: SandboxConfig, role: str, place: Place) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def container_options(config: SandboxConfig, role: str, place: Place) -> dict[st
         "user": f"{uid}:{gid}",
         # The uid may have no passwd entry: USER/LOGNAME keep getpass.getuser() and friends working.
         "environment": {"USER": "sandbox", "LOGNAME": "sandbox", **config.env, "HOME": HOME},
-        "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role},
+        "labels": {**daemon.owner_labels(), daemon.LABEL_ROLE: role, **daemon.claim_labels(place.claim)},
         "network_mode": "bridge" if config.network is True else "none",
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],

@@ -31,11 +31,11 @@ _pending: set[Future[None]] = set()
 _swept = False
 
 
-def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool) -> Sandbox:
+def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool, claim: str = "") -> Sandbox:
     """Start a sandbox, warming it when asked; never leaves a container behind on failure."""
     sweep_orphans()
     runtimes.require(config)  # an unregistered runtime fails here with how to register it, before any container
-    sandbox = Sandbox.start(config, role=role)
+    sandbox = Sandbox.start(config, role=role, claim=claim)
     if warm_up:
         try:
             sandbox.warm()

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from nbexec.errors import PackageError
-from nbexec.files import transfer
+from nbexec.files import statefolder, transfer
 from nbexec.files.folders import work_root
 from nbexec.sandbox.source import WheelFile
 
 from . import datafs
 
 WORKDIR_PREFIX = "nbexec-"
+CLAIMED_PREFIX = WORKDIR_PREFIX + "state-"  # a working folder a state folder keeps: judged by its claim, not a pid
+CLAIM_FILE = "claim"  # in a working folder a state folder keeps past its owner: that folder's claim
 
 
 def remove_tree(path: Path) -> None:
@@ -50,6 +52,11 @@ def remove_stale_workdirs() -> list[Path]:
     """Remove working folders of nbexec processes on this machine that no longer run."""
     removed = []
     for entry in work_root().iterdir():
+        if entry.name.startswith(CLAIMED_PREFIX):
+            if not _claimed(entry):  # its state folder's holder is gone for good (see nbexec.files.statefolder)
+                remove_tree(entry)
+                removed.append(entry)
+            continue
         pid = entry.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
         if not entry.name.startswith(WORKDIR_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -91,3 +98,21 @@ def _add_wheel(folder_fd: int, wheel: WheelFile) -> None:
         out = os.open(wheel.filename, transfer.WRITE_FLAGS, 0o644, dir_fd=folder_fd)
         with os.fdopen(out, "wb") as copy:
             shutil.copyfileobj(blob, copy)
+
+
+def claim_of(workdir: Path) -> str:
+    """The state folder's claim on a working folder (its claim file, read without following links), or ""."""
+    try:
+        fd = os.open(workdir / CLAIM_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def _claimed(workdir: Path) -> bool:
+    """Whether a state folder still wants this working folder."""
+    claim = claim_of(workdir)
+    return bool(claim) and statefolder.claim_alive(claim)

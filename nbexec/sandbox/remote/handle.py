@@ -29,6 +29,7 @@ from nbexec.errors import (
     NodeLostError,
     NodeUnavailableError,
     ProtocolError,
+    SandboxError,
     SessionLostError,
 )
 from nbexec.files import artifacts, transfer
@@ -73,6 +74,18 @@ class RemoteHandle:
 
     def __repr__(self) -> str:
         return f"<RemoteHandle {self.id} on {self.node}>"
+
+    def sleep(self) -> None:
+        """Not over the wire yet: a node's sandbox stays awake (the session stays in memory on its node)."""
+        raise SandboxError("a sandbox on a node cannot sleep from here")
+
+    def awake(self) -> None:
+        raise SandboxError("a sandbox on a node cannot sleep from here")
+
+    def describe(self) -> dict[str, Any]:
+        """What finds this sandbox again from another process (`RemoteSource.adopt`): its node and id."""
+        return {"kind": "remote", "url": self.client.url, "id": self.id, "node": self.node,
+                "language_info": self.language_info, "memory": self.config.memory, "interrupt_grace": self.grace}
 
     # -- the node going away ------------------------------------------------------------------------------
 

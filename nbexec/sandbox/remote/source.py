@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from nbexec.config import SandboxConfig, host_from_env
-from nbexec.errors import ConfigError, NodeError, NodeUnavailableError, SandboxError, SessionLimitError
+from nbexec.errors import (
+    ConfigError,
+    NbexecError,
+    NodeError,
+    NodeUnavailableError,
+    SandboxError,
+    SessionLimitError,
+)
 from nbexec.names import is_image_name
-from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle
+from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
 from .handle import SMALL, RemoteHandle
 from .nodes import Health, NodeClient, rank
@@ -71,7 +78,7 @@ class Cluster:
             self.inflight[url] += change
 
 
-class RemoteSource:
+class RemoteSource(SandboxSource):
     """Sandboxes on remote nodes (see the module docstring)."""
 
     mounts_host_folders = False
@@ -91,7 +98,9 @@ class RemoteSource:
                 _sources[key] = cls(host.nodes, host.node_token)
             return _sources[key]
 
-    def acquire(self, config: SandboxConfig, *, purpose: str) -> SandboxHandle:
+    def acquire(self, config: SandboxConfig, *, purpose: str, claim: str = "") -> SandboxHandle:
+        """A sandbox on the freest node (``claim`` is the node's business: a node with --state-dir keeps its
+        sandboxes across its restarts)."""
         if config.input_dir:
             raise ConfigError("input_dir (--mount-input) is a folder of this host, which nodes cannot mount: pass "
                               "the files with files={name: bytes} or upload() instead, or unset NBEXEC_NODES")
@@ -113,6 +122,22 @@ class RemoteSource:
             return handle
         assert last is not None
         raise last
+
+    def adopt(self, config: SandboxConfig, record: dict[str, Any]) -> SandboxHandle:
+        """The sandbox a ``describe`` record names on one of NBEXEC_NODES, if its node still holds it."""
+        url = record.get("url")
+        client = self.cluster.clients.get(url) if isinstance(url, str) else None
+        if record.get("kind") != "remote" or client is None:
+            raise SandboxError("the sandbox record does not name a sandbox on a node of NBEXEC_NODES")
+        try:
+            handle = RemoteHandle(client, record, config, "session")
+            alive = handle.state().running
+        except NbexecError as exc:
+            raise SandboxError(f"the kept sandbox on {client.name} cannot be reached: {exc}") from exc
+        if not alive:
+            raise SandboxError(f"the kept sandbox on {client.name} stopped")
+        self.cluster.held(client.url, 1)
+        return handle
 
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         """Remove the sandbox from its node (a one-shot's in the node's background either way)."""

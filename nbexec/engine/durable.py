@@ -1,0 +1,141 @@
+"""Durable sessions: a session's record in a state folder, so that a new process finds it again.
+
+A session given a ``state_dir`` holds that folder (see `nbexec.files.statefolder`: private, one live holder) and
+writes its record there (``<id>.session``, 0600, atomic) when its sandbox starts, before and after each run, and
+removes it when it closes: its id, owner, config, the sandbox's record (`SandboxHandle.describe`: container,
+working folder, kernel connection with its key), its output folder, notebook and status. Its sandbox is acquired
+with the folder's claim, so the orphan sweep of a restarted process keeps it (and sweeps it once the folder's
+holder is dead past the grace period).
+
+`load` reads a record back for `Session.resume`: sized before it is parsed, the config rebuilt through its own
+checks, the notebook re-validated; nothing the sandbox wrote is trusted by being in the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbformat import NotebookNode
+
+from nbexec import notebook
+from nbexec.config import SandboxConfig
+from nbexec.errors import ConfigError, NbexecError, SessionNotFoundError
+from nbexec.files import statefolder
+from nbexec.files.statefolder import StateFolder
+
+SUFFIX = ".session"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Record:
+    """A durable session as its state folder keeps it."""
+
+    id: str
+    owner: str
+    config: SandboxConfig
+    sandbox: dict[str, Any]
+    output_dir: str | None
+    notebook: NotebookNode
+    ttl: float | None
+    status: str
+    created_at: float
+    asleep: str | None = None  # how it wakes: "checkpoint" (``memory`` is the source's record) or "replay"
+    memory: dict[str, Any] | None = None
+
+
+def config_dict(config: SandboxConfig) -> dict[str, Any]:
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return dict(value)
+    return value
+
+
+def config_from(raw: Any) -> SandboxConfig:
+    """The config a record keeps, through SandboxConfig's own checks (unknown fields refused)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("the session record has no config")
+    fields = {f.name: f for f in dataclasses.fields(SandboxConfig)}
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in fields:
+            raise ConfigError(f"the session record's config has an unknown field {name!r}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return SandboxConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"the session record's config is not valid: {exc}") from exc
+
+
+def save(folder: StateFolder, record: Record) -> None:
+    """Write ``record`` (atomically, 0600) and say that the folder's holder is alive."""
+    body = {"version": VERSION, "id": record.id, "owner": record.owner, "config": config_dict(record.config),
+            "sandbox": record.sandbox, "output_dir": record.output_dir, "notebook": record.notebook,
+            "ttl": record.ttl, "status": record.status, "created_at": record.created_at, "saved_at": time.time(),
+            "asleep": record.asleep, "memory": record.memory}
+    folder.write(record.id + SUFFIX, json.dumps(body, separators=(",", ":")).encode())
+    folder.touch()
+
+
+def forget(folder: StateFolder, session_id: str) -> None:
+    folder.remove(session_id + SUFFIX)
+
+
+def ids(folder: StateFolder) -> list[str]:
+    return [name[: -len(SUFFIX)] for name in folder.names(SUFFIX)]
+
+
+def load(folder: StateFolder, session_id: str) -> Record:
+    """The record of ``session_id`` (SessionNotFoundError when there is none or it cannot be read back)."""
+    if not statefolder.valid_name(session_id + SUFFIX):
+        raise SessionNotFoundError(f"no session with id {session_id!r}")
+    raw = folder.read(session_id + SUFFIX)
+    if raw is None:
+        raise SessionNotFoundError(f"no session with id {session_id!r} in the state folder {folder.path}")
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict) or body.get("version") != VERSION or body.get("id") != session_id:
+            raise ValueError("not a session record of this version")
+        ttl = body.get("ttl")
+        return Record(id=session_id, owner=str(body.get("owner") or ""), config=config_from(body.get("config")),
+                      sandbox=_dict(body.get("sandbox")), output_dir=_text(body.get("output_dir")),
+                      notebook=notebook.from_json(json.dumps(body.get("notebook")), f"session {session_id}"),
+                      ttl=float(ttl) if isinstance(ttl, (int, float)) else None,
+                      status=str(body.get("status") or ""), created_at=float(body.get("created_at") or 0),
+                      asleep=_asleep(body.get("asleep")),
+                      memory=body["memory"] if isinstance(body.get("memory"), dict) else None)
+    except (ValueError, TypeError, NbexecError) as exc:
+        raise SessionNotFoundError(f"the record of session {session_id!r} in {folder.path} cannot be read "
+                                   f"back ({exc}); remove it") from None
+
+
+def _asleep(value: Any) -> str | None:
+    if value not in (None, "checkpoint", "replay"):
+        raise ValueError("the record's sleep is neither checkpoint nor replay")
+    return str(value) if value else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("the record has no sandbox")
+    if not value:
+        return {}
+    return value
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.startswith("/") else None
+
+
+def hold(state_dir: str | Path) -> StateFolder:
+    return statefolder.hold(state_dir)

@@ -1,0 +1,239 @@
+"""Snapshots of a session: its files and notebook, kept private, restorable only by their owner, checked on restore.
+
+A snapshot is hostile data (the files came from the sandbox). It is a folder of a private snapshot store (0700;
+files 0600): ``files/`` (the regular files of /mnt/data as a run collects them: within max_data and max_files,
+never following a link), ``notebook.ipynb``, and ``manifest.json`` (its id, owner, config, and the sha256 and size
+of every file and of the notebook), signed with the store's key (``manifest.sig``, an HMAC-SHA256; the key is a
+random 32 bytes made once, 0600).
+
+Its id is ``<random>.<mac>``, the mac bound to the owner (as session ids of a router are): another owner's id, or
+an id changed by one character, is "no such snapshot". On restore the signature is checked, then the manifest's
+own id and owner against the id asked for (a renamed or replayed snapshot folder is refused), then each file's
+size and sha256 as it is read (before a byte reaches the new sandbox); the notebook is re-validated. Memory comes
+back by replaying the notebook's executed cells into the new sandbox (`hibernation.replay`). Caps: snapshots per
+owner (``max_snapshots``) and the files' total (the config's max_data), checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from nbformat import NotebookNode
+
+from nbexec import notebook
+from nbexec.config import SandboxConfig
+from nbexec.errors import NbexecError, SessionLimitError, SnapshotError
+from nbexec.files import folders, space, transfer
+from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.sandbox.source import SandboxHandle
+
+from . import collect, durable
+
+MAX_SNAPSHOTS = 8  # per owner (NBEXEC_MAX_SNAPSHOTS)
+MAX_MANIFEST = 4 * 1024**2
+_ID = re.compile(r"([0-9a-f]{32})\.([0-9a-f]{32})")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore gives the new session: its config, notebook and the files to put into /mnt/data."""
+
+    config: SandboxConfig
+    notebook: NotebookNode
+    files: list[tuple[str, int, str]]  # (name in /mnt/data, size, sha256)
+    open_file: Callable[[str], BinaryIO]  # a file's host copy, opened without following any link
+
+
+class SnapshotStore:
+    """A private folder of snapshots (see the module docstring)."""
+
+    def __init__(self, root: Path, max_snapshots: int = MAX_SNAPSHOTS) -> None:
+        self.root = Path(root)
+        self.max_snapshots = max_snapshots
+
+    def _key(self) -> bytes:
+        path = self._private_root() / "key"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secrets.token_bytes(32))
+        except FileExistsError:
+            pass
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+                raise SnapshotError(f"the snapshot key {path} is not a private file of ours")
+            key = handle.read(64)
+        if len(key) != 32:
+            raise SnapshotError(f"the snapshot key {path} is damaged; remove the snapshot folder to start anew")
+        return key
+
+    def _private_root(self) -> Path:
+        if not os.path.lexists(self.root):
+            folders.make_output_dir(self.root, may_exist=False)
+        folders.OutputFolder.open(self.root).close()  # a real folder of ours, private
+        if stat.S_IMODE(os.lstat(self.root).st_mode) & 0o077:
+            raise SnapshotError(f"the snapshot folder {self.root} must be private (0700)")
+        return self.root
+
+    def _mac(self, key: bytes, owner: str, raw: str) -> str:
+        return hmac.new(key, f"snapshot\0{owner}\0{raw}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    # -- making -----------------------------------------------------------------------------------
+
+    def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
+        """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner``; its id (SnapshotError past the caps)."""
+        key = self._key()
+        if self.count(owner) >= self.max_snapshots:
+            raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
+        raw = secrets.token_hex(16)
+        snapshot_id = f"{raw}.{self._mac(key, owner, raw)}"
+        # Admitted before a byte is written: its files (max_data) and notebook (the output budgets) plus the margin.
+        held = space.reserve([space.Need(self.root, config.max_data_bytes + 2 * (
+            config.max_output_bytes + config.max_display_bytes), "a snapshot of /mnt/data and the notebook")],
+            config.disk_margin_bytes)
+        folders.make_output_dir(self.root / raw, may_exist=False)
+        try:
+            with folders.OutputFolder.open(self.root / raw) as target:
+                with target.child("files") as files:
+                    collection = sandbox.snapshot(files, collect.limits(config))
+                if collection.skipped:
+                    raise SnapshotError(f"/mnt/data holds what a snapshot cannot keep ({collection.skipped[0].name}:"
+                                        f" {collection.skipped[0].reason}); remove it and snapshot again")
+                body = notebook.dumps(nb)
+                transfer.replace(target, "notebook.ipynb", body)
+                manifest = json.dumps({
+                    "id": raw, "owner": owner, "created": time.time(), "config": durable.config_dict(config),
+                    "notebook": {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)},
+                    "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in collection.files],
+                }, sort_keys=True).encode()
+                transfer.replace(target, "manifest.json", manifest)
+                transfer.replace(target, "manifest.sig", hmac.new(key, manifest, hashlib.sha256).hexdigest().encode())
+        except BaseException:
+            remove_tree(self.root / raw)
+            raise
+        finally:
+            held.release()  # what was written is gone from the free space; nothing more is held
+        return snapshot_id
+
+    def count(self, owner: str) -> int:
+        return sum(1 for raw in self._raws() if self._owner_of(raw) == owner)
+
+    def _raws(self) -> list[str]:
+        return [n for n in os.listdir(self._private_root()) if re.fullmatch(r"[0-9a-f]{32}", n)]
+
+    def _owner_of(self, raw: str) -> str | None:
+        try:
+            return str(json.loads(self._read(raw, "manifest.json", MAX_MANIFEST)).get("owner"))
+        except (SnapshotError, ValueError, AttributeError):
+            return None
+
+    def delete(self, owner: str, snapshot_id: str) -> None:
+        raw = self._check_id(owner, snapshot_id)
+        remove_tree(self.root / raw)
+
+    # -- restoring --------------------------------------------------------------------------------
+
+    def _check_id(self, owner: str, snapshot_id: str) -> str:
+        found = _ID.fullmatch(snapshot_id) if isinstance(snapshot_id, str) else None
+        if found is None or not hmac.compare_digest(found[2], self._mac(self._key(), owner, found[1])):
+            raise SnapshotError(f"no snapshot {str(snapshot_id)[:80]!r} of yours")
+        return found[1]
+
+    def _read(self, raw: str, name: str, limit: int) -> bytes:
+        try:
+            fd = os.open(self.root / raw / name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            raise SnapshotError(f"the snapshot's {name} is missing") from None
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+                raise SnapshotError(f"the snapshot's {name} is not a file within its cap")
+            return handle.read(limit + 1)
+
+    def open(self, owner: str, snapshot_id: str) -> Restored:
+        """The checked contents of ``snapshot_id`` for ``owner`` (SnapshotError: unknown, not theirs, tampered)."""
+        raw = self._check_id(owner, snapshot_id)
+        manifest = self._read(raw, "manifest.json", MAX_MANIFEST)
+        signature = self._read(raw, "manifest.sig", 128)
+        if not hmac.compare_digest(signature, hmac.new(self._key(), manifest, hashlib.sha256).hexdigest().encode()):
+            raise SnapshotError("the snapshot's manifest was changed: refused")
+        body: dict[str, Any] = json.loads(manifest)
+        if body.get("id") != raw or body.get("owner") != owner:
+            raise SnapshotError("the snapshot's manifest names another snapshot or owner: refused")
+        config = durable.config_from(body["config"])
+        nb_bytes = self._read(raw, "notebook.ipynb", int(body["notebook"]["size"]))
+        if hashlib.sha256(nb_bytes).hexdigest() != body["notebook"]["sha256"]:
+            raise SnapshotError("the snapshot's notebook was changed: refused")
+        try:
+            nb = notebook.from_json(nb_bytes.decode("utf-8"), "snapshot")
+        except (NbexecError, UnicodeDecodeError) as exc:
+            raise SnapshotError(f"the snapshot's notebook is not valid: {exc}") from None
+        files = [(str(e["name"]), int(e["size"]), str(e["sha256"])) for e in body["files"]]
+        opener = functools.partial(self._open_file, raw)
+        for name, size, digest in files:
+            with opener(name) as handle:
+                _check(handle, name, size, digest)
+        return Restored(config, nb, files, opener)
+
+    def _open_file(self, raw: str, name: str) -> BinaryIO:
+        """A file of the snapshot, reached through folder descriptors: no link followed on the way."""
+        try:
+            parts = transfer.relative_parts(name)
+            root = os.open(self.root / raw / "files", transfer.DIR_FLAGS)
+            try:
+                parent = transfer.open_parent(root, parts)
+            finally:
+                os.close(root)
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent)
+            finally:
+                os.close(parent)
+        except (OSError, NbexecError):
+            raise SnapshotError(f"the snapshot's file {name[:200]!r} is missing or was replaced: refused") from None
+        return os.fdopen(fd, "rb")
+
+
+def _check(handle: BinaryIO, name: str, size: int, digest: str) -> None:
+    info = os.fstat(handle.fileno())
+    hasher = hashlib.sha256()
+    if stat.S_ISREG(info.st_mode) and info.st_size == size:
+        while chunk := handle.read(1 << 20):
+            hasher.update(chunk)
+    if hasher.hexdigest() != digest:
+        raise SnapshotError(f"the snapshot's file {name[:200]!r} was changed: refused")
+
+
+def put_files(sandbox: SandboxHandle, restored: Restored) -> None:
+    """Put a checked snapshot's files into a new sandbox's /mnt/data, each checked again just before it is sent
+    (from the same descriptor)."""
+    for name, size, digest in restored.files:
+        with restored.open_file(name) as handle:
+            _check(handle, name, size, digest)
+            handle.seek(0)
+            sandbox.put_file(name, handle)
+
+
+def store_for(state_dir: str | Path | None, snapshot_dir: str | Path | None = None) -> SnapshotStore:
+    """The snapshot store: ``snapshot_dir``, else NBEXEC_SNAPSHOT_DIR, else the state folder's ``snapshots``,
+    else a private temporary folder."""
+    chosen = snapshot_dir or os.environ.get("NBEXEC_SNAPSHOT_DIR")
+    if chosen:
+        return SnapshotStore(Path(chosen).absolute())
+    if state_dir is not None:
+        return SnapshotStore(Path(state_dir).absolute() / "snapshots")
+    return SnapshotStore(folders.private_root("nbexec-snapshots"))
+

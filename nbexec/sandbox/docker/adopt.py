@@ -1,0 +1,130 @@
+"""Finding a sandbox again after the process that made it is gone (durable sessions, see `nbexec.engine.durable`).
+
+A record (`container.Sandbox.describe`, kept private in a state folder) names the container, the working folder,
+the sandbox user and the kernel's connection. Nothing in it is taken on trust beyond what it names: the working
+folder must be one of nbexec's (a direct child of the work root, ours, private), the container must be nbexec's,
+be named for the sandbox, mount that folder's run/ and still run; then a new kernel client connects to the
+kernel's sockets with the recorded key. A running cell of the dead owner is interrupted (nobody waits for it).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import DockerError, SandboxError
+from nbexec.files import space
+from nbexec.files.folders import work_root
+from nbexec.sandbox import kernel
+
+from . import daemon, datafs
+from .container import Sandbox
+from .workdir import WORKDIR_PREFIX
+
+
+def _field(record: dict[str, Any], name: str, kind: type) -> Any:
+    value = record.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise SandboxError(f"the sandbox record has no valid {name!r}")
+    return value
+
+
+def _workdir(raw: str) -> Path:
+    path = Path(raw)
+    root = work_root()
+    if path.parent != root or not path.name.startswith(WORKDIR_PREFIX):
+        raise SandboxError(f"the sandbox record names {raw!r}, not a working folder of nbexec")
+    try:
+        info = os.lstat(path)
+    except OSError:
+        raise SandboxError(f"the sandbox's working folder {raw} is gone") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise SandboxError(f"{raw} is not a private working folder of nbexec")
+    return path
+
+
+def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
+    """The running sandbox ``record`` describes, its kernel connected again (SandboxError when it is gone)."""
+    if record.get("kind") != "local":
+        raise SandboxError("the sandbox record is not of this host's source")
+    workdir = _workdir(_field(record, "workdir", str))
+    sandbox = Sandbox(config, _field(record, "id", str), workdir)
+    sandbox.uid, sandbox.gid = _field(record, "uid", int), _field(record, "gid", int)
+    sandbox.connection = dict(_field(record, "connection", dict))
+    sandbox.language_info = dict(_field(record, "language_info", dict))
+    try:
+        with daemon.translated("find a kept sandbox"):
+            container = daemon.connect().containers.get(_field(record, "container", str))
+    except DockerError as exc:
+        if isinstance(exc.__cause__, docker.errors.NotFound):
+            raise SandboxError(f"the sandbox {sandbox.id}'s container is gone") from None
+        raise
+    asleep = record.get("asleep") is True and not container.attrs.get("State", {}).get("Running")
+    _check_container(container, sandbox, asleep=asleep)
+    sandbox.container = container
+    sandbox.data_fs = bool(record.get("data_fs")) and os.path.ismount(sandbox.data_dir)
+    pid = container.attrs.get("State", {}).get("Pid")
+    sandbox.init_process = _identity(pid)
+    if sandbox.init_process is not None:
+        sandbox.freezer = datafs.Freezer.of_process(sandbox.init_process[0])
+    try:
+        sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
+        if not asleep:  # a slept sandbox gets its kernel when it wakes (`sleep.Sleeper.awake`)
+            _reconnect(sandbox)
+    except BaseException:
+        if sandbox.client is not None:
+            sandbox.client.close()
+            sandbox.client = None
+        if sandbox.disk is not None:
+            sandbox.disk.release()
+        raise
+    return sandbox
+
+
+def _check_container(container: Any, sandbox: Sandbox, *, asleep: bool) -> None:
+    attrs = container.attrs
+    labels = attrs.get("Config", {}).get("Labels") or {}
+    mounts = {Path(m.get("Source", "")) for m in attrs.get("Mounts") or []}
+    if labels.get(daemon.LABEL) != "1" or attrs.get("Name", "").lstrip("/") != f"nbexec-{sandbox.id}" \
+            or sandbox.runtime_dir not in mounts:
+        raise SandboxError(f"the container of the record is not the sandbox {sandbox.id}")
+    if not attrs.get("State", {}).get("Running") and not asleep:
+        raise SandboxError(f"the sandbox {sandbox.id}'s container stopped while its owner was away")
+
+
+def _reconnect(sandbox: Sandbox) -> None:
+    config = sandbox.config
+    deadline = time.monotonic() + config.startup_timeout
+
+    def check() -> None:
+        if not sandbox.state().running:
+            raise SandboxError(f"the sandbox {sandbox.id} stopped while it was being adopted")
+        if time.monotonic() > deadline:
+            raise SandboxError(f"the kept sandbox {sandbox.id}'s kernel did not answer within "
+                               f"{config.startup_timeout:g} s")
+
+    frame_limit = config.max_output_bytes + config.max_display_bytes + kernel.MAX_HEADER
+    try:
+        sandbox.client = kernel.KernelClient.connect(sandbox.runtime_dir / "kernel", sandbox.connection,
+                                                     max_message=frame_limit)
+    except OSError as exc:
+        raise SandboxError(f"cannot reach the kept sandbox {sandbox.id}'s kernel: {exc}") from exc
+    sandbox.client.interrupt()  # a cell its dead owner started: nobody waits for it
+    sandbox.client.wait_ready(check)
+    sandbox.client.wait_subscribed(check)
+
+
+def _identity(pid: Any) -> tuple[int, str] | None:
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return pid, fields[19]
