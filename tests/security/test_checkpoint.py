@@ -171,10 +171,14 @@ def test_a_woken_sandbox_keeps_its_pid_limit(runsc: nbexec.SandboxConfig, tmp_pa
     woken = LocalSource().wake(config, record, folder)
     sandboxes.append(woken)
     out: list[str] = []
-    with contextlib.suppress(nbexec.NbexecError):
+    with contextlib.suppress(nbexec.NbexecError):  # the kernel may be lost to the limit (under load)
         out.append(run(woken, "import subprocess\nps=[]\ntry:\n    [ps.append(subprocess.Popen(['sleep','60'])) "
                               "for _ in range(200)]\nexcept OSError:\n    pass\nprint(len(ps))"))
-    assert not woken.state().running or int(out[0]) < 128, out
+    if out:
+        assert not woken.state().running or int(out[0]) < 128, out
+    elif woken.state().running:  # the kernel was lost to the limit: judged by Docker's list of its processes
+        assert woken.container is not None
+        assert len(woken.container.top()["Processes"]) <= 128
 
 
 def test_under_runc_the_probe_says_no_and_the_sandbox_is_untouched(cleanup_ledger: None, tmp_path: Path,
