@@ -46,6 +46,7 @@ class FakeKernel:
         self._folder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         short = f"/proc/self/fd/{self._folder}/kernel"
         self.iopub = self.context.socket(zmq.PUB)
+        self.iopub.setsockopt(zmq.SNDHWM, 0)  # a scripted flood is sent whole, however slow the reader (under load)
         self.iopub.bind(f"ipc://{short}-2")
         self.shell = self.context.socket(zmq.ROUTER)
         self.shell.bind(f"ipc://{short}-1")

@@ -129,6 +129,7 @@ def test_the_node_refuses_one_clients_sandbox_to_another(alices: tuple[httpx.Cli
         options: dict[str, Any] = {
             "/run": {"json": {"code": "open('/mnt/data/secret.txt', 'w').write('owned')", "timeout": 30}},
             "/hidden": {"json": {"code": "open('/mnt/data/secret.txt', 'w').write('owned')", "timeout": 30}},
+            "/egress": {"json": {"allow": [], "deny": ["a.example"]}},
         }.get(path[path.rfind("/"):], {})
         if method == "PUT":
             options = {"content": b"w", "params": {"sha256": sha}} if "/wheels/" in path else {"content": b"owned"}
