@@ -26,7 +26,8 @@ class ServerSettings:
     result_ttl: float = 15 * 60.0  # seconds a one-shot result's files stay downloadable, then they are deleted
     keepalive: float = 15.0  # seconds between SSE keep-alive comments on a quiet stream
     state_dir: Path | None = None  # durable sessions: kept across restarts, with this node's instance
-    hibernate_after: float | None = field(default_factory=lambda: _seconds("NBEXEC_HIBERNATE_AFTER"))
+    hibernate_after: float | None = field(default_factory=lambda: _seconds(
+        "NBEXEC_HIBERNATE_AFTER", os.environ.get("NBEXEC_HIBERNATE_AFTER", "")))
 
     def __post_init__(self) -> None:
         if self.hibernate_after is not None and not self.hibernate_after > 0:
@@ -39,9 +40,10 @@ class ServerSettings:
             raise ConfigError("result_ttl and keepalive must be above 0 seconds")
 
 
-def _seconds(name: str) -> float | None:
-    """A number of seconds from the environment (at start-up, when settings are made), or None when unset."""
-    raw = os.environ.get(name, "").strip()
+def _seconds(name: str, raw: str) -> float | None:
+    """A number of seconds from the environment variable ``name`` (its value ``raw``, read when settings are
+    made), or None when unset."""
+    raw = raw.strip()
     if not raw:
         return None
     try:
