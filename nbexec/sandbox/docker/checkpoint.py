@@ -45,6 +45,7 @@ import docker.errors
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
+from nbexec.files import space
 
 from . import daemon, pool
 from .container import KERNEL_PORTS, Sandbox
@@ -182,6 +183,8 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     with contextlib.suppress(DockerError), daemon.translated("remove a checkpointed sandbox"):
         sandbox.container.remove(force=True, v=True)
     sandbox.container = None
+    if sandbox.disk is not None:  # no container now: the woken one is admitted again (restore)
+        sandbox.disk.release()
     return {"version": RECORD_VERSION, "runtime": config.runtime, "sandbox_id": sandbox.id,
             "workdir": str(sandbox.workdir), "uid": sandbox.uid, "gid": sandbox.gid, "wake": wake,
             "files": files}  # no key: every restore sets a fresh one
@@ -194,7 +197,12 @@ def restore(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sand
     sandbox = Sandbox(config, record["sandbox_id"], Path(record["workdir"]))
     sandbox.uid, sandbox.gid = int(record["uid"]), int(record["gid"])
     sandbox.data_fs = True  # the engine keeps the working folder, its data filesystem mounted
-    return _start_from(sandbox, record, files, folder)
+    sandbox.disk = space.reserve(space.sandbox_needs(config, sandbox.workdir), config.disk_margin_bytes)
+    try:
+        return _start_from(sandbox, record, files, folder)
+    except BaseException:
+        sandbox.disk.release()
+        raise
 
 
 def from_template(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
