@@ -415,3 +415,10 @@ def test_error_trim_keeps_head_and_last_frames() -> None:
     kept = outputs.trim_traceback(lines, 100_000)
     assert kept[0] == "Traceback header" and kept[-1] == "ValueError: last"
     assert "traceback lines" in kept[1] and sum(len(x) for x in kept) <= 100_000
+
+
+def test_a_cut_stream_keeps_its_name_and_the_marker_is_on_stderr() -> None:
+    """Text past the allowance: what is kept stays on stdout; nbexec's marker of what was cut is on stderr."""
+    cell, _ = run([stream("a" * 3000)], small(text=1000))
+    names = [(output.name, bool(output.text)) for output in cell.outputs]
+    assert names[0] == ("stdout", True) and ("stderr", True) in names[1:], names
