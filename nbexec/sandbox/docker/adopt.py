@@ -70,7 +70,7 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
     sandbox.container = container
     sandbox.data_fs = bool(record.get("data_fs")) and os.path.ismount(sandbox.data_dir)
     pid = container.attrs.get("State", {}).get("Pid")
-    sandbox.init_process = _identity(pid)
+    sandbox.init_process = daemon.process_identity(pid)
     if sandbox.init_process is not None:
         sandbox.freezer = datafs.Freezer.of_process(sandbox.init_process[0])
     try:
@@ -118,13 +118,3 @@ def _reconnect(sandbox: Sandbox) -> None:
     sandbox.client.interrupt()  # a cell its dead owner started: nobody waits for it
     sandbox.client.wait_ready(check)
     sandbox.client.wait_subscribed(check)
-
-
-def _identity(pid: Any) -> tuple[int, str] | None:
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return pid, fields[19]

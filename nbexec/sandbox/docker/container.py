@@ -189,7 +189,7 @@ class Sandbox(Sleeper):
         """Take ``container`` (started) as this sandbox's: its init process and its cgroup freezer."""
         self.container = container
         container.reload()
-        self.init_process = _process_identity(container.attrs.get("State", {}).get("Pid"))
+        self.init_process = daemon.process_identity(container.attrs.get("State", {}).get("Pid"))
         self.freezer = datafs.Freezer.of_process(self.init_process[0]) if self.init_process else None
 
     def connect_kernel(self) -> None:
@@ -331,7 +331,7 @@ class Sandbox(Sleeper):
         Uses the host's /proc when the engine is local; assumes alive when that cannot be known."""
         if self.init_process is None:
             return self.container is not None
-        return _process_identity(self.init_process[0]) == self.init_process
+        return daemon.process_identity(self.init_process[0]) == self.init_process
 
     def state(self) -> ContainerState:
         """Ask Docker whether the container still runs and how it ended."""
@@ -385,9 +385,3 @@ class Sandbox(Sleeper):
         remove_tree(self.workdir)
         if self.disk is not None:
             self.disk.release()
-
-
-def _process_identity(pid: Any) -> tuple[int, str] | None:
-    """(pid, boot id and start time) of a host process, or None when it does not exist here."""
-    start = daemon.process_start(pid) if isinstance(pid, int) and pid > 0 else None
-    return (pid, start) if start is not None else None

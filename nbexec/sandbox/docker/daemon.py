@@ -42,6 +42,13 @@ def owner() -> str:
     return f"{node()}:{os.getpid()}"
 
 
+def process_identity(pid: Any) -> tuple[int, str] | None:
+    """(pid, boot id and start time) of a host process, or None when it does not exist here: the one form a
+    sandbox's init process is recorded and compared in."""
+    start = process_start(pid) if isinstance(pid, int) and pid > 0 else None
+    return (pid, start) if start is not None else None
+
+
 def process_start(pid: int) -> str | None:
     """``"<boot id>/<start time in clock ticks>"`` of a process in this pid namespace, or None when none runs.
 

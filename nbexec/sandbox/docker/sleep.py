@@ -87,19 +87,9 @@ class Sleeper:
         except DockerError as exc:
             raise SandboxError(f"the sleeping sandbox could not be started again: {exc}") from exc
         pid = self.container.attrs.get("State", {}).get("Pid")
-        self.init_process = _identity(pid)
+        self.init_process = daemon.process_identity(pid)
         if self.init_process is not None:
             self.freezer = datafs.Freezer.of_process(self.init_process[0])
         self.connect_kernel()
         if self.egress is not None:
             egress.start_forwarder(self.client, self.config)
-
-
-def _identity(pid: Any) -> tuple[int, str] | None:
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return pid, fields[19]
