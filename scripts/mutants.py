@@ -73,6 +73,7 @@ SCOPE: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "node_files": ("nbexec/sandbox/remote/files.py", ("_parts",), True),
     "serving": ("nbexec/stores/serving.py", ("*",), True),
 }
+SPINNER = tuple("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")  # mutmut's progress frames, dropped from what a failure shows
 NOT_CAUGHT = ("survived", "no tests", "not checked", "skipped")
 
 
@@ -116,7 +117,9 @@ def mutmut(scratch: Path, names: list[str], children: int) -> None:
     done = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
                           env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_PROFILE": "mutants"})
     if done.returncode:
-        raise SystemExit(f"mutmut failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+        said = "\n".join(line for line in (done.stdout + done.stderr).replace("\r", "\n").splitlines()
+                         if line.strip() and not line.lstrip().startswith(SPINNER))
+        raise SystemExit(f"mutmut failed (exit {done.returncode}):\n{said[-8000:]}")
 
 
 def only_mutate(scratch: Path, files: set[str]) -> None:

@@ -47,7 +47,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
 
-from . import daemon, pool
+from . import daemon, leftovers, pool
 from .container import KERNEL_PORTS, Sandbox
 from .options import RUNTIME_MOUNT, Place, container_options
 from .workdir import claim_of
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 NAME = "nbexec"  # the checkpoint's name in Docker's data root
 CHECKPOINT_SLACK = 64 * 1024**2  # a checkpoint may be this much larger than the sandbox's memory limit
 RECORD_VERSION = 1
+_restoring = threading.Lock()  # two restores of one template in this process never share containerd's copy
 _SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
 _CHUNK = 1 << 20
 _probed: dict[str, bool] = {}
@@ -182,6 +183,7 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     log.debug("sandbox %s checkpointed in %.3f s", sandbox.id, time.monotonic() - started)
     with contextlib.suppress(DockerError), daemon.translated("remove a checkpointed sandbox"):
         sandbox.container.remove(force=True, v=True)
+    leftovers.stop_shim(sandbox.container.id)  # a re-checkpointed restored container's would stay
     sandbox.container = None
     if sandbox.disk is not None:  # no container now: the woken one is admitted again (restore)
         sandbox.disk.release()
@@ -232,9 +234,12 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
         _copy_in(folder / "checkpoint", target, files)
         fresh = {"key": sandbox.connection["key"], "session": secrets.token_hex(16)}
         _open_runtime(sandbox.runtime_dir, str(record["wake"]), json.dumps(fresh).encode())
-        with daemon.translated("restore a sandbox"):
-            response = client.api.post(client.api._url("/containers/{0}/start", container.id),
-                                       params={"checkpoint": NAME})
+        with _restoring, daemon.translated("restore a sandbox"):  # one at a time: a copy is removed once used
+            try:
+                response = client.api.post(client.api._url("/containers/{0}/start", container.id),
+                                           params={"checkpoint": NAME})
+            finally:
+                leftovers.remove_copies(files)  # containerd's copy of what it restored from
             client.api._raise_for_status(response)
         sandbox.attach(container)
         with daemon.translated("remove a restored checkpoint"):  # read; the next hibernate writes its own
