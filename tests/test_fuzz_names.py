@@ -297,7 +297,12 @@ file_names = st.lists(st.sampled_from(["a", "b.csv", "", ".", "..", "...", "é",
     ("../x", "'../x' is not a plain relative name inside /mnt/data"), ("", "'' is not a plain relative name"),
     ("a/..", "is not a plain relative name"), ("./.", "is not a plain relative name"),
     ("a/\x07", "'a/\\x07': name contains control characters"), ("x" * 1025, "name is longer than 1024 bytes"),
-    ("a/" + "y" * 1023, "name is longer than 1024 bytes"), ("\udcff", "name is not UTF-8")])
+    ("a/" + "y" * 1023, "name is longer than 1024 bytes"), ("\udcff", "name is not UTF-8"),
+    # absolute: under /mnt/data it is that name; anywhere else it is refused, never taken as relative
+    ("/mnt/data/a/b.csv", (b"a", b"b.csv")), ("\\mnt\\data\\c", (b"c",)),
+    ("/etc/x", "'/etc/x' is outside /mnt/data: give a name relative to it, like 'x'"),
+    ("\\etc\\x", "is outside /mnt/data"), ("/mnt/database", "is outside /mnt/data"), ("/", "is outside /mnt/data"),
+    ("/mnt/data", "is not a plain relative name"), ("/mnt/data/../x", "is not a plain relative name")])
 def test_relative_names_in_each_shape(name: str, parts: tuple[bytes, ...] | str) -> None:
     if isinstance(parts, tuple):
         assert transfer.relative_parts(name) == parts

@@ -26,6 +26,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXE
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 CHUNK = 1 << 20
+DATA_DIR = "/mnt/data"  # the sandbox's name for the folder every name here is inside
 
 
 def valid_name(raw: bytes) -> str | None:
@@ -110,7 +111,16 @@ def replace(folder: OutputFolder, name: str, content: bytes) -> Path:
     return folder.path / name
 
 def relative_parts(name: str) -> tuple[bytes, ...]:
-    parts = tuple(p for p in name.replace("\\", "/").split("/") if p not in ("", "."))
+    """The components of ``name`` inside /mnt/data: relative, or absolute under /mnt/data (``/mnt/data/x`` is
+    ``x``); any other absolute name is refused, never read as relative (``/etc/x`` is not ``etc/x``)."""
+    plain = name.replace("\\", "/")
+    if plain.startswith("/"):
+        inside = plain.removeprefix(DATA_DIR)
+        if inside == plain or inside[:1] not in ("", "/"):
+            raise FileTransferError(f"{name!r} is outside /mnt/data: give a name relative to it, like "
+                                    f"{plain.rstrip('/').rsplit('/', 1)[-1] or 'data.csv'!r}")
+        plain = inside
+    parts = tuple(p for p in plain.split("/") if p not in ("", "."))
     if not parts or any(p == ".." for p in parts):
         raise FileTransferError(f"{name!r} is not a plain relative name inside /mnt/data")
     raw = tuple(os.fsencode(p) for p in parts)
