@@ -133,6 +133,14 @@ def test_judgement(host: str, port: int, verdict: str) -> None:
     assert verdict in (reason or addresses[0]), (addresses, reason)
 
 
+def test_allows_judges_the_name_as_asked_before_any_lookup() -> None:
+    rules = egress.Allowlist.of(["api.example.com:443", "*.example.org"])
+    assert rules.allows("API.Example.com.", 443) and rules.allows("x.example.org", 80)
+    assert not rules.allows("api.example.com", 80) and not rules.allows("example.org", 80)
+    assert not rules.allows("x.example.org", 1)  # a rule without a port means 80 and 443
+    assert not rules.allows("bad name", 443) and not rules.allows("", 443)
+
+
 def test_config_fields_and_variables() -> None:
     config = from_env({"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": "api.example.com, *.example.org:443",
                        "NBEXEC_MAX_EGRESS": "1m", "NBEXEC_MAX_CONNECTIONS": "5"})

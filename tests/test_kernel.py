@@ -422,3 +422,23 @@ def test_a_cut_stream_keeps_its_name_and_the_marker_is_on_stderr() -> None:
     cell, _ = run([stream("a" * 3000)], small(text=1000))
     names = [(output.name, bool(output.text)) for output in cell.outputs]
     assert names[0] == ("stdout", True) and ("stderr", True) in names[1:], names
+
+
+def test_a_lone_surrogate_in_cut_text_is_replaced_not_a_crash() -> None:
+    """JSON may carry a lone surrogate (\\ud800): the parser makes it U+FFFD, so text past the allowance is cut
+    like any other (the cut's own surrogate handling is never reached: tests/mutants-equivalent.yaml)."""
+    raw = b'{"name": "stdout", "text": "' + b"ab\\ud800" * 400 + b'"}'
+    cell, outcome = run([msg("stream", raw)], small(text=1000))
+    kept = cell.outputs[0].text
+    assert kept.startswith("ab\ufffdab") and "\ud800" not in kept and 300 <= len(kept) <= 1000, len(kept)
+    assert json.dumps(kept, ensure_ascii=False).encode() and outcome.status != "error"
+
+
+def test_each_stream_piece_reaches_the_listener_with_its_name() -> None:
+    """What a caller watching the run sees (on_output): every piece, with the stream it was written to."""
+    seen: list[tuple[int, str, str]] = []
+    cell = NotebookNode(cell_type="code", source="", outputs=[], metadata={})
+    state = CellState(cell, 3, small(), lambda index, output: seen.append((index, output.name, output.text)))
+    for message in (stream("a"), stream("b", "stderr"), stream("c")):
+        kernel_protocol.dispatch(message, Execution(), state.add)
+    assert seen == [(3, "stdout", "a"), (3, "stderr", "b"), (3, "stdout", "c")]

@@ -44,6 +44,7 @@ def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
                           timeout=timeout)
 
 
+@pytest.mark.timeout(2400)  # the suite's 600 s is a cell's worth; this is the whole tier (about 7 minutes here)
 def test_a_fixed_sample_of_mutants_is_caught_or_explained() -> None:
     done = run("--tier", "ci", timeout=2400)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
@@ -51,6 +52,7 @@ def test_a_fixed_sample_of_mutants_is_caught_or_explained() -> None:
 
 
 @pytest.mark.load
+@pytest.mark.timeout(5400)
 def test_every_mutant_is_caught_or_explained() -> None:
     done = run("--strict", timeout=5400)
     assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]

@@ -107,6 +107,14 @@ def test_a_fetch_that_brings_something_else_is_refused() -> None:
         resolver.resolve([Requirement("a")], ANY, ENVIRONMENT, fetch, max_rounds=3)
 
 
+def test_a_fetch_that_brings_a_version_the_demand_refuses_is_refused() -> None:
+    def fetch(lines: list[str]) -> list[resolver.Fetched]:
+        return [resolver.Fetched("a-3-py3-none-any.whl", "a", "3", ())]
+
+    with pytest.raises(PackageError, match=r"^pip brought a 3, which <2 does not accept$"):
+        resolver.resolve([Requirement("a<2")], ANY, ENVIRONMENT, fetch, max_rounds=3)
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ("Name: a\nVersion: 1\n", None),
     ("Name: A_\nVersion: 1.0\n", "not what its file name says"),
