@@ -147,10 +147,10 @@ def _held(records: list[list[ledger.Held]]) -> dict[int, int]:
     return held
 
 
-def reserve(needs: Sequence[Need], margin: int) -> Reservation:
-    """Admit one sandbox: hold ``needs`` on their filesystems, or raise DiskSpaceError (nothing held) when one of
-    them has less free space, beyond what sandboxes admitted before (in any process) hold, than its needs plus
-    ``margin``."""
+def reserve(needs: Sequence[Need], margin: int, *, action: str = "start a sandbox") -> Reservation:
+    """Admit one sandbox (or one ``action`` of one): hold ``needs`` on their filesystems, or raise DiskSpaceError
+    (nothing held) when one of them has less free space, beyond what sandboxes admitted before (in any process)
+    hold, than its needs plus ``margin``."""
     placed = [(*_device(need.path), need) for need in needs if need.count > 0]
     with ledger.locked() as fd:
         held = _held(ledger.records(fd))
@@ -159,19 +159,19 @@ def reserve(needs: Sequence[Need], margin: int) -> Reservation:
             place = next(path for where, path, _ in placed if where == device)
             free = _free(place)
             if free - held.get(device, 0) < sum(need.count for need in mine) + margin:
-                raise _refusal(place, free, held.get(device, 0), mine, margin)
+                raise _refusal(place, free, held.get(device, 0), mine, margin, action)
         record = ledger.add(fd, [(where, need.count, None if need.grows is None else str(need.grows))
                                  for where, _, need in placed])
     return Reservation(record)
 
 
-def _refusal(place: Path, free: int, held: int, mine: list[Need], margin: int) -> DiskSpaceError:
+def _refusal(place: Path, free: int, held: int, mine: list[Need], margin: int, action: str) -> DiskSpaceError:
     wanted = sum(need.count for need in mine)
     what = " and ".join(f"{size(need.count)} for {need.what}" for need in mine)
-    message = (f"Not enough free disk to start a sandbox: the filesystem of {place} has {size(free)} free, "
+    message = (f"Not enough free disk to {action}: the filesystem of {place} has {size(free)} free, "
                f"{size(held)} of it held for sandboxes already running, and one more may write {what} there, plus "
                f"a margin of {size(margin)} (disk_margin). {KNOBS}")
-    reason = (f"the host is short of disk for another sandbox: it may write {size(wanted)} and {size(margin)} are "
+    reason = (f"the host is short of disk to {action}: it may write {size(wanted)} and {size(margin)} are "
               f"kept free, but only {size(max(0, free - held))} is free beyond what running sandboxes hold (max_data, "
               "disk_margin); try again later")
     return DiskSpaceError(message, reason)

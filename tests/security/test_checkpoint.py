@@ -168,6 +168,27 @@ def test_hibernate_and_wake_leave_no_copy_nor_process_on_the_host(runsc: nbexec.
     assert engine_processes_of(ids) == [], "an engine process of a removed container is still running"
 
 
+def test_a_checkpoint_the_disk_cannot_hold_is_refused_before_the_kernel_is_touched(
+        runsc: nbexec.SandboxConfig, tmp_path: Path, sandboxes: list[Sandbox]) -> None:
+    """The memory image (up to the memory limit) and the engine's copy of it are admitted like a sandbox's disk:
+    a host that cannot hold them refuses the hibernate with DiskSpaceError before anything changes; the sandbox
+    runs on with its state and nothing is written (the engine then replays, tests/security/test_durable_sleep.py)."""
+    checkpoint.supported(runsc)  # the probe's own sandbox fits: this one is judged on its own
+    free = shutil.disk_usage(tmp_path).free
+    config = runsc.replace(memory=f"{free // 1024**2}m", disk_margin=f"{max(0, free - 8 * 1024**3) // 1024**2}m",
+                           max_data="16m")  # starts (it may write ~100 MiB), cannot keep 2 x its memory limit
+    sandbox = pool.start_sandbox(config, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "x = 6")
+    folder = private_folder(tmp_path)
+    with pytest.raises(nbexec.DiskSpaceError, match="keep a sandbox's memory"):
+        LocalSource().hibernate(sandbox, folder)
+    assert run(sandbox, "print(x * 7)") == "42\n", "the kernel was asked to let go before the disk was admitted"
+    assert list(folder.iterdir()) == []
+    engines = Path(daemon.root_dir()) / "containers" / sandbox.container.id / "checkpoints"
+    assert not engines.exists() or list(engines.iterdir()) == []
+
+
 def test_a_hibernated_folder_is_private(runsc: nbexec.SandboxConfig, tmp_path: Path,
                                         sandboxes: list[Sandbox]) -> None:
     record, folder, sandbox = hibernated(runsc, tmp_path, sandboxes)

@@ -80,13 +80,15 @@ def test_replay_that_differs_is_reported(cleanup_ledger: None) -> None:
 
 
 def test_reaper_puts_idle_sessions_to_sleep(cleanup_ledger: None) -> None:
-    manager = SessionManager(cfg(), hibernate_after=0.5)
+    manager = SessionManager(cfg(), hibernate_after=0.5, max_sessions=3)
     try:
         sessions = [manager.create() for _ in range(3)]
         for number, session in enumerate(sessions):
             assert session.run(f"n = {number}").ok
         for session in sessions:
             wait_until(lambda s=session: s.status == "asleep", 60, "an idle session never went to sleep")
+        with pytest.raises(nbexec.SessionLimitError):  # asleep, they still hold their disk: they count
+            manager.create()
         for number, session in enumerate(sessions):
             result = session.run("print(n)")
             assert result.stdout == f"{number}\n" and result.restored == "replay"

@@ -148,11 +148,17 @@ def hibernate(sandbox: Sandbox, folder: Path) -> dict[str, Any] | None:
     (a TCP or UDP socket, a unix socket on a host mount): a checkpoint that fails kills the container."""
     if sandbox.config.network == "allowlist" or not supported(sandbox.config):
         return None
+    image = sandbox.config.memory_bytes + CHECKPOINT_SLACK  # DiskSpaceError before the kernel is asked anything
+    held = space.reserve([space.Need(folder, image, "its memory image (memory)"),
+                          space.Need(Path(daemon.root_dir()), image, "the engine's copy of its memory image")],
+                         sandbox.config.disk_margin_bytes, action="keep a sandbox's memory")
     try:
         return checkpoint(sandbox, folder)
     except Blocked as exc:  # the kernel was asked before anything changed: the sandbox runs on, untouched
         log.info("sandbox %s is not checkpointed: %s", sandbox.id, exc)
         return None
+    finally:
+        held.release()  # what was written is gone from the free space; nothing more is held
 
 
 def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
@@ -224,6 +230,9 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
     """Copy the checkpoint into a new container, start it from it with a fresh key and session id (every
     sandbox restored from one image gets its own), and reconnect."""
     config, client, container = sandbox.config, daemon.connect(), None
+    copies = space.reserve([space.Need(Path(daemon.root_dir()), sum(size for size, _ in files.values()) * 2,
+                                       "the engine's copies of the memory image it restores")],
+                           config.disk_margin_bytes, action="restore a sandbox's memory")
     sandbox.connection = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
                           "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
     try:
@@ -256,6 +265,8 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
                 container.remove(force=True, v=True)
         sandbox.container = None
         raise
+    finally:
+        copies.release()
     return sandbox
 
 
