@@ -309,3 +309,23 @@ def test_secrets_stay_out_of_reprs_and_errors(snap: tuple[Shared, str], azurite:
     with pytest.raises(nbexec.SnapshotError) as caught:
         store.open("alice", snapshot_id)
     assert KEY_HEX not in str(caught.value)
+
+
+def test_a_forged_manifest_is_refused_before_any_file_is_pulled(snap: tuple[Shared, str]) -> None:
+    """Whoever can write the store (but has no key) rewrites the manifest to admit a 48 MiB file: the signature is
+    checked before its sizes are trusted, so not one byte of the file is pulled."""
+    import hashlib
+
+    shared, snapshot_id = snap
+    blobs = shared.blobs(snapshot_id)
+    big = b"a" * (48 * 2**20)
+    body = json.loads(shared.read(blobs["manifest.json"]))
+    body["files"] = [{"name": "sub/data.bin", "size": len(big), "sha256": hashlib.sha256(big).hexdigest()}
+                     if f["name"] == "sub/data.bin" else f for f in body["files"]]
+    shared.write(blobs["manifest.json"], json.dumps(body, sort_keys=True).encode())
+    shared.write(blobs["files/sub/data.bin"], big)
+    lying = Lying(snapshotblobs.from_env(shared.env).space)
+    store = snapshotblobs.BlobSnapshotStore(lying, bytes.fromhex(KEY_HEX))
+    with pytest.raises(nbexec.SnapshotError, match="changed"):
+        store.open("alice", snapshot_id)
+    assert not [n for n in lying.pulled if n.endswith("/files/sub/data.bin")], lying.pulled
