@@ -38,14 +38,14 @@ from nbexec.errors import ConfigError, NbexecError, SessionLimitError, SnapshotE
 from nbexec.files import folders, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
-from nbexec.stores import blobspace
+from nbexec.stores import blobspace, s3
 from nbexec.stores.storage import AzureBlobSettings
 
 from . import snapshots
 from .snapshots import MAX_MANIFEST, MAX_SNAPSHOTS, Restored, SnapshotStore
 
 MIN_KEY_BYTES = 32
-KINDS = ("local", "azure")
+KINDS = ("local", "azure", "s3")
 _RAW = re.compile(r"[0-9a-f]{32}")
 _FIXED = ("manifest.json", "manifest.sig", "notebook.ipynb")
 
@@ -203,25 +203,32 @@ def _write(target: Path, name: str, chunks: Any) -> None:
 
 
 def from_env(environ: Mapping[str, str]) -> BlobSnapshotStore:
-    """The shared snapshot store NBEXEC_SNAPSHOT_STORE names (see .env.example): Azure reads the artifact store's
-    AZURE_STORAGE_* settings, NBEXEC_SNAPSHOT_CONTAINER (default nbexec-snapshots), NBEXEC_SNAPSHOT_PREFIX (default
-    snapshots) and NBEXEC_SNAPSHOT_KEY."""
+    """The shared snapshot store NBEXEC_SNAPSHOT_STORE names (see .env.example), keyed by NBEXEC_SNAPSHOT_KEY, under
+    NBEXEC_SNAPSHOT_PREFIX (default snapshots). Azure reads the artifact store's AZURE_STORAGE_* settings and
+    NBEXEC_SNAPSHOT_CONTAINER (default nbexec-snapshots, made on the first snapshot); S3 the S3 store's settings
+    (AWS_*) and NBEXEC_SNAPSHOT_BUCKET (default NBEXEC_S3_BUCKET; an existing bucket)."""
     kind = environ.get("NBEXEC_SNAPSHOT_STORE", "local")
-    if kind != "azure":
+    if kind not in KINDS[1:]:
         raise ConfigError(f"NBEXEC_SNAPSHOT_STORE={kind[:40]!r} is not one of {', '.join(KINDS)}")
     if environ.get("NBEXEC_SNAPSHOT_DIR"):
-        raise ConfigError("set NBEXEC_SNAPSHOT_DIR or NBEXEC_SNAPSHOT_STORE=azure, not both")
+        raise ConfigError(f"set NBEXEC_SNAPSHOT_DIR or NBEXEC_SNAPSHOT_STORE={kind}, not both")
     key = key_from(environ.get("NBEXEC_SNAPSHOT_KEY"))
     prefix = environ.get("NBEXEC_SNAPSHOT_PREFIX") or "snapshots"
     if not re.fullmatch(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*", prefix) or ".." in prefix.split("/"):
         raise ConfigError(f"NBEXEC_SNAPSHOT_PREFIX={prefix[:80]!r} is not a plain blob folder (letters, digits, "
                           "._- and single slashes)")
-    settings = AzureBlobSettings(
+    return BlobSnapshotStore(_space(kind, environ), key, prefix=prefix)
+
+
+def _space(kind: str, environ: Mapping[str, str]) -> blobspace.BlobSpace:
+    if kind == "s3":
+        bucket = environ.get("NBEXEC_SNAPSHOT_BUCKET") or environ.get("NBEXEC_S3_BUCKET") or ""
+        return blobspace.S3BlobSpace(s3.from_env({**environ, "NBEXEC_S3_BUCKET": bucket}))
+    return blobspace.AzureBlobSpace(AzureBlobSettings(
         connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
         account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
         account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
-        container=environ.get("NBEXEC_SNAPSHOT_CONTAINER") or "nbexec-snapshots")
-    return BlobSnapshotStore(blobspace.AzureBlobSpace(settings), key, prefix=prefix)
+        container=environ.get("NBEXEC_SNAPSHOT_CONTAINER") or "nbexec-snapshots"))
 
 
 def store_for(state_dir: str | Path | None,

@@ -1,4 +1,5 @@
-"""A private blob space: put, get (capped), list and delete blobs of one container, for snapshots shared by nodes.
+"""A private blob space: put, get (capped), list and delete blobs of one Azure container or S3 bucket, for snapshots
+shared by nodes.
 
 Unlike an artifact store nothing here makes a link: these blobs are never served. What is read is hostile (whoever
 can write the container can change it), so `get` is capped by the caller's limit twice: by the blob's size before
@@ -16,6 +17,7 @@ from typing import Any, BinaryIO, Protocol
 
 from nbexec.errors import StorageError
 
+from .s3 import S3Store
 from .serving import first_line
 from .storage import AzureBlobSettings
 
@@ -39,6 +41,13 @@ class BlobSpace(Protocol):
 
     def delete(self, name: str) -> None:
         """Remove blob ``name`` (nothing when it is already gone)."""
+
+
+def _admitted(name: str, size: int, limit: int) -> bool:
+    """Whether blob ``name`` of ``size`` bytes is worth reading (StorageError past ``limit``, before a byte)."""
+    if size > limit:
+        raise StorageError(f"{name} holds {size} bytes, more than the {limit} it may")
+    return size > 0
 
 
 def _azure() -> Any:
@@ -117,10 +126,7 @@ class AzureBlobSpace:
 
         try:
             client = self._client().get_blob_client(name)
-            size = int(client.get_blob_properties().size)
-            if size > limit:
-                raise StorageError(f"{name} holds {size} bytes, more than the {limit} it may")
-            if size == 0:
+            if not _admitted(name, int(client.get_blob_properties().size), limit):
                 return
             yield from client.download_blob(offset=0, length=limit + 1, max_concurrency=1).chunks()
         except AzureError as exc:
@@ -149,4 +155,64 @@ class AzureBlobSpace:
         except ResourceNotFoundError:
             pass
         except AzureError as exc:
+            raise self._failed(f"removing {name}", exc) from exc
+
+
+class S3BlobSpace:
+    """One existing S3 bucket (nbexec makes none), through the S3 artifact store's client (multipart uploads)."""
+
+    kind = "s3"
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+        self.bucket = store.settings.bucket
+
+    def __repr__(self) -> str:
+        return f"S3BlobSpace(bucket={self.bucket!r}, endpoint={self.store.settings.endpoint_url or 'aws'!r})"
+
+    def _failed(self, what: str, exc: Exception) -> StorageError:
+        return StorageError(f"{what} in S3 (bucket {self.bucket}) failed: {first_line(exc)}")
+
+    def put(self, name: str, content: BinaryIO, length: int) -> None:
+        self.store.upload(name, content, "application/octet-stream", length=length)
+
+    def get(self, name: str, limit: int) -> Iterator[bytes]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            client = self.store.client()
+            if not _admitted(name, int(client.head_object(Bucket=self.bucket, Key=name)["ContentLength"]), limit):
+                return
+            body = client.get_object(Bucket=self.bucket, Key=name, Range=f"bytes=0-{limit}")["Body"]
+            try:
+                yield from body.iter_chunks(CHUNK)
+            finally:
+                body.close()
+        except (BotoCoreError, ClientError) as exc:
+            raise self._failed(f"reading {name}", exc) from exc
+
+    def names(self, prefix: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        found: list[str] = []
+        try:
+            for page in self.store.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                                       Prefix=prefix):
+                found.extend(str(item["Key"]) for item in page.get("Contents", []))
+                if len(found) > MAX_LISTED:
+                    raise StorageError(f"more than {MAX_LISTED} blobs start with {prefix}")
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) in ("NoSuchBucket", "404"):
+                return []
+            raise self._failed(f"listing {prefix}", exc) from exc
+        except BotoCoreError as exc:
+            raise self._failed(f"listing {prefix}", exc) from exc
+        return found
+
+    def delete(self, name: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.store.client().delete_object(Bucket=self.bucket, Key=name)
+        except (BotoCoreError, ClientError) as exc:
             raise self._failed(f"removing {name}", exc) from exc
