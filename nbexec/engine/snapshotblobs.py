@@ -35,13 +35,13 @@ from nbformat import NotebookNode
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, NbexecError, SessionLimitError, SnapshotError, StorageError
-from nbexec.files import folders, transfer
+from nbexec.files import folders, space, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 from nbexec.stores import blobspace, s3
 from nbexec.stores.storage import AzureBlobSettings
 
-from . import snapshots
+from . import durable, snapshots
 from .snapshots import MAX_MANIFEST, MAX_SNAPSHOTS, Restored, SnapshotStore
 
 MIN_KEY_BYTES = 32
@@ -150,11 +150,17 @@ class BlobSnapshotStore:
         if listed != set(wanted):
             raise SnapshotError("the snapshot's blobs are not the ones its manifest names (added, removed or "
                                 "renamed): refused")
-        folders.make_output_dir(target, may_exist=False)
-        _write(target, "manifest.json", [manifest])
-        _write(target, "manifest.sig", [signature])
-        for name, (size, digest) in sorted(wanted.items()):
-            _write(target, name, self._checked(base, name, size, digest))
+        margin = durable.config_from(body["config"]).disk_margin_bytes
+        held = space.reserve([space.Need(target.parent.parent, sum(n for n, _ in wanted.values()) + len(manifest),
+                                         "a snapshot's download")], margin)  # admitted before a byte is written
+        try:
+            folders.make_output_dir(target, may_exist=False)
+            _write(target, "manifest.json", [manifest])
+            _write(target, "manifest.sig", [signature])
+            for name, (size, digest) in sorted(wanted.items()):
+                _write(target, name, self._checked(base, name, size, digest))
+        finally:
+            held.release()  # what was written is gone from the free space
 
     def _fetch(self, base: str, name: str, limit: int) -> bytes:
         return b"".join(self._checked(base, name, limit, None))

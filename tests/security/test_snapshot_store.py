@@ -362,3 +362,25 @@ def test_a_forged_manifest_is_refused_before_any_file_is_pulled(snap: tuple[Shar
     with pytest.raises(nbexec.SnapshotError, match="changed"):
         store.open("alice", snapshot_id)
     assert not [n for n in lying.pulled if n.endswith("/files/sub/data.bin")], lying.pulled
+
+
+def test_a_restore_is_admitted_on_disk_before_it_downloads(snap: tuple[Shared, str]) -> None:
+    """A (validly signed) snapshot whose config keeps more disk margin than the host has: DiskSpaceError before a
+    byte of its files is pulled or written, and no host copy left."""
+    import hashlib
+    import hmac
+
+    shared, snapshot_id = snap
+    blobs = shared.blobs(snapshot_id)
+    body = json.loads(shared.read(blobs["manifest.json"]))
+    body["config"]["disk_margin"] = "1000t"  # the host as if it had no room left
+    manifest = json.dumps(body, sort_keys=True).encode()
+    shared.write(blobs["manifest.json"], manifest)
+    shared.write(blobs["manifest.sig"], hmac.new(bytes.fromhex(KEY_HEX), manifest, hashlib.sha256).hexdigest().encode())
+    lying = Lying(snapshotblobs.from_env(shared.env).space)
+    store = snapshotblobs.BlobSnapshotStore(lying, bytes.fromhex(KEY_HEX))
+    before = staged()
+    with pytest.raises(nbexec.DiskSpaceError):
+        store.open("alice", snapshot_id)
+    assert not [n for n in lying.pulled if "/files/" in n or n.endswith("notebook.ipynb")], lying.pulled
+    assert staged() == before
