@@ -38,14 +38,14 @@ from nbexec.errors import ConfigError, NbexecError, SessionLimitError, SnapshotE
 from nbexec.files import folders, space, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
-from nbexec.stores import blobspace, s3
+from nbexec.stores import blobspace, gcs, s3
 from nbexec.stores.storage import AzureBlobSettings
 
 from . import durable, snapshots
 from .snapshots import MAX_MANIFEST, MAX_SNAPSHOTS, Restored, SnapshotStore
 
 MIN_KEY_BYTES = 32
-KINDS = ("local", "azure", "s3")
+KINDS = ("local", "azure", "s3", "gcs")
 _RAW = re.compile(r"[0-9a-f]{32}")
 _FIXED = ("manifest.json", "manifest.sig", "notebook.ipynb")
 
@@ -212,7 +212,8 @@ def from_env(environ: Mapping[str, str]) -> BlobSnapshotStore:
     """The shared snapshot store NBEXEC_SNAPSHOT_STORE names (see .env.example), keyed by NBEXEC_SNAPSHOT_KEY, under
     NBEXEC_SNAPSHOT_PREFIX (default snapshots). Azure reads the artifact store's AZURE_STORAGE_* settings and
     NBEXEC_SNAPSHOT_CONTAINER (default nbexec-snapshots, made on the first snapshot); S3 the S3 store's settings
-    (AWS_*) and NBEXEC_SNAPSHOT_BUCKET (default NBEXEC_S3_BUCKET; an existing bucket)."""
+    (AWS_*) and NBEXEC_SNAPSHOT_BUCKET (default NBEXEC_S3_BUCKET; an existing bucket); GCS the GCS store's
+    (GOOGLE_APPLICATION_CREDENTIALS, STORAGE_EMULATOR_HOST) and NBEXEC_SNAPSHOT_BUCKET (default NBEXEC_GCS_BUCKET)."""
     kind = environ.get("NBEXEC_SNAPSHOT_STORE", "local")
     if kind not in KINDS[1:]:
         raise ConfigError(f"NBEXEC_SNAPSHOT_STORE={kind[:40]!r} is not one of {', '.join(KINDS)}")
@@ -230,6 +231,9 @@ def _space(kind: str, environ: Mapping[str, str]) -> blobspace.BlobSpace:
     if kind == "s3":
         bucket = environ.get("NBEXEC_SNAPSHOT_BUCKET") or environ.get("NBEXEC_S3_BUCKET") or ""
         return blobspace.S3BlobSpace(s3.from_env({**environ, "NBEXEC_S3_BUCKET": bucket}))
+    if kind == "gcs":
+        bucket = environ.get("NBEXEC_SNAPSHOT_BUCKET") or environ.get("NBEXEC_GCS_BUCKET") or ""
+        return blobspace.GCSBlobSpace(gcs.from_env({**environ, "NBEXEC_GCS_BUCKET": bucket}))
     return blobspace.AzureBlobSpace(AzureBlobSettings(
         connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
         account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,

@@ -1,5 +1,5 @@
-"""A private blob space: put, get (capped), list and delete blobs of one Azure container or S3 bucket, for snapshots
-shared by nodes.
+"""A private blob space: put, get (capped), list and delete blobs of one Azure container, S3 or GCS bucket, for
+snapshots shared by nodes.
 
 Unlike an artifact store nothing here makes a link: these blobs are never served. What is read is hostile (whoever
 can write the container can change it), so `get` is capped by the caller's limit twice: by the blob's size before
@@ -17,6 +17,7 @@ from typing import Any, BinaryIO, Protocol
 
 from nbexec.errors import StorageError
 
+from .gcs import GCSStore
 from .s3 import S3Store
 from .serving import first_line
 from .storage import AzureBlobSettings
@@ -215,4 +216,65 @@ class S3BlobSpace:
         try:
             self.store.client().delete_object(Bucket=self.bucket, Key=name)
         except (BotoCoreError, ClientError) as exc:
+            raise self._failed(f"removing {name}", exc) from exc
+
+
+class GCSBlobSpace:
+    """One existing Google Cloud Storage bucket (nbexec makes none), through the GCS artifact store's client;
+    reads are ranged requests of at most `CHUNK` bytes each, never past the limit."""
+
+    kind = "gcs"
+
+    def __init__(self, store: GCSStore) -> None:
+        self.store = store
+        self.bucket = store.settings.bucket
+
+    def __repr__(self) -> str:
+        return f"GCSBlobSpace(bucket={self.bucket!r}, endpoint={self.store.settings.emulator_host or 'google'!r})"
+
+    def _failed(self, what: str, exc: Exception) -> StorageError:
+        return StorageError(f"{what} in Google Cloud Storage (bucket {self.bucket}) failed: {first_line(exc)}")
+
+    def put(self, name: str, content: BinaryIO, length: int) -> None:
+        self.store.upload(name, content, "application/octet-stream", length=length)
+
+    def get(self, name: str, limit: int) -> Iterator[bytes]:
+        from google.api_core.exceptions import GoogleAPIError
+
+        try:
+            blob = self.store.client().bucket(self.bucket).get_blob(name)
+            if blob is None:
+                raise StorageError(f"no blob {name}")
+            size = int(blob.size or 0)
+            if not _admitted(name, size, limit):
+                return
+            for start in range(0, min(size, limit + 1), CHUNK):
+                end = min(start + CHUNK, size, limit + 1) - 1
+                yield bytes(blob.download_as_bytes(start=start, end=end, checksum=None))
+        except GoogleAPIError as exc:
+            raise self._failed(f"reading {name}", exc) from exc
+
+    def names(self, prefix: str) -> list[str]:
+        from google.api_core.exceptions import GoogleAPIError, NotFound
+
+        found: list[str] = []
+        try:
+            for item in self.store.client().list_blobs(self.bucket, prefix=prefix):
+                if len(found) >= MAX_LISTED:
+                    raise StorageError(f"more than {MAX_LISTED} blobs start with {prefix}")
+                found.append(str(item.name))
+        except NotFound:
+            return []
+        except GoogleAPIError as exc:
+            raise self._failed(f"listing {prefix}", exc) from exc
+        return found
+
+    def delete(self, name: str) -> None:
+        from google.api_core.exceptions import GoogleAPIError, NotFound
+
+        try:
+            self.store.client().bucket(self.bucket).blob(name).delete()
+        except NotFound:
+            pass
+        except GoogleAPIError as exc:
             raise self._failed(f"removing {name}", exc) from exc

@@ -44,7 +44,7 @@ def cfg(**changes: Any) -> nbexec.SandboxConfig:
 @dataclass
 class Shared:
     """The blob settings both 'nodes' share (in this process's environment) and a client to tamper with the store
-    directly (Azure: a container; S3: a bucket)."""
+    directly (Azure: a container; S3, GCS: a bucket)."""
 
     kind: str
     env: dict[str, str]
@@ -57,18 +57,24 @@ class Shared:
         return {n.split(f"/{raw}/", 1)[1]: n for n in self.names() if f"/{raw}/" in n}
 
     def names(self) -> list[str]:
+        if self.kind == "gcs":
+            return [b.name for b in self.client.list_blobs(self.where)]
         if self.kind == "azure":
             return [b.name for b in self.client.list_blobs()] if self.client.exists() else []
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.where)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
     def read(self, name: str) -> bytes:
+        if self.kind == "gcs":
+            return bytes(self.client.bucket(self.where).blob(name).download_as_bytes())
         if self.kind == "azure":
             return bytes(self.client.download_blob(name).readall())
         return bytes(self.client.get_object(Bucket=self.where, Key=name)["Body"].read())
 
     def write(self, name: str, data: bytes) -> None:
-        if self.kind == "azure":
+        if self.kind == "gcs":
+            self.client.bucket(self.where).blob(name).upload_from_string(data)
+        elif self.kind == "azure":
             if not self.client.exists():
                 self.client.create_container()
             self.client.upload_blob(name, data, overwrite=True)
@@ -76,7 +82,9 @@ class Shared:
             self.client.put_object(Bucket=self.where, Key=name, Body=data)
 
     def delete(self, name: str) -> None:
-        if self.kind == "azure":
+        if self.kind == "gcs":
+            self.client.bucket(self.where).blob(name).delete()
+        elif self.kind == "azure":
             self.client.delete_blob(name)
         else:
             self.client.delete_object(Bucket=self.where, Key=name)
@@ -86,11 +94,11 @@ class Shared:
         self.delete(name)
 
     def untouched(self) -> bool:
-        """Nothing was made: no container (Azure), no object (S3: the bucket is the operator's)."""
+        """Nothing was made: no container (Azure), no object (S3, GCS: the bucket is the operator's)."""
         return not self.client.exists() if self.kind == "azure" else self.names() == []
 
 
-@pytest.fixture(params=["azure", "s3"])
+@pytest.fixture(params=["azure", "s3", "gcs"])
 def shared(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Shared:
     where = f"snap{time.time_ns()}"
     env = {"NBEXEC_SNAPSHOT_STORE": request.param, "NBEXEC_SNAPSHOT_KEY": KEY_HEX}
@@ -100,6 +108,16 @@ def shared(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> S
         azurite = request.getfixturevalue("azurite")
         env |= {"NBEXEC_SNAPSHOT_CONTAINER": where, "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
         client = BlobServiceClient.from_connection_string(azurite.connection_string).get_container_client(where)
+    elif request.param == "gcs":
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        emulator, key = request.getfixturevalue("gcs_emulator"), request.getfixturevalue("gcs_key")
+        env |= {"NBEXEC_SNAPSHOT_BUCKET": where, "STORAGE_EMULATOR_HOST": emulator.url,
+                "GOOGLE_APPLICATION_CREDENTIALS": str(key[0])}
+        cloudstores.gcs_bucket(emulator.url, where)
+        client = storage.Client(project="nbexec", credentials=AnonymousCredentials(),
+                                client_options={"api_endpoint": emulator.url})
     else:
         moto = request.getfixturevalue("moto_s3")
         env |= {"NBEXEC_SNAPSHOT_BUCKET": where, "AWS_ENDPOINT_URL_S3": moto.url, "AWS_REGION": "us-east-1",
@@ -159,6 +177,11 @@ def _flip(shared: Shared, name: str) -> None:
     shared.write(name, bytes(data))
 
 
+def _dots(shared: Shared, name: str) -> str:
+    """``name``; on GCS (whose emulator holds no name with ``..`` in it) with each ``..`` spelled ``%2E%2E``."""
+    return name.replace("..", "%2E%2E") if shared.kind == "gcs" else name
+
+
 def _base(shared: Shared, snapshot_id: str) -> str:
     return shared.blobs(snapshot_id)["manifest.json"].removesuffix("manifest.json")
 
@@ -171,10 +194,11 @@ TAMPER: dict[str, Callable[[Shared, str], str]] = {
     "blob-added": lambda s, i: (s.write(_base(s, i) + "files/extra.txt", b"more"), i)[1],
     "blob-removed": lambda s, i: (s.delete(s.blobs(i)["files/sub/data.bin"]), i)[1],
     "manifest-removed": lambda s, i: (s.delete(s.blobs(i)["manifest.json"]), i)[1],
-    "name-dotdot": lambda s, i: (s.rename(s.blobs(i)["files/note.txt"], _base(s, i) + "files/sub\\..\\note.txt"), i)[1],
+    "name-dotdot": lambda s, i: (s.rename(s.blobs(i)["files/note.txt"],
+                                          _base(s, i) + _dots(s, "files/sub\\..\\note.txt")), i)[1],
     "name-slash": lambda s, i: (s.rename(s.blobs(i)["files/sub/data.bin"], _base(s, i) + "files/sub//data.bin"),
                                 i)[1],
-    "name-escapes": lambda s, i: (s.write(_base(s, i) + "files\\..\\..\\..\\escape.txt", b"x"), i)[1],
+    "name-escapes": lambda s, i: (s.write(_base(s, i) + _dots(s, "files\\..\\..\\..\\escape.txt"), b"x"), i)[1],
     "blob-larger": lambda s, i: (s.write(s.blobs(i)["files/sub/data.bin"], b"a" * 5000), i)[1],
     "blob-shorter": lambda s, i: (s.write(s.blobs(i)["files/sub/data.bin"], b"a" * 999), i)[1],
     "blob-empty": lambda s, i: (s.write(s.blobs(i)["files/note.txt"], b""), i)[1],
