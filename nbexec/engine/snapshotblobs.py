@@ -84,9 +84,7 @@ class BlobSnapshotStore:
         return f"{self.prefix}/{tag}/"
 
     def count(self, owner: str) -> int:
-        folder = self._folder(owner)
-        return len({n[len(folder):].split("/", 1)[0] for n in self.space.names(folder)
-                    if _RAW.fullmatch(n[len(folder):].split("/", 1)[0])})
+        return sum(1 for name in self.space.folders(self._folder(owner)) if _RAW.fullmatch(name))
 
     def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
         """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner`` into the blob store; its id."""

@@ -40,6 +40,9 @@ class BlobSpace(Protocol):
     def names(self, prefix: str) -> list[str]:
         """The names of the blobs that start with ``prefix`` (StorageError past `MAX_LISTED`)."""
 
+    def folders(self, prefix: str) -> list[str]:
+        """The next name parts (up to a ``/``) below ``prefix``: its sub-folders (StorageError past `MAX_LISTED`)."""
+
     def delete(self, name: str) -> None:
         """Remove blob ``name`` (nothing when it is already gone)."""
 
@@ -49,6 +52,14 @@ def _admitted(name: str, size: int, limit: int) -> bool:
     if size > limit:
         raise StorageError(f"{name} holds {size} bytes, more than the {limit} it may")
     return size > 0
+
+
+def _folders(prefix: str, found: list[str]) -> list[str]:
+    """The folder names (``<prefix><name>/``) of a delimited listing, without the prefix and the slash."""
+    names = [f[len(prefix):-1] for f in found if f.startswith(prefix) and f.endswith("/")]
+    if len(names) > MAX_LISTED:
+        raise StorageError(f"more than {MAX_LISTED} folders start with {prefix}")
+    return names
 
 
 def _azure() -> Any:
@@ -148,6 +159,17 @@ class AzureBlobSpace:
             raise self._failed(f"listing {prefix}", exc) from exc
         return found
 
+    def folders(self, prefix: str) -> list[str]:
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        try:
+            found = [str(item.name) for item in self._client().walk_blobs(name_starts_with=prefix, delimiter="/")]
+        except ResourceNotFoundError:
+            return []
+        except AzureError as exc:
+            raise self._failed(f"listing {prefix}", exc) from exc
+        return _folders(prefix, found)
+
     def delete(self, name: str) -> None:
         from azure.core.exceptions import AzureError, ResourceNotFoundError
 
@@ -210,6 +232,21 @@ class S3BlobSpace:
             raise self._failed(f"listing {prefix}", exc) from exc
         return found
 
+    def folders(self, prefix: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            pages = self.store.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                                  Delimiter="/")
+            found = [str(p["Prefix"]) for page in pages for p in page.get("CommonPrefixes", [])]
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) in ("NoSuchBucket", "404"):
+                return []
+            raise self._failed(f"listing {prefix}", exc) from exc
+        except BotoCoreError as exc:
+            raise self._failed(f"listing {prefix}", exc) from exc
+        return _folders(prefix, found)
+
     def delete(self, name: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -268,6 +305,20 @@ class GCSBlobSpace:
         except GoogleAPIError as exc:
             raise self._failed(f"listing {prefix}", exc) from exc
         return found
+
+    def folders(self, prefix: str) -> list[str]:
+        from google.api_core.exceptions import GoogleAPIError, NotFound
+
+        try:
+            listing = self.store.client().list_blobs(self.bucket, prefix=prefix, delimiter="/")
+            for _ in listing.pages:
+                pass  # the folders arrive with the pages
+            found = [str(p) for p in listing.prefixes]
+        except NotFound:
+            return []
+        except GoogleAPIError as exc:
+            raise self._failed(f"listing {prefix}", exc) from exc
+        return _folders(prefix, found)
 
     def delete(self, name: str) -> None:
         from google.api_core.exceptions import GoogleAPIError, NotFound
