@@ -408,3 +408,18 @@ def test_a_restore_is_admitted_on_disk_before_it_downloads(snap: tuple[Shared, s
         store.open("alice", snapshot_id)
     assert not [n for n in lying.pulled if "/files/" in n or n.endswith("notebook.ipynb")], lying.pulled
     assert staged() == before
+
+
+def test_serve_refuses_to_start_with_a_shared_store_and_a_short_key(tmp_path: Path) -> None:
+    """`nbexec serve` with NBEXEC_SNAPSHOT_STORE=azure and a 6-byte key: a usage error at start that names the
+    setting and does not echo the key (not a failure at the first snapshot)."""
+    from ..azurite import free_port
+
+    env = {**os.environ, "NBEXEC_SNAPSHOT_STORE": "azure", "NBEXEC_SNAPSHOT_KEY": "deadbeefcafe",
+           "AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
+    env.pop("NBEXEC_SNAPSHOT_DIR", None)
+    done = subprocess.run([sys.executable, "-m", "nbexec.cli", "serve", "--no-auth", "--host", "127.0.0.1",
+                           "--port", str(free_port())], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "NBEXEC_SNAPSHOT_KEY" in done.stderr and "deadbeefcafe" not in done.stderr
