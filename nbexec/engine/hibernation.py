@@ -30,7 +30,7 @@ from nbexec.files.statefolder import StateFolder
 from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 
-from . import snapshots
+from . import snapshotblobs, snapshots
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound="Hibernation")
@@ -170,8 +170,8 @@ class Hibernation:
         with self._lock:
             self.start()
             assert self._sandbox is not None
-            return snapshots.store_for(self.state_dir, snapshot_dir).take(self.owner, self.config, self.notebook,
-                                                                          self._sandbox)
+            store = snapshotblobs.store_for(self.state_dir, snapshot_dir)
+            return store.take(self.owner, self.config, self.notebook, self._sandbox)
 
     def fork(self: S, *, snapshot_dir: str | Path | None = None, **options: Any) -> S:
         """A new session from a snapshot of this one (its files, and its memory by replay)."""
@@ -185,7 +185,14 @@ class Hibernation:
         """A new session started from snapshot ``snapshot_id`` of ``owner``: its files checked and put into
         /mnt/data, its notebook's executed cells replayed; the first run says ``restored="replay"`` and names
         any cell that replayed otherwise. SnapshotError for an unknown, another owner's or tampered snapshot."""
-        restored = snapshots.store_for(options.get("state_dir"), snapshot_dir).open(owner, snapshot_id)
+        restored = snapshotblobs.store_for(options.get("state_dir"), snapshot_dir).open(owner, snapshot_id)
+        try:
+            return cls._restored(restored, owner, options)
+        finally:
+            restored.release()  # a blob store's private download is gone once the files are in (or refused)
+
+    @classmethod
+    def _restored(cls: type[S], restored: snapshots.Restored, owner: str, options: dict[str, Any]) -> S:
         session = cls(restored.config, owner=owner, **options)  # type: ignore[call-arg]
         try:
             session.start()

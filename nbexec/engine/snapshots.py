@@ -54,16 +54,23 @@ class Restored:
     notebook: NotebookNode
     files: list[tuple[str, int, str]]  # (name in /mnt/data, size, sha256)
     open_file: Callable[[str], BinaryIO]  # a file's host copy, opened without following any link
+    release: Callable[[], None] = lambda: None  # drops the host copy (a blob store's private download)
 
 
 class SnapshotStore:
     """A private folder of snapshots (see the module docstring)."""
 
-    def __init__(self, root: Path, max_snapshots: int = MAX_SNAPSHOTS) -> None:
+    def __init__(self, root: Path, max_snapshots: int = MAX_SNAPSHOTS, *, key: bytes | None = None) -> None:
         self.root = Path(root)
         self.max_snapshots = max_snapshots
+        self._given_key = key  # a shared key from configuration (a blob store's staging); else the folder's own
+
+    def __repr__(self) -> str:
+        return f"SnapshotStore({str(self.root)!r})"
 
     def _key(self) -> bytes:
+        if self._given_key is not None:
+            return self._given_key
         path = self._private_root() / "key"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -89,9 +96,6 @@ class SnapshotStore:
             raise SnapshotError(f"the snapshot folder {self.root} must be private (0700)")
         return self.root
 
-    def _mac(self, key: bytes, owner: str, raw: str) -> str:
-        return hmac.new(key, f"snapshot\0{owner}\0{raw}".encode(), hashlib.sha256).hexdigest()[:32]
-
     # -- making -----------------------------------------------------------------------------------
 
     def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
@@ -100,7 +104,7 @@ class SnapshotStore:
         if self.count(owner) >= self.max_snapshots:
             raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
         raw = secrets.token_hex(16)
-        snapshot_id = f"{raw}.{self._mac(key, owner, raw)}"
+        snapshot_id = f"{raw}.{mac(key, owner, raw)}"
         # Admitted before a byte is written: its files (max_data) and notebook (the output budgets) plus the margin.
         held = space.reserve([space.Need(self.root, config.max_data_bytes + 2 * (
             config.max_output_bytes + config.max_display_bytes), "a snapshot of /mnt/data and the notebook")],
@@ -148,10 +152,7 @@ class SnapshotStore:
     # -- restoring --------------------------------------------------------------------------------
 
     def _check_id(self, owner: str, snapshot_id: str) -> str:
-        found = _ID.fullmatch(snapshot_id) if isinstance(snapshot_id, str) else None
-        if found is None or not hmac.compare_digest(found[2], self._mac(self._key(), owner, found[1])):
-            raise SnapshotError(f"no snapshot {str(snapshot_id)[:80]!r} of yours")
-        return found[1]
+        return raw_of(self._key(), owner, snapshot_id)
 
     def _read(self, raw: str, name: str, limit: int) -> bytes:
         try:
@@ -205,6 +206,19 @@ class SnapshotStore:
         except (OSError, NbexecError):
             raise SnapshotError(f"the snapshot's file {name[:200]!r} is missing or was replaced: refused") from None
         return os.fdopen(fd, "rb")
+
+
+def mac(key: bytes, owner: str, raw: str) -> str:
+    """The second half of a snapshot id: ``raw`` bound to ``owner`` under ``key``."""
+    return hmac.new(key, f"snapshot\0{owner}\0{raw}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def raw_of(key: bytes, owner: str, snapshot_id: str) -> str:
+    """The random part of ``snapshot_id`` when it is ``owner``'s under ``key``; else SnapshotError ("no snapshot")."""
+    found = _ID.fullmatch(snapshot_id) if isinstance(snapshot_id, str) else None
+    if found is None or not hmac.compare_digest(found[2], mac(key, owner, found[1])):
+        raise SnapshotError(f"no snapshot {str(snapshot_id)[:80]!r} of yours")
+    return found[1]
 
 
 def _check(handle: BinaryIO, name: str, size: int, digest: str) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbexec.config import SandboxConfig
+from nbexec.engine import snapshotblobs
 from nbexec.errors import ConfigError
 from nbexec.stores.storage import ArtifactStore
 
@@ -38,6 +39,7 @@ class ServerSettings:
             raise ConfigError("API tokens must be at least 16 characters long")
         if self.result_ttl <= 0 or self.keepalive <= 0:
             raise ConfigError("result_ttl and keepalive must be above 0 seconds")
+        snapshotblobs.store_for(self.state_dir)  # a shared snapshot store without its key fails the start
 
 
 def _seconds(name: str, raw: str) -> float | None:

@@ -124,6 +124,10 @@ class GCSStore:
                 self._storage, self._signer = client, signer
             return self._storage, self._signer
 
+    def client(self) -> Any:
+        """The storage client of this store (made once; tokens kept out of its logs)."""
+        return self._client()[0]
+
     def check(self) -> None:
         """Reach the bucket now, before any code runs: a missing extra, an unusable key, refused credentials and
         a missing bucket raise ConfigError; a service that does not answer StorageError."""

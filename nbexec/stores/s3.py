@@ -116,6 +116,10 @@ class S3Store:
                     raise ConfigError(f"AWS_ENDPOINT_URL_S3 is not usable: {serving.first_line(exc)}") from exc
             return self._s3
 
+    def client(self) -> Any:
+        """The boto3 S3 client of this store (made once; secrets kept out of its logs)."""
+        return self._client()
+
     def _where(self) -> str:
         return f"S3 (bucket {self.settings.bucket} at {self.settings.endpoint_url or 'AWS'})"
 
