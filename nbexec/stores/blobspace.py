@@ -20,7 +20,7 @@ from nbexec.errors import StorageError
 from .gcs import GCSStore
 from .s3 import S3Store
 from .serving import first_line
-from .storage import AzureBlobSettings
+from .storage import AzureBlobSettings, azure_service
 
 CHUNK = 1 << 20  # the most one read of a blob holds in memory
 MAX_LISTED = 10_000
@@ -62,16 +62,6 @@ def _folders(prefix: str, found: list[str]) -> list[str]:
     return names
 
 
-def _azure() -> Any:
-    try:
-        import azure.storage.blob as blob
-    except ImportError as exc:
-        from nbexec.errors import ConfigError
-
-        raise ConfigError("snapshots in Azure need the azure extra: pip install 'nbexec-sandbox[azure]'") from exc
-    return blob
-
-
 class AzureBlobSpace:
     """One Azure Blob container (made on the first put; reads never make it)."""
 
@@ -84,38 +74,14 @@ class AzureBlobSpace:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"AzureBlobSpace(account={self.account_name()!r}, container={self.settings.container!r})"
-
-    def account_name(self) -> str:
-        if self.settings.account_name:
-            return self.settings.account_name
-        parts = dict(p.split("=", 1) for p in (self.settings.connection_string or "").split(";") if "=" in p)
-        return parts.get("AccountName", "")
+        return f"AzureBlobSpace(account={self.settings.account!r}, container={self.settings.container!r})"
 
     def _client(self) -> Any:
         with self._lock:
             if self._container is None:
-                blob = _azure()
-                retry = blob.ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=self.settings.retries,
-                                              random_jitter_range=1)
-                options = {"retry_policy": retry, "connection_timeout": self.settings.timeout_s,
-                           "read_timeout": self.settings.timeout_s, "max_single_get_size": CHUNK,
-                           "max_chunk_get_size": CHUNK}
-                if self.settings.connection_string:
-                    service = blob.BlobServiceClient.from_connection_string(self.settings.connection_string,
-                                                                            **options)
-                else:
-                    url = f"https://{self.settings.account_name}.blob.core.windows.net"
-                    service = blob.BlobServiceClient(url, credential=self._credential(), **options)
+                service = azure_service(self.settings, max_single_get_size=CHUNK, max_chunk_get_size=CHUNK)
                 self._container = service.get_container_client(self.settings.container)
             return self._container
-
-    def _credential(self) -> Any:
-        if self.settings.account_key:
-            return {"account_name": self.settings.account_name, "account_key": self.settings.account_key}
-        from azure.identity import DefaultAzureCredential
-
-        return DefaultAzureCredential()
 
     def _failed(self, what: str, exc: Exception) -> StorageError:
         return StorageError(f"{what} in Azure Blob Storage (container {self.settings.container}) failed: "

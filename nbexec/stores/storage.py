@@ -94,13 +94,46 @@ class AzureBlobSettings:
                               "digits and single hyphens)")
         link_expiry(self.sas_expiry_s, variable="the SAS expiry (NBEXEC_LINK_EXPIRY)")
 
+    @property
+    def account(self) -> str:
+        """The account's name: given, or read from the connection string ("" when neither says)."""
+        if self.account_name:
+            return self.account_name
+        parts = dict(p.split("=", 1) for p in (self.connection_string or "").split(";") if "=" in p)
+        return parts.get("AccountName", "")
+
 
 def _azure() -> Any:
     try:
         import azure.storage.blob as blob
     except ImportError as exc:
-        raise ConfigError("Azure uploads need the azure extra: pip install 'nbexec-sandbox[azure]'") from exc
+        raise ConfigError("Azure Blob Storage needs the azure extra: pip install 'nbexec-sandbox[azure]'") from exc
     return blob
+
+
+def azure_service(settings: AzureBlobSettings, **options: Any) -> Any:
+    """A BlobServiceClient for ``settings`` with nbexec's retries and timeouts (``options`` added to them): the
+    connection string, else the account URL with its key or azure-identity's DefaultAzureCredential."""
+    blob = _azure()
+    retry = blob.ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=settings.retries,
+                                  random_jitter_range=1)
+    options = {"retry_policy": retry, "connection_timeout": settings.timeout_s, "read_timeout": settings.timeout_s,
+               **options}
+    if settings.connection_string:
+        return blob.BlobServiceClient.from_connection_string(settings.connection_string, **options)
+    url = f"https://{settings.account_name}.blob.core.windows.net"
+    return blob.BlobServiceClient(url, credential=_credential(settings), **options)
+
+
+def _credential(settings: AzureBlobSettings) -> Any:
+    if settings.account_key:
+        return {"account_name": settings.account_name, "account_key": settings.account_key}
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError as exc:
+        raise ConfigError("without AZURE_STORAGE_ACCOUNT_KEY, Azure Blob Storage needs azure-identity "
+                          "(pip install 'nbexec-sandbox[azure]') for DefaultAzureCredential") from exc
+    return DefaultAzureCredential()
 
 
 class AzureBlobStore:
@@ -121,39 +154,13 @@ class AzureBlobStore:
         return self.settings.prefix
 
     def __repr__(self) -> str:
-        return f"AzureBlobStore(account={self._account_name()!r}, container={self.settings.container!r})"
-
-    def _account_name(self) -> str:
-        if self.settings.account_name:
-            return self.settings.account_name
-        parts = dict(p.split("=", 1) for p in (self.settings.connection_string or "").split(";") if "=" in p)
-        return parts.get("AccountName", "")
+        return f"AzureBlobStore(account={self.settings.account!r}, container={self.settings.container!r})"
 
     def _client(self) -> Any:
         with self._lock:
             if self._service is None:
-                blob = _azure()
-                retry = blob.ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=self.settings.retries,
-                                              random_jitter_range=1)
-                options = {"retry_policy": retry, "connection_timeout": self.settings.timeout_s,
-                           "read_timeout": self.settings.timeout_s}
-                if self.settings.connection_string:
-                    self._service = blob.BlobServiceClient.from_connection_string(
-                        self.settings.connection_string, **options)
-                else:
-                    url = f"https://{self.settings.account_name}.blob.core.windows.net"
-                    self._service = blob.BlobServiceClient(url, credential=self._credential(), **options)
+                self._service = azure_service(self.settings)
             return self._service
-
-    def _credential(self) -> Any:
-        if self.settings.account_key:
-            return {"account_name": self.settings.account_name, "account_key": self.settings.account_key}
-        try:
-            from azure.identity import DefaultAzureCredential
-        except ImportError as exc:
-            raise ConfigError("without AZURE_STORAGE_ACCOUNT_KEY, uploads need azure-identity "
-                              "(pip install 'nbexec-sandbox[azure]') for DefaultAzureCredential") from exc
-        return DefaultAzureCredential()
 
     def _account_key(self) -> str | None:
         if self.settings.account_key:
@@ -165,7 +172,7 @@ class AzureBlobStore:
         blob = _azure()
         now = dt.datetime.now(dt.timezone.utc)
         expiry = now + dt.timedelta(seconds=self.settings.sas_expiry_s)
-        common = {"account_name": self._account_name(), "container_name": self.settings.container,
+        common = {"account_name": self.settings.account, "container_name": self.settings.container,
                   "blob_name": blob_name, "permission": blob.BlobSasPermissions(read=True), "expiry": expiry,
                   "start": now - dt.timedelta(minutes=5)}
         key = self._account_key()
@@ -183,7 +190,7 @@ class AzureBlobStore:
         _azure()
         from azure.core.exceptions import AzureError, HttpResponseError
 
-        where = f"Azure Blob Storage (account {self._account_name() or '?'}, container {self.settings.container})"
+        where = f"Azure Blob Storage (account {self.settings.account or '?'}, container {self.settings.container})"
         try:
             self._ensure_container()
         except HttpResponseError as exc:
