@@ -140,6 +140,34 @@ class Allowlist:
             raise ConfigError(f"a sandbox holds at most {MAX_RULES} allowlist rules (its first ones and every change)")
         return Allowlist([rule for rule, _ in pairs], self.resolver, [verdict for _, verdict in pairs])
 
+    def to_json(self) -> list[dict[str, object]]:
+        """The rules and their verdicts, for `from_json` (what a sandbox keeps across a sleep or its owner's death)."""
+        return [{"host": rule.host, "ports": None if rule.ports is None else list(rule.ports), "allow": verdict}
+                for rule, verdict in zip(self.rules, self.verdicts, strict=True)]
+
+    @classmethod
+    def from_json(cls, data: object, first: Sequence[str], *, widen: bool) -> Allowlist:
+        """The rules `to_json` wrote, each checked by the grammar again and, unless ``widen``, every allowing one
+        within ``first`` (the rules the sandbox started with); ConfigError for anything else."""
+        if not isinstance(data, list) or len(data) > MAX_RULES:
+            raise ConfigError("the kept allowlist is not a list of at most MAX_RULES rules")
+        rules, verdicts = [], []
+        for item in data:
+            host, ports, verdict = (item.get(k) for k in ("host", "ports", "allow")) if isinstance(item, dict) \
+                else (None, None, None)
+            if not isinstance(host, str) or not isinstance(verdict, bool) or not (ports is None or (
+                    isinstance(ports, list) and ports and all(type(p) is int for p in ports))):
+                raise ConfigError("the kept allowlist holds a rule nbexec did not write")
+            shown = f"[{host}]" if ":" in host else host
+            texts = [f"{shown}:*"] if ports is None else [f"{shown}:{port}" for port in ports]
+            parsed = [parse_rule(text) for text in texts]
+            if verdict and not widen and widening(first, texts):
+                raise ConfigError(f"the kept allowlist reaches past the hosts the sandbox started with ({host[:100]})")
+            kept = None if ports is None else tuple(port for rule in parsed for port in rule.ports or ())
+            rules.append(Rule(parsed[0].host, kept))
+            verdicts.append(verdict)
+        return cls(rules, verdicts=verdicts)
+
     def match(self, host: str, port: int) -> Rule | None:
         """The newest rule that matches, when it allows (None: no rule matches, or the newest denies)."""
         for rule, verdict in zip(reversed(self.rules), reversed(self.verdicts), strict=True):

@@ -213,6 +213,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             self._closed = True
             sandbox, self._sandbox = self._sandbox, None
         reaper.forget(self)
+        if self._asleep == "checkpoint" and self._memory is not None and self._memory_dir is not None:
+            self._source().discard(self._memory, self._memory_dir)  # its files and memory, not woken
         self.forget_memory()
         if self._state is not None:
             durable.forget(self._state, self.id)

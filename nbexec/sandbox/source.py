@@ -14,8 +14,9 @@ source whose sandboxes do not run on this host (a config with ``input_dir`` is t
 Durable sessions: ``acquire(..., claim=...)`` marks a sandbox a state folder keeps past this process,
 ``handle.describe()`` is a record that finds it again, ``adopt(config, record)`` connects to it from a new
 process. Memory kept across a sleep (durable sessions): ``hibernate(handle, folder)`` stops a sandbox keeping its memory
-in a folder and returns a record to ``wake(config, record, folder)`` it from; the defaults here say "not
-supported" (None, SandboxError) and the engine then brings memory back by replaying the session's cells.
+in a folder and returns a record to ``wake(config, record, folder)`` it from (or to ``discard`` it when its session
+closes asleep); the defaults here say "not supported" (None, SandboxError) and the engine then brings memory back by
+replaying the session's cells.
 
 ``SandboxHandle``: what a sandbox offers. No method hands out a host path, so a sandbox whose kernel and files
 live on another machine implements it over the network: kernel operations (``run``, ``run_hidden``,
@@ -222,3 +223,7 @@ class SandboxSource(Protocol):
     def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
         """A running sandbox from a record ``hibernate`` returned (raises SandboxError when it cannot)."""
         raise SandboxError("this sandbox source cannot restore memory")
+
+    def discard(self, record: dict[str, Any], folder: Path) -> None:
+        """Remove what a ``hibernate`` record keeps, without waking it (its session is closed): the sandbox's
+        files, and its memory wherever the source kept it (``folder`` itself is the caller's)."""

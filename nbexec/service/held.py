@@ -1,6 +1,10 @@
 """The sandboxes a node holds for library clients (`nbexec.sandbox.remote`): each belongs to the client that made
 it (its owner, as the gateway authenticated it: a token, or a router's signed client), is used by one call at a
-time, and is released when its client deletes it, after ``ttl`` seconds idle, or at shutdown. Thread-safe."""
+time, and is released when its client deletes it, after ``ttl`` seconds idle, or at shutdown. Thread-safe.
+
+A held sandbox may sleep (`nbexec.service.sleeping`): ``asleep`` says how it will wake ("replay": its container
+stopped, its kernel started fresh by ``awake``; "checkpoint": its memory kept in ``memory_dir`` on this node, its
+container gone until ``wake``). Releasing a sleeping one removes what it keeps, its memory too."""
 
 from __future__ import annotations
 
@@ -11,9 +15,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from nbexec.errors import SessionError, SessionLimitError
 from nbexec.files import artifacts
+from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,12 @@ class Entry:
     wheel_bytes: int = 0
     wheel_count: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    asleep: str = ""  # "", "replay" or "checkpoint" (see the module docstring)
+    memory: dict[str, Any] | None = None  # the source's record of the kept memory ("checkpoint")
+    memory_dir: Path | None = None  # where this node keeps it: private, removed once woken or released
+
+
+Owned = Callable[..., Entry]  # (who, sandbox_id, *, asleep_too=False): 404 for another's, 409 for one asleep
 
 
 class Held:
@@ -87,7 +100,7 @@ class Held:
             if entry is None or entry.owner != who:
                 return False
             del self._entries[sandbox_id]
-        self._release(entry.handle, entry.purpose != "oneshot")
+        self._let_go(entry, entry.purpose != "oneshot")
         return True
 
     def reap(self, now: float | None = None) -> int:
@@ -98,7 +111,7 @@ class Held:
             gone = [self._entries.pop(k) for k in idle]
         for entry in gone:
             log.info("releasing a sandbox of %s after %.0f s idle", entry.owner[:12], now - entry.last)
-            self._release(entry.handle, True)
+            self._let_go(entry, True)
         return len(gone)
 
     def close(self) -> None:
@@ -107,7 +120,17 @@ class Held:
             self._closed = True
             gone, self._entries = list(self._entries.values()), {}
         for entry in gone:
+            if not entry.asleep:
+                with contextlib.suppress(Exception):
+                    entry.handle.interrupt()
             with contextlib.suppress(Exception):
-                entry.handle.interrupt()
-            with contextlib.suppress(Exception):
-                self._release(entry.handle, True)
+                self._let_go(entry, True)
+
+    def _let_go(self, entry: Entry, wait: bool) -> None:
+        """Release ``entry``'s sandbox, and the memory it kept asleep."""
+        folder, entry.memory_dir, entry.memory = entry.memory_dir, None, None
+        try:
+            self._release(entry.handle, wait)
+        finally:
+            if folder is not None:
+                remove_tree(folder)

@@ -34,8 +34,8 @@ from nbexec.errors import NbexecError, PackageError, ProtocolError, SessionError
 from nbexec.sandbox.remote import frames
 from nbexec.sandbox.source import SandboxHandle, WheelFile
 
-from . import files, streaming
-from .held import Entry, Held
+from . import files, sleeping, streaming
+from .held import Entry, Held, Owned
 from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
 from .schemas import EgressBody, HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
@@ -51,10 +51,12 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs, settings: ServerSetti
     """The /v1/sandboxes routes (see the module docstring)."""
     held = folders.held
 
-    def owned(who: str, sandbox_id: str) -> Entry:
+    def owned(who: str, sandbox_id: str, *, asleep_too: bool = False) -> Entry:
         entry = held.get(who, sandbox_id)
         if entry is None:
             raise HTTPException(404, "no such sandbox")
+        if entry.asleep and not asleep_too:  # its kernel is stopped or checkpointed: only a wake-up reaches it
+            raise HTTPException(409, f"this sandbox is asleep ({entry.asleep}): wake it first")
         return entry
 
     async def call(who: str, entry: Entry, work: Callable[[SandboxHandle], Any]) -> Any:
@@ -72,9 +74,9 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs, settings: ServerSetti
     _life_routes(app, held, runs, owned, call)
     _file_routes(app, folders, runs, owned, call)
     _wheel_routes(app, folders, runs, owned, call)
+    sleeping.add_routes(app, folders, runs, owned)
 
 
-Owned = Callable[[str, str], Entry]
 Call = Callable[[str, Entry, Callable[[SandboxHandle], Any]], Any]
 
 
@@ -97,7 +99,7 @@ def _held_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, setting
 
     @app.delete("/v1/sandboxes/{sandbox_id}", status_code=204, response_class=Response, include_in_schema=False)
     async def release(sandbox_id: str, who: str = Depends(owner)) -> Response:
-        owned(who, sandbox_id)
+        owned(who, sandbox_id, asleep_too=True)  # a sleeping one too, with the memory it kept
         await runs.io(who, held.remove, who, sandbox_id)
         return Response(status_code=204)
 
@@ -142,10 +144,13 @@ def _life_routes(app: FastAPI, held: Held, runs: Runs, owned: Owned, call: Call)
 
     @app.get("/v1/sandboxes/{sandbox_id}/state", include_in_schema=False)
     async def state(sandbox_id: str, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
-        handle = owned(who, sandbox_id).handle  # any time: the engine asks while a run stops
-        found = await runs.io(who, handle.state)
+        entry = owned(who, sandbox_id, asleep_too=True)  # any time: the engine asks while a run stops
+        if entry.asleep:  # nothing runs; a checkpointed one has no container to ask
+            return {"sandbox": shown.id(sandbox_id), "running": False, "exit_code": None, "oom_killed": False,
+                    "kernel_lost": False, "asleep": entry.asleep}
+        found = await runs.io(who, entry.handle.state)
         return {"sandbox": shown.id(sandbox_id), "running": found.running, "exit_code": found.exit_code,
-                "oom_killed": found.oom_killed, "kernel_lost": handle.kernel_lost}
+                "oom_killed": found.oom_killed, "kernel_lost": entry.handle.kernel_lost, "asleep": ""}
 
     @app.post("/v1/sandboxes/{sandbox_id}/freeze", status_code=204, response_class=Response, include_in_schema=False)
     async def freeze(sandbox_id: str, who: str = Depends(owner)) -> Response:

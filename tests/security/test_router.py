@@ -560,7 +560,9 @@ def test_every_node_route_is_reachable_through_the_router(pair: tuple[Server, Se
                 policy = path.endswith("/egress") and answer.status_code == 400 and "allowlist" in answer.text
                 idle = template.endswith("/interrupt") and answer.status_code == 409
                 capped = template.endswith("/fork") and answer.status_code == 429  # the node's session cap answered
-                refused = answer.status_code >= 400 and not (policy or idle or capped)
+                # A sandbox that is not asleep cannot be woken; once /sleep made it sleep, the node says so (409).
+                asleep = answer.status_code == 409 and ("asleep" in answer.text or template.endswith("/wake"))
+                refused = answer.status_code >= 400 and not (policy or idle or capped or asleep)
                 if refused or (forwarded and "x-nbexec-node" not in answer.headers):
                     unreachable.append((method, template, answer.status_code, answer.text[:120]))
                 if making and answer.status_code == 201:

@@ -23,7 +23,7 @@ from nbexec.files import space
 from nbexec.files.folders import work_root
 from nbexec.sandbox import kernel
 
-from . import daemon, datafs
+from . import daemon, datafs, egress
 from .container import Sandbox
 from .workdir import WORKDIR_PREFIX
 
@@ -75,9 +75,14 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
         sandbox.freezer = datafs.Freezer.of_process(sandbox.init_process[0])
     try:
         sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
-        if not asleep:  # a slept sandbox gets its kernel when it wakes (`sleep.Sleeper.awake`)
+        if not asleep:  # a slept sandbox gets its kernel and proxy when it wakes (`sleep.Sleeper.awake`)
             _reconnect(sandbox)
+            if config.network == "allowlist":  # its forwarder runs on; the proxy it reaches died with the owner
+                sandbox.egress = egress.open_proxy(workdir, config)
     except BaseException:
+        if sandbox.egress is not None:
+            sandbox.egress.close()
+            sandbox.egress = None
         if sandbox.client is not None:
             sandbox.client.close()
             sandbox.client = None

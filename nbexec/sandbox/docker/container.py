@@ -321,7 +321,9 @@ class Sandbox(Sleeper):
         """Judge by the proxy's rules with ``allow`` then ``deny`` appended from now on (see `nbexec.egress`)."""
         if self.egress is None:
             raise ConfigError("this sandbox has no allowlist proxy (network='allowlist')")
-        self.egress.change(self.egress.allowlist.changed(allow, deny), describe_change(allow, deny))
+        changed = self.egress.allowlist.changed(allow, deny)
+        egress.keep_rules(self.workdir, changed)  # first: a proxy opened again (a wake, a new owner) judges by it
+        self.egress.change(changed, describe_change(allow, deny))
 
     # -- the container ------------------------------------------------------------------------------
 

@@ -3,14 +3,22 @@ folder, and the forwarder the sandbox's kernel starts on 127.0.0.1:3128 (see `nb
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
 from nbexec.config import SandboxConfig, parse_size
 from nbexec.egress import ENVIRONMENT, MOUNT, PORT, SOCKET, Allowlist
 from nbexec.egress.proxy import Limits, Proxy
-from nbexec.errors import SandboxError
+from nbexec.errors import ConfigError, SandboxError
 from nbexec.sandbox.kernel import KernelClient
+
+RULES = "egress-rules.json"  # in the working folder (never mounted): the rules as the last change left them
+MAX_RULES_BYTES = 256 * 1024  # MAX_RULES rules of the longest names fit
 
 # -- the sandbox's side: the proxy's folder, the forwarder, the log --------------------------------------------
 
@@ -63,13 +71,52 @@ listener.close()
 
 
 def open_proxy(workdir: Path, config: SandboxConfig) -> Proxy:
-    """Start the host proxy of a sandbox about to be made, on ``workdir``/egress/proxy.sock."""
+    """Start the host proxy of a sandbox on ``workdir``/egress/proxy.sock: a new one's, or again for one that slept
+    or whose owner died (its folder kept, the old socket replaced), judging by the rules it last had (`keep_rules`)."""
     folder = workdir / "egress"
-    folder.mkdir(mode=0o755)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o755)
+    found = os.lstat(folder)  # made by nbexec in its private working folder, read-only to the sandbox
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise SandboxError(f"{folder} is not the egress folder nbexec made")
+    (folder / SOCKET).unlink(missing_ok=True)  # a proxy that is gone left its socket's name behind
     limits = Limits(max_bytes=parse_size(config.max_egress), max_connections=config.max_connections,
                     max_open=config.max_open_connections, idle_timeout=config.egress_idle_timeout,
                     min_rate=config.egress_min_rate)
-    return Proxy.start(folder / SOCKET, Allowlist.of(config.allowed_hosts), limits)
+    return Proxy.start(folder / SOCKET, kept_rules(workdir, config), limits)
+
+
+def keep_rules(workdir: Path, allowlist: Allowlist) -> None:
+    """Write the sandbox's rules as they are now beside its folders (host-only, 0600, atomically), so a proxy
+    opened again later judges by them and not by the ones it started with: a host denied stays denied."""
+    data = json.dumps(allowlist.to_json()).encode()
+    temporary = workdir / f".{RULES}.{secrets.token_hex(4)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, workdir / RULES)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def kept_rules(workdir: Path, config: SandboxConfig) -> Allowlist:
+    """The rules `keep_rules` wrote, checked again (within the config's hosts unless it widens), else the config's."""
+    try:
+        fd = os.open(workdir / RULES, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return Allowlist.of(config.allowed_hosts)
+    except OSError as exc:
+        raise SandboxError(f"the sandbox's kept egress rules cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_RULES_BYTES + 1)
+    try:
+        if len(data) > MAX_RULES_BYTES:
+            raise ConfigError("the kept allowlist is too large")
+        return Allowlist.from_json(json.loads(data), config.allowed_hosts, widen=config.egress_widen)
+    except (ConfigError, ValueError, RecursionError) as exc:
+        raise SandboxError(f"the sandbox's kept egress rules are not nbexec's ({exc}): it is not woken") from None
 
 
 def mount(workdir: Path) -> Any:
@@ -85,4 +132,4 @@ def start_forwarder(client: KernelClient, config: SandboxConfig) -> None:
         raise SandboxError(f"the sandbox could not start its egress forwarder: {str(content.get('evalue'))[:200]}")
 
 
-__all__ = ["ENVIRONMENT", "mount", "open_proxy", "start_forwarder"]
+__all__ = ["ENVIRONMENT", "keep_rules", "mount", "open_proxy", "start_forwarder"]

@@ -3,15 +3,20 @@ started for themselves, each a `container.Sandbox` (the local SandboxHandle)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
+from nbexec.files.folders import work_root
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
 from . import adopt, checkpoint, daemon, pool
 from .container import Sandbox
+from .workdir import WORKDIR_PREFIX, remove_tree
+
+log = logging.getLogger(__name__)
 
 
 class LocalSource(SandboxSource):
@@ -66,6 +71,16 @@ class LocalSource(SandboxSource):
 
     def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
         return checkpoint.restore(config, record, folder)
+
+    def discard(self, record: dict[str, Any], folder: Path) -> None:
+        """Remove the working folder (its /mnt/data, unmounted first) a checkpoint record kept: only a folder of
+        nbexec's own working root, by the name the record gives."""
+        workdir = record.get("workdir")
+        path = Path(workdir) if isinstance(workdir, str) else None
+        if path is None or path.parent != work_root() or not path.name.startswith(WORKDIR_PREFIX):
+            log.warning("not removing %r: the hibernate record does not name a working folder of nbexec's", workdir)
+            return
+        remove_tree(path)
 
 
 def _own(sandbox: SandboxHandle) -> Sandbox:

@@ -29,7 +29,6 @@ from nbexec.errors import (
     NodeLostError,
     NodeUnavailableError,
     ProtocolError,
-    SandboxError,
     SessionLostError,
 )
 from nbexec.files import artifacts, transfer
@@ -48,6 +47,7 @@ MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's answer
 MAX_CONNECTIONS = 4 * 1024 * 1024  # bytes of an egress log
 SLACK = 30.0  # seconds past a run's time limit and grace after which a node that has not ended it is given up
 RELAYED = kernel.OUTPUT_KINDS | kernel.COMM_KINDS  # what a node may relay of a run
+WAKE_TIMEOUT = 300.0  # seconds a node may take to checkpoint, restore or restart a sandbox's kernel
 
 
 class RemoteHandle:
@@ -68,6 +68,7 @@ class RemoteHandle:
         self.grace = float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 600 else 60.0
         self.input_links: frozenset[str] = frozenset()
         self.lost: str | None = None
+        self.asleep = ""  # what its node last said of its sleep (`state`): "", "replay" or "checkpoint"
         self._kernel_lost = False
         self._input_notes: list[str] = []
         self._wheels: set[str] = set()
@@ -75,12 +76,35 @@ class RemoteHandle:
     def __repr__(self) -> str:
         return f"<RemoteHandle {self.id} on {self.node}>"
 
+    # -- sleep (`nbexec.service.sleeping`: the node keeps what sleeps; the engine here decides when) ----------
+
     def sleep(self) -> None:
-        """Not over the wire yet: a node's sandbox stays awake (the session stays in memory on its node)."""
-        raise SandboxError("a sandbox on a node cannot sleep from here")
+        """No process runs on the node; /mnt/data is kept there for `awake` (the engine replays)."""
+        if self._life("sleep", "let a sandbox sleep").get("asleep") != "replay":
+            raise ProtocolError(f"node {self.node} answered a sleep with something else")
 
     def awake(self) -> None:
-        raise SandboxError("a sandbox on a node cannot sleep from here")
+        self._woken(self._life("awake", "wake a sandbox"))
+
+    def keep_memory(self) -> bool:
+        """Ask the node to checkpoint the sandbox's memory there: True when it did (the sandbox then sleeps until
+        `wake_memory`), False when its runtime cannot (the sandbox runs on, untouched)."""
+        kept = self._life("hibernate", "keep a sandbox's memory").get("kept")
+        if kept not in (None, "checkpoint"):
+            raise ProtocolError(f"node {self.node} answered a checkpoint with something else")
+        return kept == "checkpoint"
+
+    def wake_memory(self) -> None:
+        self._woken(self._life("wake", "restore a sandbox's memory"))
+
+    def _life(self, route: str, what: str) -> dict[str, Any]:
+        with self._on_node():
+            return self._answer(self.client.json("POST", f"{self.route}/{route}", what, SMALL, timeout=WAKE_TIMEOUT))
+
+    def _woken(self, data: dict[str, Any]) -> None:
+        if not isinstance(data.get("language_info"), dict):
+            raise ProtocolError(f"node {self.node} answered a wake-up with something else")
+        self.language_info, self._kernel_lost = data["language_info"], False
 
     def describe(self) -> dict[str, Any]:
         """What finds this sandbox again from another process (`RemoteSource.adopt`): its node and id."""
@@ -183,7 +207,10 @@ class RemoteHandle:
         if not isinstance(running, bool) or not isinstance(oom, bool) \
                 or not (code is None or (isinstance(code, int) and not isinstance(code, bool))):
             raise ProtocolError(f"node {self.node} described a sandbox's state with something else")
-        self._kernel_lost = self._kernel_lost or data.get("kernel_lost") is True
+        asleep = data.get("asleep", "")
+        if asleep not in ("", "replay", "checkpoint"):
+            raise ProtocolError(f"node {self.node} described a sandbox's sleep with something else")
+        self._kernel_lost, self.asleep = self._kernel_lost or data.get("kernel_lost") is True, asleep
         return ContainerState(running, code, oom)
 
     def seems_alive(self) -> bool:

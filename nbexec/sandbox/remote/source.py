@@ -125,16 +125,13 @@ class RemoteSource(SandboxSource):
 
     def adopt(self, config: SandboxConfig, record: dict[str, Any]) -> SandboxHandle:
         """The sandbox a ``describe`` record names on one of NBEXEC_NODES, if its node still holds it."""
-        url = record.get("url")
-        client = self.cluster.clients.get(url) if isinstance(url, str) else None
-        if record.get("kind") != "remote" or client is None:
-            raise SandboxError("the sandbox record does not name a sandbox on a node of NBEXEC_NODES")
+        handle = self._found(config, record)
+        client = handle.client
         try:
-            handle = RemoteHandle(client, record, config, "session")
-            alive = handle.state().running
+            state = handle.state()
         except NbexecError as exc:
             raise SandboxError(f"the kept sandbox on {client.name} cannot be reached: {exc}") from exc
-        if not alive:
+        if not state.running and not handle.asleep:  # one asleep on its node is woken by the engine
             raise SandboxError(f"the kept sandbox on {client.name} stopped")
         self.cluster.held(client.url, 1)
         return handle
@@ -170,10 +167,39 @@ class RemoteSource(SandboxSource):
                 client.close()
 
     def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
-        return None  # a node keeps its sandboxes' memory itself (not yet): the engine replays
+        """Have the sandbox's node keep its memory (a checkpoint, where the node's runtime can): the record finds
+        it there; ``folder`` stays empty, since the memory never leaves the node. None when the node cannot."""
+        if not isinstance(handle, RemoteHandle):
+            raise TypeError(f"{handle!r} is not a sandbox of a node")
+        if not handle.keep_memory():
+            return None
+        self.cluster.held(handle.client.url, -1)  # asleep: no kernel of this process's on the node until woken
+        return {**handle.describe(), "asleep": "checkpoint"}
 
     def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
-        raise SandboxError("remote sandboxes cannot be restored from a checkpoint here")
+        """The sandbox a ``hibernate`` record names, its memory restored on its node."""
+        handle = self._found(config, record)
+        try:
+            handle.wake_memory()
+        except NbexecError as exc:
+            raise SandboxError(f"the kept sandbox on {handle.client.name} could not be woken: {exc}") from exc
+        self.cluster.held(handle.client.url, 1)
+        return handle
+
+    def discard(self, record: dict[str, Any], folder: Path) -> None:
+        """Remove the sandbox a ``hibernate`` record names from its node, with the memory the node kept."""
+        with contextlib.suppress(NbexecError):  # a node that is gone took it along (and its TTL would)
+            self._found(SandboxConfig(), record).destroy()
+
+    def _found(self, config: SandboxConfig, record: dict[str, Any]) -> RemoteHandle:
+        url = record.get("url")
+        client = self.cluster.clients.get(url) if isinstance(url, str) else None
+        if record.get("kind") != "remote" or client is None:
+            raise SandboxError("the sandbox record does not name a sandbox on a node of NBEXEC_NODES")
+        try:
+            return RemoteHandle(client, record, config, "session")
+        except NbexecError as exc:
+            raise SandboxError(f"the kept sandbox record for {client.name} is not one nbexec wrote: {exc}") from exc
 
 
 _sources: dict[tuple[tuple[str, ...], str], RemoteSource] = {}
