@@ -423,3 +423,36 @@ def test_serve_refuses_to_start_with_a_shared_store_and_a_short_key(tmp_path: Pa
                           timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert "NBEXEC_SNAPSHOT_KEY" in done.stderr and "deadbeefcafe" not in done.stderr
+
+
+@pytest.mark.parametrize("fails_at", [1, 3, 5], ids=["first-file", "a-later-file", "the-signature"])
+def test_an_upload_that_fails_midway_leaves_no_blob_and_no_slot(shared: Shared, cleanup_ledger: None,
+                                                               monkeypatch: pytest.MonkeyPatch, fails_at: int) -> None:
+    """The store goes away while a snapshot's blobs are written (the ``fails_at``-th write fails, as a dropped
+    connection makes it): the blobs already written are removed from the real store, nothing is staged on this
+    host, and the owner's count cap does not lose a slot to a half-written snapshot."""
+    space = {"azure": blobspace.AzureBlobSpace, "s3": blobspace.S3BlobSpace, "gcs": blobspace.GCSBlobSpace}[shared.kind]
+    real_put, writes = space.put, []
+
+    def dropped(self: Any, name: str, content: Any, length: int) -> None:
+        writes.append(name)
+        if len(writes) == fails_at:
+            raise nbexec.errors.StorageError(f"storing {name} failed: the connection was reset")
+        real_put(self, name, content, length)
+
+    before = staged()
+    with Session(cfg(), owner="erin") as session:
+        session.upload(b"a" * 1000, "one.bin")
+        session.upload(b"b" * 1000, "two.bin")
+        assert session.run("x = 1\nopen('three.txt', 'w').write('3')").ok
+        monkeypatch.setattr(space, "put", dropped)
+        with pytest.raises(nbexec.errors.StorageError, match="reset"):
+            session.snapshot()
+        assert len(writes) == fails_at
+        assert shared.names() == [], "blobs of a snapshot whose upload failed were left in the store"
+        assert staged() == before
+        monkeypatch.setattr(space, "put", real_put)
+        store = snapshotblobs.store_for(None, None)
+        assert store.count("erin") == 0
+        snapshot_id = session.snapshot()  # the store back: the next snapshot is whole and counted once
+        assert store.count("erin") == 1 and len(shared.blobs(snapshot_id)) == 6, shared.names()
