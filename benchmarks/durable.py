@@ -1,12 +1,14 @@
 """Durable sessions, side by side in one run: wake from sleep, snapshot and restore, re-adoption after a restart.
 
-    .venv/bin/python benchmarks/durable.py --samples 5 [--runtime runsc]
+    .venv/bin/python benchmarks/durable.py --samples 5 [--runtime runsc] [--remote]
 
 A session imports pandas and holds a 10 MB frame (and a 10 MB pickle of it in /mnt/data). Measured: the wake
 time (p50/p90) by replay, and by checkpoint when this machine's source can keep memory (`SandboxSource.hibernate`
 returns a record; else "n/a"); the memory of the session awake and asleep (the container's cgroup, as Docker
 reports it), and its disk asleep (the data image's allocated blocks); snapshot time and size, restore time; and
-the time a new process takes to find a session again after its owner was killed (`Session.resume`).
+the time a new process takes to find a session again after its owner was killed (`Session.resume`). With
+--remote, only the wake, of a library session whose sandbox is on a node (a real `nbexec serve` started here on
+loopback with the same runtime): the node keeps what sleeps, one HTTP call each way.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def p(values: list[float], q: float) -> float:
 
 def memory_mib(session: Session) -> float:
     handle: Any = session._sandbox
-    if handle is None:
+    if handle is None or handle.node is not None:  # asleep by checkpoint, or on a node (not measured here)
         return 0.0
     container = daemon.connect().containers.get(handle.describe()["container"])
     container.reload()
@@ -52,7 +54,7 @@ def memory_mib(session: Session) -> float:
 
 def disk_mib(session: Session) -> float:
     handle: Any = session._sandbox
-    if handle is None:
+    if handle is None or handle.node is not None:
         return 0.0
     image = Path(handle.describe()["workdir"]) / "data.img"
     return os.stat(image).st_blocks * 512 / 2**20 if image.exists() else 0.0
@@ -125,11 +127,48 @@ def adoption_times(runtime: str, samples: int, root: Path) -> list[float]:
     return times
 
 
+def remote_wake(runtime: str, samples: int, root: Path) -> None:
+    """The wake of a library session whose sandbox is on a local `nbexec serve` node (see the module docstring)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = "bench-node-token-" + "t" * 16
+    env = {**os.environ, "NBEXEC_API_TOKENS": token, "NBEXEC_POOL_SIZE": "0", "NBEXEC_WARM_IMPORTS": "",
+           "NBEXEC_RUNTIME": runtime, "TMPDIR": str(root)}
+    node = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        os.environ.update({"NBEXEC_NODES": f"http://127.0.0.1:{port}", "NBEXEC_NODE_TOKEN": token})
+        config = nbexec.SandboxConfig(source="remote", pool_size=0, warm_imports=(), timeout=120)
+        wake, how, _ = wake_times(config, samples)
+        print(f"| wake over the wire by {how or 'replay'} (pandas + 10 MB frame) | {p(wake, .5):.2f} s | "
+              f"{p(wake, .9):.2f} s |")
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--runtime", default="", help="runsc for gVisor (default: Docker's)")
+    parser.add_argument("--remote", action="store_true", help="only the wake of a session on a node")
     args = parser.parse_args()
+    if args.remote:
+        with tempfile.TemporaryDirectory(prefix="d-", dir="/tmp") as tmp:
+            Path(tmp).chmod(0o755)
+            print(f"| measure ({args.runtime or 'runc'}, {args.samples} samples) | p50 | p90 |\n|---|---|---|")
+            remote_wake(args.runtime, args.samples, Path(tmp))
+        return
     config = nbexec.SandboxConfig(pool_size=0, warm_imports=(), runtime=args.runtime or None, timeout=120)
     runtime = args.runtime or "runc (Docker's default)"
     print(f"| measure ({runtime}, {args.samples} samples) | p50 | p90 |")

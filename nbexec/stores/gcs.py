@@ -134,10 +134,14 @@ class GCSStore:
         client, _ = self._client()
         from google.api_core import exceptions as api
         from google.auth.exceptions import RefreshError, TransportError
+        from google.cloud.storage.retry import DEFAULT_RETRY
         from requests import RequestException
 
-        try:  # objects.list: the permission an uploader has (buckets.get often is not granted)
-            list(client.list_blobs(self.settings.bucket, max_results=1, timeout=self.settings.timeout_s))
+        # objects.list: the permission an uploader has (buckets.get often is not granted). Retried for at most
+        # timeout_s in all: the client's default retries an unreachable endpoint for two minutes before it says so.
+        retry = DEFAULT_RETRY.with_timeout(self.settings.timeout_s)
+        try:
+            list(client.list_blobs(self.settings.bucket, max_results=1, timeout=self.settings.timeout_s, retry=retry))
         except api.NotFound as exc:
             raise ConfigError(f"{self._where()}: the bucket does not exist. Create it (private; nbexec sets no "
                               "ACL) or set NBEXEC_GCS_BUCKET to an existing one.") from exc
