@@ -359,6 +359,19 @@ def test_the_probe_is_asked_once_per_runtime(runsc: nbexec.SandboxConfig) -> Non
     assert checkpoint.supported(runsc.replace(memory="1g")) is True  # cached: no second probe container
 
 
+def test_a_no_is_asked_again_later_and_a_yes_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that met the engine restarting says no; the runtime is asked again after PROBE_AGAIN, not never."""
+    answers, asked = [False, True], []
+    monkeypatch.setattr(checkpoint, "_probed", {})
+    monkeypatch.setattr(checkpoint, "_probe", lambda config: asked.append(config.runtime) or answers[len(asked) - 1])
+    config = nbexec.SandboxConfig(runtime="flaky")
+    assert checkpoint.supported(config) is False
+    assert checkpoint.supported(config) is False and len(asked) == 1  # within PROBE_AGAIN: the answer kept
+    monkeypatch.setattr(checkpoint, "PROBE_AGAIN", 0.0)
+    assert checkpoint.supported(config) is True and len(asked) == 2
+    assert checkpoint.supported(config) is True and len(asked) == 2  # a yes is never asked again
+
+
 PLANT = """
 import os, zmq
 _bind = zmq.Socket.bind

@@ -60,8 +60,9 @@ RECORD_VERSION = 1
 _restoring = threading.Lock()  # two restores of one template in this process never share containerd's copy
 _SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
 _CHUNK = 1 << 20
-_probed: dict[str, bool] = {}
+_probed: dict[str, tuple[bool, float]] = {}  # runtime -> (the answer, when it was found)
 _probe_lock = threading.Lock()
+PROBE_AGAIN = 900.0  # seconds after which a "no" is asked again (it may have met an engine restarting)
 
 # Runs in the kernel (see the module docstring). @WAKE@ is the file whose appearance means "restored".
 _AGENT = """
@@ -113,13 +114,16 @@ class Blocked(SandboxError):
 
 def supported(config: SandboxConfig) -> bool:
     """Whether sandboxes of ``runtime`` keep their memory through hibernate/wake here: found out once per runtime
-    per process by doing it to a tiny sandbox and reading a variable back (never assumed from the runtime's name)."""
+    per process by doing it to a tiny sandbox and reading a variable back (never assumed from the runtime's name); a
+    "no" is asked again after PROBE_AGAIN seconds, since a probe that met the engine restarting says no too."""
     key = config.runtime or ""
     with _probe_lock:
-        if key not in _probed:
-            _probed[key] = _probe(config.replace(memory="256m", max_data="16m", network=False, input_dir=None,
-                                                 warm_imports=(), pool_size=0))
-        return _probed[key]
+        known, when = _probed.get(key, (False, -PROBE_AGAIN))
+        if not known and time.monotonic() - when >= PROBE_AGAIN:  # a "yes" is kept for good
+            known = _probe(config.replace(memory="256m", max_data="16m", network=False, input_dir=None,
+                                          warm_imports=(), pool_size=0))
+            _probed[key] = (known, time.monotonic())
+        return known
 
 
 def _probe(config: SandboxConfig) -> bool:
