@@ -201,6 +201,18 @@ def test_a_session_keeps_state_files_and_packages(config: nbexec.SandboxConfig, 
         assert after.stdout == "False\nA,B\n", after  # variables gone, files kept
 
 
+def test_a_session_sleeps_and_wakes_with_its_rules(config: nbexec.SandboxConfig, web: int, tmp_path: Path) -> None:
+    """Sleep (runc: by replay) on both sources, with an allowlist whose change must outlive the sleep."""
+    fetch = (f"import urllib.request, urllib.error\ntry:\n    urllib.request.urlopen('http://127.0.0.1:{web}/', "
+             "timeout=10)\n    print('reached')\nexcept urllib.error.HTTPError as exc:\n    print(exc.code)\n")
+    with nbexec.Session(config, output_dir=tmp_path / "out") as session:
+        assert session.run("x = 41\nopen('kept.txt', 'w').write('k')\n" + fetch).stdout == "reached\n"
+        session.deny_hosts(f"127.0.0.1:{web}")
+        assert session.hibernate() and session.status == "asleep"
+        woke = session.run("print(x + 1, open('kept.txt').read())\n" + fetch)
+        assert woke.restored == "replay" and woke.stdout == "42 k\n403\n", (woke.stdout, woke.notes)
+
+
 def test_interrupt_stops_the_running_cell(config: nbexec.SandboxConfig, tmp_path: Path) -> None:
     started = threading.Event()
     with nbexec.Session(config, output_dir=tmp_path / "out") as session:
