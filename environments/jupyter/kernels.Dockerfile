@@ -25,22 +25,17 @@ RUN for k in $(echo "$KERNELS" | tr ',' ' '); do \
         case "$k" in r|deno|bash) ;; *) echo "unknown kernel '$k' (known: r, deno, bash)" >&2; exit 1;; esac; \
     done
 
-COPY kernel_relay.py /opt/nbexec/kernel_relay.py
-COPY nbexec-kernel-r nbexec-kernel-deno nbexec-kernel-bash /opt/nbexec/launchers/
-
 # One layer per kernel, so `docker history` shows what each adds.
 RUN case ",$KERNELS," in *,r,*) \
         apt-get update \
      && apt-get install -y --no-install-recommends "r-base-core=$R_VERSION" "r-cran-irkernel=$IRKERNEL_VERSION" \
      && apt-get clean && rm -rf /var/lib/apt/lists/* \
-     && install -m 0755 /opt/nbexec/launchers/nbexec-kernel-r /usr/local/bin/ \
      && R --no-echo -e 'stopifnot(capabilities("cairo")); library(IRkernel)';; \
     esac
 
 RUN case ",$KERNELS," in *,deno,*) \
         if [ -f /opt/nbexec/ca/ca-bundle.crt ]; then export PIP_CERT=/opt/nbexec/ca/ca-bundle.crt; fi \
      && pip install --no-compile "deno==$DENO_VERSION" \
-     && install -m 0755 /opt/nbexec/launchers/nbexec-kernel-deno /usr/local/bin/ \
      && deno --version;; \
     esac
 
@@ -48,17 +43,20 @@ RUN case ",$KERNELS," in *,bash,*) \
         if [ -f /opt/nbexec/ca/ca-bundle.crt ]; then export PIP_CERT=/opt/nbexec/ca/ca-bundle.crt; fi \
      && pip install --no-compile "bash_kernel==$BASH_KERNEL_VERSION" \
      && python -m compileall -q "$(python -c 'import bash_kernel, os; print(os.path.dirname(bash_kernel.__file__))')" \
-     && install -m 0755 /opt/nbexec/launchers/nbexec-kernel-bash /usr/local/bin/ \
      && python -c "import bash_kernel.kernel";; \
     esac
 
-RUN python -m compileall -q /opt/nbexec/kernel_relay.py \
+# The launchers last, so that changing one does not reinstall the kernels; only the listed kernels' are installed.
+COPY kernel_relay.py bash_kernel_launcher.py /opt/nbexec/
+COPY nbexec-kernel-r nbexec-kernel-deno nbexec-kernel-bash /opt/nbexec/launchers/
+RUN for k in $(echo "$KERNELS" | tr ',' ' '); do install -m 0755 "/opt/nbexec/launchers/nbexec-kernel-$k" /usr/local/bin/; done \
+ && python -m compileall -q /opt/nbexec/kernel_relay.py /opt/nbexec/bash_kernel_launcher.py \
  && python -c "import ipykernel, matplotlib_inline, nbexec_display" \
  && (find / -xdev -perm /6000 -type f -exec chmod a-s {} + 2>/dev/null || true) \
  && find /opt/nbexec \( -type d ! -perm -o+rx -o -type f ! -perm -o+r -o -type f -perm /u+x ! -perm -o+x \) \
         -exec chmod a+rX {} +
 
-LABEL io.nbexec.kernels="python,${KERNELS}"
+LABEL io.nbexec.kernels="python${KERNELS:+,$KERNELS}"
 USER 1000:1000
 ENV HOME=/home/sandbox
 WORKDIR /mnt/data
