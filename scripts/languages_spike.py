@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.sandbox.docker import container, options
@@ -28,10 +29,10 @@ CASES = {
 }
 
 
-def with_launcher(launcher: str):
+def with_launcher(launcher: str) -> None:
     made = options.container_options
 
-    def container_options(config, role, place):  # type: ignore[no-untyped-def]
+    def container_options(config: SandboxConfig, role: str, place: options.Place) -> dict[str, Any]:
         opts = made(config, role, place)
         opts["command"] = [launcher, f"{options.RUNTIME_MOUNT}/kernel.json"]
         opts["labels"]["nbexec-spike"] = "1"

@@ -37,7 +37,7 @@ def free_ports(count):
 
 
 def write_tcp_copy(info, path):
-    tcp = {**info, "transport": "tcp", "ip": "127.0.0.1", **dict(zip(PORTS, free_ports(len(PORTS))))}
+    tcp = {**info, "transport": "tcp", "ip": "127.0.0.1", **dict(zip(PORTS, free_ports(len(PORTS)), strict=True))}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(tcp, out)
