@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from nbexec.config import SandboxConfig, host_from_env
+from nbexec.config import SandboxConfig
 from nbexec.errors import (
     ConfigError,
     NbexecError,
@@ -26,6 +26,7 @@ from nbexec.errors import (
     SandboxError,
     SessionLimitError,
 )
+from nbexec.hostconfig import host_from_env
 from nbexec.names import is_image_name
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
