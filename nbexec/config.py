@@ -251,6 +251,9 @@ class SandboxConfig:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for entry in self.allowed_hosts:
             host_rule(entry)
+        if self.network == "allowlist" and languages.canonical(self.language) != "python":
+            raise ConfigError(f"network='allowlist' is Python-only (its forwarder runs in the kernel), and the "
+                              f"language is {self.language}: use network off, or on (Docker's bridge)")
         if self.network == "allowlist" and not self.allowed_hosts:
             raise ConfigError("network='allowlist' needs allowed_hosts (NBEXEC_ALLOWED_HOSTS, --allow-host): "
                               "the hosts the code may reach")

@@ -201,9 +201,9 @@ def _read_text(path: Path) -> str:
         ) from exc
 
 
-def load(path: str | Path, language: str | None = None) -> NotebookNode:
+def load(path: str | Path, language: str | None = None, *, default: str = "python") -> NotebookNode:
     """Read a script, an .ipynb notebook, or ``-`` (stdin: a notebook if it parses as one, else a script). A
-    notebook's kernelspec, a script's extension (.R, .ts, .sh ...; python otherwise) choose the language, unless
+    notebook's kernelspec, a script's extension (.R, .ts, .sh ...; else ``default``) choose the language, unless
     ``language`` is given."""
     path = Path(path)
     text = _read_text(path)
@@ -211,7 +211,7 @@ def load(path: str | Path, language: str | None = None) -> NotebookNode:
         nb = from_json(text, str(path), language)
     else:
         by_extension = languages.for_extension(path.suffix)
-        nb = from_script(text, language or (by_extension.name if by_extension else "python"))
+        nb = from_script(text, language or (by_extension.name if by_extension else default))
     nb.metadata.setdefault("nbexec", {})["input_path"] = str(path)  # papermill's input_path (see `papermill`)
     return nb
 
@@ -222,7 +222,7 @@ def coerce(source: Any, language: str | None = None, *, default: str = "python")
     if isinstance(source, str):
         return build(source, language or default)
     if isinstance(source, Path) or hasattr(source, "__fspath__"):
-        return load(Path(source), language)
+        return load(Path(source), language, default=default)
     if isinstance(source, dict):
         return from_json(json.dumps(source), language=language)
     raise NotebookError(f"Cannot run a {type(source).__name__}: pass code (str), a path, or a notebook.")
