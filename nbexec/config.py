@@ -86,8 +86,8 @@ class SandboxConfig:
         "Named images that may be asked for by name (image=NAME here, --image, HTTP bodies, tool arguments); a "
         "name not on this list is refused. The default image is always allowed."))
     language: str = field(default="python", metadata=_doc(
-        "The notebook's language: python, r, deno (TypeScript/JavaScript) or bash (aliases: py, R, ts, js, sh). "
-        "A notebook's kernelspec and a script's extension choose it for themselves."))
+        "Code's language: python, r, deno (TypeScript/JavaScript) or bash (aliases: py, R, ts, js, sh). A notebook's "
+        "kernelspec or a script's extension chooses its own, unless a call gives one (language=, --language)."))
     kernels_image: str = field(default=KERNELS_IMAGE, metadata=_doc(
         "The image for languages other than Python while image is the default (`nbexec image build --kernels "
         "r,deno,bash`)."))

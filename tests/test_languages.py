@@ -285,3 +285,14 @@ def _ipynb(source: str, spec: Any, *, tags: list[str] | None = None) -> dict[str
     return {"nbformat": 4, "nbformat_minor": 5, "metadata": metadata, "cells": [
         {"id": "c1", "cell_type": "code", "metadata": {"tags": tags or []}, "execution_count": None, "outputs": [],
          "source": source}]}
+
+
+def test_nbexec_run_refuses_an_unknown_language_as_a_usage_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from nbexec.cli.main import main
+
+    script = tmp_path / "job.py"
+    script.write_text("print(1)\n")
+    done = CliRunner().invoke(main, ["run", "--language", "cobol", str(script)])
+    assert done.exit_code == 2 and "choose one of python, r, deno, bash" in done.output

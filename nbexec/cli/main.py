@@ -27,8 +27,8 @@ from . import commands, images, render, terminal
 from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
 
 # Config fields offered as options, each with its help text taken from SandboxConfig.
-_OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "max_output", "max_data",
-                  "tmp_size", "user", "runtime")
+_OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "language", "max_output",
+                  "max_data", "tmp_size", "user", "runtime")
 
 
 def sandbox_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -118,7 +118,6 @@ def main(verbose: int) -> None:
 @click.option("--package", "package_names", multiple=True, metavar="REQUIREMENT",
               help="Install this package before the code runs (repeatable; e.g. tabulate, 'pyarrow==17.*'): fetched "
                    "as a wheel on the host under the package policy, installed offline in the sandbox.")
-@click.option("--language", help=describe("language") + " Given, it wins over each file's own.")
 @click.option("--mount-input", "input_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Mount this host folder read-only at /mnt/input (instead of each file's own folder).")
 @click.option("--mount-folder/--no-mount-folder", default=True, show_default=True,
@@ -144,8 +143,8 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
         values = parameters.gather(base64_texts=options.pop("base64_texts"), files=options.pop("parameter_files"),
                                    yaml_texts=options.pop("yaml_texts"), pairs=options.pop("parameter_pairs"),
                                    raw_pairs=options.pop("raw_pairs"))
+        language = options.get("language")  # given, it wins over each file's own (its extension, kernelspec)
         fixed: dict[str, Any] = {"pool_size": 0 if single or jobs == 1 else min(jobs, 4),
-                                 "language": options.pop("language"),
                                  **({"input_dir": str(input_dir)} if input_dir else {})}
         config = build_config(options, **fixed)
         artifact_store = store_from_env(upload or store)
@@ -157,7 +156,7 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
         fail(str(exc), EXIT_INFRA, as_json)
     options_ = batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"), parameters=values,
                                   fail_fast=fail_fast, store=artifact_store, mount_folders=mount_folder,
-                                  packages=package_names, language=fixed["language"])
+                                  packages=package_names, language=language)
     if single:
         _run_single(paths[0], config, options_, output_dir, save_notebook, shown)
     _run_batch(paths, config, options_, junit_xml, html_dir, shown)
@@ -167,7 +166,8 @@ def _quiet() -> None:
     """-q: nothing of nbexec's own on the terminal (its warnings, its libraries' warnings), only what the code
     printed, its traceback and a failure of nbexec itself (said by `fail`, not logged). -v still logs."""
     root = logging.getLogger()
-    root.setLevel(logging.ERROR if root.level >= logging.WARNING else root.level)  # -v still logs
+    if root.level >= logging.WARNING:
+        root.setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
 
 
