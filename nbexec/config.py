@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import languages
 from .errors import ConfigError
 from .names import (
     DEFAULT_IMAGE_NAME,
@@ -22,6 +22,7 @@ from .names import (
 )
 
 DEFAULT_IMAGE = "nbexec-jupyter:latest"
+KERNELS_IMAGE = "nbexec-kernels:latest"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -32,7 +33,6 @@ SANDBOX_SOURCES = ("local", "remote")  # the places sandboxes come from (nbexec.
 MAX_OPEN = 16  # connections one sandbox holds through its egress proxy at once (max_open_connections)
 IDLE_TIMEOUT = 60.0  # seconds a tunnel may move nothing (egress_idle_timeout); also the pace's window
 MIN_RATE = 1024  # bytes per second a tunnel must average over each such window (egress_min_rate)
-
 
 
 def parse_size(value: str | int) -> int:
@@ -85,6 +85,12 @@ class SandboxConfig:
     images: tuple[str, ...] = field(default=(), metadata=_doc(
         "Named images that may be asked for by name (image=NAME here, --image, HTTP bodies, tool arguments); a "
         "name not on this list is refused. The default image is always allowed."))
+    language: str = field(default="python", metadata=_doc(
+        "Code's language: python, r, deno (TypeScript/JavaScript) or bash (aliases: py, R, ts, js, sh). A notebook's "
+        "kernelspec or a script's extension chooses its own, unless a call gives one (language=, --language)."))
+    kernels_image: str = field(default=KERNELS_IMAGE, metadata=_doc(
+        "The image for languages other than Python while image is the default (`nbexec image build --kernels "
+        "r,deno,bash`)."))
     network: bool | str = field(default=False, metadata=_doc(
         "The sandbox's network: off (no interface but loopback), on (Docker's bridge: anywhere), or allowlist "
         "(still no interface; HTTP and HTTPS to allowed_hosts only, through nbexec's proxy on the host)."))
@@ -211,6 +217,9 @@ class SandboxConfig:
 
     def _check_names(self) -> None:
         self._check_images()
+        object.__setattr__(self, "language", languages.canonical(self.language))
+        if not (isinstance(self.kernels_image, str) and DOCKER_REFERENCE.fullmatch(self.kernels_image)):
+            raise ConfigError(f"kernels_image {str(self.kernels_image)[:80]!r} is not a Docker image reference")
         if self.source not in SANDBOX_SOURCES:
             raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", self.user):
@@ -242,6 +251,9 @@ class SandboxConfig:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for entry in self.allowed_hosts:
             host_rule(entry)
+        if self.network == "allowlist" and languages.canonical(self.language) != "python":
+            raise ConfigError(f"network='allowlist' is Python-only (its forwarder runs in the kernel), and the "
+                              f"language is {self.language}: use network off, or on (Docker's bridge)")
         if self.network == "allowlist" and not self.allowed_hosts:
             raise ConfigError("network='allowlist' needs allowed_hosts (NBEXEC_ALLOWED_HOSTS, --allow-host): "
                               "the hosts the code may reach")
@@ -267,7 +279,10 @@ class SandboxConfig:
 
     @property
     def image_tag(self) -> str:
-        """The Docker image a sandbox starts from: ``image`` itself, or a named image's newest build."""
+        """The Docker image a sandbox starts from: ``image`` itself, or a named image's newest build; for a language
+        other than Python while ``image`` is the default, ``kernels_image``."""
+        if self.language != "python" and self.image == DEFAULT_IMAGE:
+            return self.kernels_image
         return named_image_tag(self.image) if is_image_name(self.image) else self.image
 
     def choose_image(self, asked: str | None) -> SandboxConfig:
@@ -279,10 +294,15 @@ class SandboxConfig:
             raise ConfigError(not_allowed(asked, self.images))
         return dataclasses.replace(self, image=asked)
 
+    def choose_language(self, asked: Any) -> SandboxConfig:
+        """This config with the language a caller asked for (None keeps it); ConfigError for an unknown one."""
+        return self if asked is None else dataclasses.replace(self, language=languages.canonical(asked))
+
     @property
     def container_key(self) -> tuple[Any, ...]:
         """The fields that shape a sandbox; sandboxes made for equal keys are interchangeable."""
-        return (self.image, self.network, self.memory, self.cpus, self.pids, self.tmp_size, self.user,
+        return (self.image, self.language, self.kernels_image, self.network, self.memory, self.cpus, self.pids,
+                self.tmp_size, self.user,
                 tuple(sorted(self.env.items())), self.runtime, self.warm_imports, self.input_dir, self.link_input,
                 self.max_data_bytes, self.max_files, self.max_output, self.max_display,  # the frame cap
                 self.allowed_hosts, self.max_egress, self.max_connections,  # the egress proxy's rules
@@ -328,47 +348,6 @@ def _parse_field_bool(raw: str) -> bool:
     if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
         raise ValueError(raw)
     return lowered in {"1", "true", "yes", "on"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostConfig:
-    """How nbexec itself behaves on the host (not the sandbox policy); read by `host_from_env`."""
-
-    node_name: str = field(default_factory=socket.gethostname, metadata=_doc(
-        "NBEXEC_NODE_NAME: this nbexec instance's name on the Docker engine (default: the hostname). Give each "
-        "instance sharing an engine its own, and keep it across restarts: the automatic sweep removes containers "
-        "of its own node whose process is gone, never those of other nodes."))
-    shared_output: bool = field(default=False, metadata=_doc(
-        "NBEXEC_SHARED_OUTPUT=1: output folders and files nbexec makes are readable (never writable) by other "
-        "local users, 0755/0644 instead of 0700/0600 (the private roots in the temporary folder stay 0700)."))
-    nodes: tuple[str, ...] = field(default=(), metadata=_doc(
-        "NBEXEC_NODES=http://n1:8080,http://n2:8080: run sandboxes on these `nbexec serve` nodes (or one router) "
-        "instead of the local Docker engine; results and files come back to this host."))
-    node_token: str = field(default="", repr=False, metadata=_doc(
-        "NBEXEC_NODE_TOKEN: the bearer token sent to the nodes (one of their API tokens)."))
-
-    def __post_init__(self) -> None:
-        for url in self.nodes:
-            if not re.fullmatch(r"https?://[^\s/?#]+/?", url):
-                raise ConfigError(f"NBEXEC_NODES: {url!r} is not a base URL like http://host:8080")
-        if self.nodes and len(self.node_token) < 16:
-            raise ConfigError("NBEXEC_NODES needs NBEXEC_NODE_TOKEN (at least 16 characters)")
-        object.__setattr__(self, "nodes", tuple(url.rstrip("/") for url in self.nodes))
-
-
-def host_from_env(environ: Mapping[str, str] | None = None) -> HostConfig:
-    """The HostConfig from NBEXEC_NODE_NAME, NBEXEC_SHARED_OUTPUT, NBEXEC_NODES and NBEXEC_NODE_TOKEN."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    if environ.get("NBEXEC_NODE_NAME", "").strip():
-        values["node_name"] = environ["NBEXEC_NODE_NAME"].strip()
-    shared = environ.get("NBEXEC_SHARED_OUTPUT", "").strip().lower()
-    if shared not in {"", "1", "0", "true", "false", "yes", "no", "on", "off"}:
-        raise ConfigError(f"NBEXEC_SHARED_OUTPUT={shared!r} is not 1 or 0")
-    values["shared_output"] = shared in {"1", "true", "yes", "on"}
-    values["nodes"] = tuple(u.strip() for u in environ.get("NBEXEC_NODES", "").split(",") if u.strip())
-    values["node_token"] = environ.get("NBEXEC_NODE_TOKEN", "").strip()
-    return HostConfig(**values)
 
 
 def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> SandboxConfig:

@@ -33,11 +33,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("nbexec.sandbox",),  # the kernel wire: kernel, messages, lasterror, zmtp
     ("nbexec.egress", "nbexec.files"),
     ("nbexec.notebook",),
-    ("nbexec.config", "nbexec.names", "nbexec.result"),
+    ("nbexec.config", "nbexec.hostconfig", "nbexec.languages", "nbexec.names", "nbexec.result"),
     ("nbexec.errors",),
 ]
 LEAVES = {  # what these may import at all
-    "nbexec.config": {"nbexec.errors", "nbexec.names"},
+    "nbexec.config": {"nbexec.errors", "nbexec.languages", "nbexec.names"},
+    "nbexec.hostconfig": {"nbexec.errors"},
+    "nbexec.languages": {"nbexec.errors"},
     "nbexec.names": {"nbexec.errors"},
 }
 MAX_LINES = 400  # a longer module is a design conversation (STYLE.md)

@@ -5,7 +5,8 @@
 #   scripts/setup.sh          # run code: Docker engine, python3-venv, .venv with nbexec, the runtime image
 #   scripts/setup.sh --test   # the above, plus what the tests need: nbexec's test and lint extras in .venv,
 #                             # Node.js and npm, Azurite + TypeScript in .tools/ (scripts/test-tools/), and
-#                             # Chromium with its driver for the playground's browser test
+#                             # Chromium with its driver for the playground's browser test, and the kernels
+#                             # image (R, Deno, Bash on the runtime image: nbexec image build --kernels)
 #
 # apt packages, each only when missing: docker.io (and debootstrap when no registry answers and no base image is
 # here), python3-venv, ca-certificates, python3-pip (as root, when the unprivileged user that runs the host's pip
@@ -135,6 +136,15 @@ ensure_image() {
     .venv/bin/nbexec doctor
 }
 
+ensure_kernels_image() {
+    # R, Deno and Bash kernels on the runtime image (tests/test_languages.py): Docker's cache makes a second run
+    # take a second; the first needs apt (Debian's R) and PyPI (Deno, bash_kernel).
+    local args=() ca="${NBEXEC_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
+    [ -f "$ca" ] && args+=(--ca-bundle "$ca")
+    .venv/bin/nbexec image build --kernels r,deno,bash "${args[@]}" 2>&1 \
+        | { grep -vE '^ ---> |^Step |Removing intermediate' || true; } | tail -3
+}
+
 ensure_resolver_python() {
     # As root, nbexec runs the host's pip as nobody (nbexec/packages/hostpip.py) with a Python that user can run:
     # the venv's own when it lives somewhere others can read, else the system's python3, which then needs pip.
@@ -168,7 +178,7 @@ main() {
     for arg in "$@"; do
         case "$arg" in
             --test) WITH_TESTS=1 ;;
-            -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+            -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
             *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
         esac
     done
@@ -180,6 +190,7 @@ main() {
     step "finding a Python the package resolver's user can run" ensure_resolver_python
     step "building the runtime image" ensure_image
     if [ "$WITH_TESTS" = 1 ]; then
+        step "building the kernels image (R, Deno, Bash)" ensure_kernels_image
         step "installing Azurite and TypeScript (npm)" ensure_test_tools
         step "installing Chromium and its driver (apt)" ensure_browser
     fi

@@ -382,9 +382,14 @@ def test_a_report_reads_back_as_the_kernel_wrote_it(ename: str, evalue: str, lin
         assert lasterror.read(broken) is None
 
 
+def test_an_abort_reply_is_an_interrupt() -> None:
+    assert lasterror.from_reply({"status": "abort"}) == lasterror.LastError(
+        True, "KeyboardInterrupt", "The cell was interrupted (the kernel answered 'abort').")
+
+
 @given(status=json_values)
 def test_a_reply_that_is_not_an_error_says_how_the_kernel_answered(status: Any) -> None:
-    assume(status != "error")
+    assume(status not in ("error", "abort"))  # abort: an interrupt (bash_kernel, IRkernel), see above
     found = lasterror.from_reply({"status": status})
     assert found == lasterror.LastError(True, "KernelError",
                                         f"The kernel answered the cell with status {str(status)[:100]!r}.")

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbexec.config import host_from_env
 from nbexec.errors import ConfigError, FileTransferError
 from nbexec.files import folders
+from nbexec.hostconfig import host_from_env
 from nbexec.sandbox.remote import files, paths
 from nbexec.sandbox.remote.nodes import BACKOFF_MAX, Capacity, Health, rank
 from nbexec.service import identity

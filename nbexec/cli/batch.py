@@ -18,11 +18,13 @@ from nbexec.config import SandboxConfig
 from nbexec.engine.execute import execute_notebook
 from nbexec.errors import ConfigError, NbexecError, NotebookError
 from nbexec.files.inputs import with_folder
+from nbexec.languages import LANGUAGES
 from nbexec.notebook import parameters
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
 
-SUFFIXES = (".py", ".ipynb")
+SUFFIXES = (".py", ".ipynb")  # what a folder is searched for
+SCRIPTS = (".ipynb", *(suffix for language in LANGUAGES.values() for suffix in language.extensions))  # and a glob
 log = logging.getLogger(__name__)
 
 
@@ -48,9 +50,9 @@ def discover(inputs: list[str]) -> list[Path]:
     for raw in inputs:
         if any(ch in raw for ch in "*?["):
             matches = sorted(Path(m) for m in glob.glob(raw, recursive=True))
-            files = [m for m in matches if m.is_file() and m.suffix in SUFFIXES]
+            files = [m for m in matches if m.is_file() and m.suffix in SCRIPTS]
             if not files:
-                raise NotebookError(f"{raw} matches no .py or .ipynb file")
+                raise NotebookError(f"{raw} matches no notebook or script ({', '.join(SCRIPTS)})")
         elif Path(raw).is_dir():
             files = sorted(p for p in Path(raw).rglob("*") if p.is_file() and p.suffix in SUFFIXES
                            and not any(part.startswith(".") for part in p.relative_to(raw).parts)
@@ -87,12 +89,13 @@ class BatchOptions:
     store: ArtifactStore | None = None
     packages: tuple[str, ...] = ()  # installed before each file runs (see nbexec.packages)
     mount_folders: bool = False  # each file's folder at /mnt/input, linked from the working folder
+    language: str | None = None  # --language: over each file's own (its extension, its kernelspec)
 
 
 def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path) -> Item:
     started = time.monotonic()
     try:
-        nb = notebook.load(path)
+        nb = notebook.load(path, options.language, default=config.language)
         parameters.inject(nb, options.parameters or {})
         config = with_folder(config, path) if options.mount_folders else config
         result = execute_notebook(nb, config=config, output_dir=out, store=options.store,

@@ -13,7 +13,7 @@ from nbexec import __version__
 from nbexec.config import SandboxConfig, from_env, running_as_root
 from nbexec.errors import ConfigError, NbexecError
 from nbexec.notebook.outputs import clean
-from nbexec.sandbox.docker import daemon, datafs, image, users
+from nbexec.sandbox.docker import daemon, datafs, image, kernels, users
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
@@ -43,12 +43,15 @@ def doctor() -> None:
     except NbexecError as exc:
         click.echo(f"FAIL {exc}")
         sys.exit(EXIT_INFRA)
+    runtime_image = config.replace(language="python").image_tag
     try:
-        info = image.describe(config.image_tag)
-        click.echo(f"ok   image {config.image_tag}: {info['id']} ({info['size_mb']} MB, built {info['created'][:19]})")
+        info = image.describe(runtime_image)
+        click.echo(f"ok   image {runtime_image}: {info['id']} ({info['size_mb']} MB, built {info['created'][:19]}); "
+                   f"kernels: {', '.join(kernels.of_image(runtime_image))}")
     except NbexecError as exc:
         problems += 1
         click.echo(f"FAIL {exc}")
+    problems += _check_kernels(config)
     problems += _check_runtimes(config)
     _check_sandbox_uid(config)
     click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
@@ -56,6 +59,19 @@ def doctor() -> None:
     problems += _check_disk(config)
     click.echo(f"     policy: {config!r}")
     sys.exit(EXIT_INFRA if problems else EXIT_OK)
+
+
+def _check_kernels(config: SandboxConfig) -> int:
+    """The kernels image's languages when it is here; a problem only when the configured language needs it."""
+    try:
+        found = kernels.of_image(config.kernels_image)
+        click.echo(f"ok   kernels image {config.kernels_image}: kernels: {', '.join(found)}")
+    except NbexecError:
+        needed = config.language != "python" and config.image_tag == config.kernels_image
+        click.echo(f"{'FAIL' if needed else 'info'} kernels image {config.kernels_image} is not here (R, Deno, Bash: "
+                   "`nbexec image build --kernels r,deno,bash`)")
+        return int(needed)
+    return 0
 
 
 def _check_runtimes(config: SandboxConfig) -> int:

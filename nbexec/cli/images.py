@@ -11,7 +11,7 @@ import click
 from nbexec.config import DEFAULT_IMAGE, from_env
 from nbexec.errors import ConfigError, NbexecError
 from nbexec.names import is_image_name
-from nbexec.sandbox.docker import image, named, recipe
+from nbexec.sandbox.docker import image, kernels, named, recipe
 
 from .commands import EXIT_CODES, EXIT_INFRA, EXIT_USAGE, fail
 
@@ -34,6 +34,9 @@ def image_group() -> None:
               help="With --name: a Debian package to install (repeatable).")
 @click.option("--base", help="With --name: the image to build on, a named image or an nbexec runtime image's tag "
               "[default: the configured image, NBEXEC_IMAGE].")
+@click.option("--kernels", "kernel_list", metavar="r,deno,bash", help="Build the kernels image instead: these "
+              "languages' kernels added to the runtime image (NBEXEC_IMAGE), tagged NBEXEC_KERNELS_IMAGE unless --tag "
+              "(R and IRkernel from Debian, Deno and bash_kernel from PyPI; no registry needed).")
 @click.option("--tag", default=None, help="The runtime image's tag [default: the config's image].")
 @click.option("--base-image", help="The runtime image's base (build argument BASE_IMAGE) [default: python:3.12-slim].")
 @click.option("--debootstrap", is_flag=True,
@@ -44,8 +47,18 @@ def image_group() -> None:
 @click.option("--no-cache", is_flag=True, help="Build every layer anew (with --name: even when its inputs did not "
               "change).")
 def image_build(name: str | None, requirements: Path | None, apt_packages: tuple[str, ...], base: str | None,
-                ca_bundle: Path | None, no_cache: bool, **runtime: Any) -> None:
-    """Build the runtime image, or with --name a named image on it, showing Docker's progress."""
+                ca_bundle: Path | None, no_cache: bool, kernel_list: str | None, **runtime: Any) -> None:
+    """Build the runtime image, or with --name a named image on it, or with --kernels the image for other
+    languages, showing Docker's progress."""
+    if kernel_list is not None:
+        given = [f"--{o.replace('_', '-')}" for o in _RUNTIME_ONLY if runtime[o] and o != "tag"] + \
+            (["--name"] if name else []) + (["--requirements, --apt, --base"] if requirements or apt_packages or base
+                                             else [])
+        if given:
+            fail(f"{', '.join(given)} do not apply to --kernels (built on the configured runtime image)", EXIT_USAGE,
+                 False)
+        _build_kernels(kernel_list, runtime["tag"], ca_bundle, no_cache)
+        return
     if name is not None:
         given = [f"--{option.replace('_', '-')}" for option in _RUNTIME_ONLY if runtime[option]]
         if given:
@@ -75,6 +88,21 @@ def _build_runtime(ca_bundle: Path | None, no_cache: bool, *, tag: str | None, b
     except NbexecError as exc:
         fail(str(exc), EXIT_INFRA, False)
     click.echo(f"built {tag} ({image_id})")
+
+
+def _build_kernels(kernel_list: str, tag: str | None, ca_bundle: Path | None, no_cache: bool) -> None:
+    try:
+        config = from_env()
+        chosen = kernels.parse_list(kernel_list)
+        base = config.replace(language="python").image_tag
+        tag = tag or config.kernels_image
+        image_id = kernels.build(chosen, base=base, tag=tag, progress=lambda line: click.echo(line, err=True),
+                                 options=image.BuildOptions(ca_bundle=ca_bundle, no_cache=no_cache))
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, False)
+    except NbexecError as exc:
+        fail(str(exc), EXIT_INFRA, False)
+    click.echo(f"built {tag} ({image_id}) with python,{','.join(chosen)} on {base}")
 
 
 def _build_named(name: str, requirements: Path | None, apt_packages: tuple[str, ...], base: str | None,

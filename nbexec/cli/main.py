@@ -27,8 +27,8 @@ from . import commands, images, render, terminal
 from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
 
 # Config fields offered as options, each with its help text taken from SandboxConfig.
-_OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "max_output", "max_data",
-                  "tmp_size", "user", "runtime")
+_OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "language", "max_output",
+                  "max_data", "tmp_size", "user", "runtime")
 
 
 def sandbox_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,8 +127,8 @@ def main(verbose: int) -> None:
 def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | None, save_notebook: Path | None,
         store: str, upload: str | None, jobs: int, junit_xml: Path | None, html_dir: Path | None, fail_fast: bool,
         package_names: tuple[str, ...], input_dir: Path | None, mount_folder: bool, **options: Any) -> None:
-    """Run FILE... (.py with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each in a fresh
-    sandbox. One file streams what its notebook shows; several print progress, a summary table and the
+    """Run FILE... (.py, .R, .ts/.js, .sh with optional `# %%` cells, .ipynb, folders, globs, or - for stdin), each
+    in a fresh sandbox. One file streams what its notebook shows; several print progress, a summary table and the
     tracebacks of the files that failed."""
     from nbexec.notebook import parameters
 
@@ -143,9 +143,9 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
         values = parameters.gather(base64_texts=options.pop("base64_texts"), files=options.pop("parameter_files"),
                                    yaml_texts=options.pop("yaml_texts"), pairs=options.pop("parameter_pairs"),
                                    raw_pairs=options.pop("raw_pairs"))
-        fixed: dict[str, Any] = {"pool_size": 0 if single or jobs == 1 else min(jobs, 4)}
-        if input_dir:
-            fixed["input_dir"] = str(input_dir)
+        language = options.get("language")  # given, it wins over each file's own (its extension, kernelspec)
+        fixed: dict[str, Any] = {"pool_size": 0 if single or jobs == 1 else min(jobs, 4),
+                                 **({"input_dir": str(input_dir)} if input_dir else {})}
         config = build_config(options, **fixed)
         artifact_store = store_from_env(upload or store)
         paths = batch.discover(list(inputs))
@@ -156,7 +156,7 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
         fail(str(exc), EXIT_INFRA, as_json)
     options_ = batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"), parameters=values,
                                   fail_fast=fail_fast, store=artifact_store, mount_folders=mount_folder,
-                                  packages=package_names)
+                                  packages=package_names, language=language)
     if single:
         _run_single(paths[0], config, options_, output_dir, save_notebook, shown)
     _run_batch(paths, config, options_, junit_xml, html_dir, shown)
@@ -189,7 +189,7 @@ def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Pat
 
     live = None if shown.as_json else terminal.Live(shown.painter)
     try:
-        nb = inject(load(path), options.parameters)
+        nb = inject(load(path, options.language, default=config.language), options.parameters)
         if output_dir is None:
             stem = "stdin" if str(path) == "-" else path.stem
             output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"

@@ -26,7 +26,9 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     """Run code (str), a .py/.ipynb path (os.PathLike) or a notebook in a fresh sandbox and return the result.
 
     ``config`` defaults to ``from_env()``; keyword overrides (timeout=5, memory="2g", network=True, ...)
-    change single fields for this call. The files the code left in /mnt/data (a filesystem of max_data bytes
+    change single fields for this call. The language is ``language=`` when given, else the source's own (a
+    notebook's kernelspec, a script's extension: .R, .ts, .sh ...), else the config's (code as a str).
+    The files the code left in /mnt/data (a filesystem of max_data bytes
     that goes with the sandbox) are copied to ``<output_dir>/data``; images go to ``<output_dir>/images`` and
     the executed notebook next to them.
     ``files`` ({name: bytes}) are put into /mnt/data before the code runs (and are listed in the result).
@@ -40,8 +42,9 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     whose sandboxes run elsewhere (NBEXEC_NODES: a remote node) mounts no folder of this host.
     Errors in the code are in the result (``ok`` False); only failures of nbexec itself raise.
     """
-    nb = notebook.coerce(source)
     config = (config or from_env()).replace(**overrides)
+    nb = notebook.coerce(source, overrides.get("language"), default=config.language)
+    config = config.replace(language=notebook.language_of(nb).name)
     if mount_folder and isinstance(source, os.PathLike) and sources.for_config(config).mounts_host_folders:
         config = inputs.with_folder(config, Path(source))
     session = Session(config, output_dir=None if output_dir is None else os.fspath(output_dir), ttl=None,

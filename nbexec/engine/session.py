@@ -37,7 +37,7 @@ from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
-from . import budget, cells, collect, durable, reaper, rules, shell, sources, traces, widgets
+from . import budget, cells, collect, durable, languagecheck, reaper, rules, shell, sources, traces, widgets
 from .budget import OutputCallback
 from .hibernation import Hibernation
 from .sessionfiles import SessionFiles
@@ -79,7 +79,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         self.output_dir: Path | None = None
         self._folder: folders.OutputFolder | None = None
         self._disk: space.Reservation | None = None  # its output folder's share, when not where sandboxes hold it
-        self.notebook: NotebookNode = notebook.empty()
+        self.notebook: NotebookNode = notebook.empty(config.language if config is not None else "python")
         self.created_at = time.time()
         self.last_activity = time.monotonic()
         self._sandbox: SandboxHandle | None = None
@@ -271,6 +271,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         """Fetch ``requirements`` on the host and install them in the sandbox now (see `nbexec.packages`);
         what became of each is returned (and kept in the notebook's metadata). Refusals are data, not errors."""
         with self._lock:
+            languagecheck.check_run(self.config, notebook.empty(), requirements, 0)
             self.start()
             assert self._sandbox is not None
             self.last_activity = time.monotonic()
@@ -284,11 +285,13 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             packages: Sequence[str] = ()) -> ExecutionResult:
         """Run ``code`` as a new cell of the session's notebook and return that cell's result (``packages`` are
         installed first, as `install` does; the cell's own pip lines are served the same way)."""
-        return self.run_notebook(notebook.build(code), timeout=timeout, on_output=on_output, packages=packages)
+        return self.run_notebook(notebook.build(code, self.config.language), timeout=timeout, on_output=on_output,
+                                 packages=packages)
 
     def shell(self, command: str, *, timeout: float | None = None) -> ExecutionResult:
         """Run a shell command in the sandbox, as a cell (see `nbexec.engine.shell`): its output budgeted like a
         cell's, its ``exit_code``, and ``error.kind`` "exit" or "timeout" when it failed."""
+        languagecheck.check_shell(self.config)  # Python kernels only
         return shell.run(self.run, self.config.timeout, command, timeout)
 
     @traces.execution
@@ -299,6 +302,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         the cells' pip lines are provided first (see `nbexec.packages`)."""
         started = time.monotonic()
         with self._lock:
+            said = languagecheck.checked(self.config, nb, packages, len(self.notebook.cells))
             self.start()
             sandbox = self._sandbox
             assert sandbox is not None and self._folder is not None
@@ -319,8 +323,9 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             with traces.entered(preparing, "nbexec.packages") as installed:
                 left = math.floor((deadline - time.monotonic()) * 10) / 10 if installed else limit
                 run = self._run_cells(sandbox, index, started, left, on_output)
-            notes = run.notes + ((f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; "
-                                  f"the cells had the rest",) if installed and left < limit else ())
+            notes = said + run.notes + (
+                (f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; the cells had the rest",)
+                if installed and left < limit else ())
             result = self._result(sandbox, dataclasses.replace(run, packages=tuple(installed), notes=notes))
             if self._woke is not None:  # this call woke it: said, with whatever the replay found
                 (how, woke), self._woke = self._woke, None

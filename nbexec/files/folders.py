@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from nbexec.config import host_from_env
 from nbexec.errors import ConfigError
+from nbexec.hostconfig import host_from_env
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 MARK = ".nbexec-sandbox-files"  # in a folder whose contents came out of a sandbox (see the module docstring)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from nbexec.config import SandboxConfig, host_from_env
+from nbexec.config import SandboxConfig
+from nbexec.hostconfig import host_from_env
 
 log = logging.getLogger(__name__)
 

@@ -13,22 +13,24 @@ import nbformat
 from nbformat import NotebookNode, from_dict
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
 
-from nbexec.errors import NotebookError
+from nbexec import languages
+from nbexec.errors import ConfigError, NotebookError
+from nbexec.languages import Language
 
-KERNELSPEC = {"name": "python3", "display_name": "Python 3 (nbexec sandbox)", "language": "python"}
-_MARKER = re.compile(r"^#\s*%%(?P<rest>.*)$")
 _CELL_TYPE = re.compile(r"\[(markdown|md|raw)\]")
 _TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
 
 
-def _finish(nb: NotebookNode, *, validate: bool = True) -> NotebookNode:
-    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+def _finish(nb: NotebookNode, language: Language, *, validate: bool = True) -> NotebookNode:
+    nb.metadata["kernelspec"] = language.spec
     # nbexec's own metadata is nbexec's to write: a notebook from a client may carry any value there
     for holder in (nb, *nb.get("cells", [])):
         metadata = holder.get("metadata") if isinstance(holder, dict) else None
         if isinstance(metadata, dict) and not isinstance(metadata.get("nbexec", {}), dict):
             metadata["nbexec"] = {}
-    nb.metadata.setdefault("language_info", {"name": "python"})
+    info = nb.metadata.get("language_info")
+    if not isinstance(info, dict) or str(info.get("name", "")).lower() != language.info.lower():
+        nb.metadata["language_info"] = {"name": language.info}  # the kernel's own replaces it once it answers
     if not validate:
         return nb
     try:
@@ -38,8 +40,21 @@ def _finish(nb: NotebookNode, *, validate: bool = True) -> NotebookNode:
     return nb
 
 
-def build(code: str) -> NotebookNode:
-    """A one-cell notebook that runs ``code``."""
+def language_of(nb: NotebookNode) -> Language:
+    """The language ``nb``'s kernelspec names (python when it names none); NotebookError for one nbexec does not
+    run, or a kernelspec that is not an object."""
+    spec = nb.get("metadata", {}).get("kernelspec")
+    if spec is None:
+        return languages.LANGUAGES["python"]
+    try:
+        return languages.of_kernelspec(spec)
+    except ConfigError as exc:
+        raise NotebookError(str(exc)) from exc
+
+
+def build(code: str, language: str = "python") -> NotebookNode:
+    """A one-cell notebook that runs ``code`` in ``language`` (a name or an alias; ConfigError otherwise)."""
+    lang = languages.get(language)
     if not isinstance(code, str):
         raise NotebookError(f"code must be a string, got {type(code).__name__}")
     if not code.strip():
@@ -48,10 +63,10 @@ def build(code: str) -> NotebookNode:
     cell: dict[str, Any] = {"id": uuid.uuid4().hex[:8], "cell_type": "code", "metadata": {}, "execution_count": None,
             "outputs": [], "source": code}
     nb = from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]})
-    return _finish(nb, validate=False)
+    return _finish(nb, lang, validate=False)
 
 
-def _marker_cell(marker: str, lines: list[str]) -> NotebookNode | None:
+def _marker_cell(marker: str, lines: list[str], comment: str) -> NotebookNode | None:
     rest = marker
     tags: list[str] = []
     tag_match = _TAGS.search(rest)
@@ -59,11 +74,13 @@ def _marker_cell(marker: str, lines: list[str]) -> NotebookNode | None:
         try:
             tags = [str(t) for t in json.loads(tag_match.group(1))]
         except json.JSONDecodeError as exc:
-            raise NotebookError(f"Bad cell tags in `# %%{marker}`: {exc.msg}; write tags=[\"name\", ...]") from exc
+            raise NotebookError(f"Bad cell tags in `{comment} %%{marker}`: {exc.msg}; write tags=[\"name\", ...]"
+                                ) from exc
     type_match = _CELL_TYPE.search(rest)
     source = "\n".join(lines).strip("\n")
     if type_match and type_match.group(1) in ("markdown", "md"):
-        source = "\n".join(re.sub(r"^# ?", "", line) for line in source.splitlines())
+        prefix = re.compile(f"^{re.escape(comment)} ?")
+        source = "\n".join(prefix.sub("", line) for line in source.splitlines())
         cell = new_markdown_cell(source)
     elif type_match:
         cell = new_raw_cell(source)
@@ -76,36 +93,42 @@ def _marker_cell(marker: str, lines: list[str]) -> NotebookNode | None:
     return cell
 
 
-def empty() -> NotebookNode:
+def empty(language: str = "python") -> NotebookNode:
     """A notebook with no cells (a session's before its first run)."""
-    return _finish(from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}), validate=False)
+    return _finish(from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}),
+                   languages.get(language), validate=False)
 
 
-def from_script(text: str) -> NotebookNode:
-    """A notebook from Python source: one code cell, or one cell per `# %%` block (percent format)."""
+def from_script(text: str, language: str = "python") -> NotebookNode:
+    """A notebook from source in ``language``: one code cell, or one cell per `# %%` block (percent format;
+    `// %%` in TypeScript/JavaScript)."""
+    lang = languages.get(language)
+    marker_line = re.compile(f"^{re.escape(lang.comment)}\\s*%%(?P<rest>.*)$")
     cells: list[NotebookNode] = []
     marker: str | None = None
     lines: list[str] = []
     for line in text.splitlines():
-        match = _MARKER.match(line)
+        match = marker_line.match(line)
         if match:
-            cell = _marker_cell(marker or "", lines) if marker is not None or "\n".join(lines).strip() else None
+            cell = _marker_cell(marker or "", lines, lang.comment) \
+                if marker is not None or "\n".join(lines).strip() else None
             if cell is not None:
                 cells.append(cell)
             marker, lines = match.group("rest"), []
         else:
             lines.append(line)
-    cell = _marker_cell(marker or "", lines)
+    cell = _marker_cell(marker or "", lines, lang.comment)
     if cell is not None:
         cells.append(cell)
     if not any(c.cell_type == "code" and c.source.strip() for c in cells):
         raise NotebookError("There is no code to run: the script is empty.")
-    return _finish(new_notebook(cells=cells))
+    return _finish(new_notebook(cells=cells), lang)
 
 
-def from_json(text: str, name: str = "<notebook>") -> NotebookNode:
+def from_json(text: str, name: str = "<notebook>", language: str | None = None) -> NotebookNode:
     """Parse and validate an .ipynb document: nbformat 4 keeps its minor version (an older one gets no cell ids,
-    a 4.5 one missing some gets them), nbformat 3 is upgraded (to 4.5, with ids), as papermill reads them."""
+    a 4.5 one missing some gets them), nbformat 3 is upgraded (to 4.5, with ids), as papermill reads them. Its
+    kernelspec chooses the language (python when it has none) unless ``language`` is given."""
     try:
         nb = nbformat.reader.reads(text)
         if nb.get("nbformat") == 3:  # nbformat's own v3 test files may lack it; its converter needs it
@@ -117,7 +140,11 @@ def from_json(text: str, name: str = "<notebook>") -> NotebookNode:
         raise NotebookError(f"{name} is not a valid notebook: {exc}") from exc
     if has_ids(nb):
         _add_missing_ids(nb.cells)
-    return _finish(nb)
+    try:
+        lang = language_of(nb) if language is None else languages.get(language)
+    except NotebookError as exc:
+        raise NotebookError(f"{name}: {exc}") from exc
+    return _finish(nb, lang)
 
 
 def has_ids(nb: NotebookNode) -> bool:
@@ -162,7 +189,8 @@ def _read_text(path: Path) -> str:
     except FileNotFoundError as exc:
         raise NotebookError(f"{path} does not exist.") from exc
     except IsADirectoryError as exc:
-        raise NotebookError(f"{path} is a directory; give a .py or .ipynb file.") from exc
+        raise NotebookError(f"{path} is a directory; give a script (.py, .R, .ts, .js, .sh) or an .ipynb file."
+                            ) from exc
     except OSError as exc:
         raise NotebookError(f"Cannot read {path}: {exc.strerror}") from exc
     try:
@@ -173,26 +201,30 @@ def _read_text(path: Path) -> str:
         ) from exc
 
 
-def load(path: str | Path) -> NotebookNode:
-    """Read a .py script, an .ipynb notebook, or ``-`` (stdin: a notebook if it parses as one, else a script)."""
+def load(path: str | Path, language: str | None = None, *, default: str = "python") -> NotebookNode:
+    """Read a script, an .ipynb notebook, or ``-`` (stdin: a notebook if it parses as one, else a script). A
+    notebook's kernelspec, a script's extension (.R, .ts, .sh ...; else ``default``) choose the language, unless
+    ``language`` is given."""
     path = Path(path)
     text = _read_text(path)
     if path.suffix == ".ipynb" or (str(path) == "-" and text.lstrip().startswith("{")):
-        nb = from_json(text, str(path))
+        nb = from_json(text, str(path), language)
     else:
-        nb = from_script(text)
+        by_extension = languages.for_extension(path.suffix)
+        nb = from_script(text, language or (by_extension.name if by_extension else default))
     nb.metadata.setdefault("nbexec", {})["input_path"] = str(path)  # papermill's input_path (see `papermill`)
     return nb
 
 
-def coerce(source: Any) -> NotebookNode:
-    """A notebook from code (str), a path (os.PathLike), or a notebook (NotebookNode or dict); copied."""
+def coerce(source: Any, language: str | None = None, *, default: str = "python") -> NotebookNode:
+    """A notebook from code (str: in ``language``, else ``default``), a path (os.PathLike), or a notebook
+    (NotebookNode or dict; copied). A path or a notebook says its own language unless ``language`` is given."""
     if isinstance(source, str):
-        return build(source)
+        return build(source, language or default)
     if isinstance(source, Path) or hasattr(source, "__fspath__"):
-        return load(Path(source))
+        return load(Path(source), language, default=default)
     if isinstance(source, dict):
-        return from_json(json.dumps(source))
+        return from_json(json.dumps(source), language=language)
     raise NotebookError(f"Cannot run a {type(source).__name__}: pass code (str), a path, or a notebook.")
 
 

@@ -17,6 +17,8 @@ from nbformat import NotebookNode, from_dict
 from nbexec import notebook
 from nbexec.errors import ConfigError
 
+from . import assignments
+
 INJECTED_TAG = "injected-parameters"
 
 
@@ -108,15 +110,17 @@ def validate(parameters: Mapping[str, Any]) -> None:
 
 
 def inject(nb: NotebookNode, parameters: Mapping[str, Any]) -> NotebookNode:
-    """Insert a cell assigning ``parameters`` after the cell tagged `parameters` (or at the top), replacing a
-    previously injected one, and record them in ``metadata.nbexec.parameters``."""
+    """Insert a cell assigning ``parameters`` (in the notebook's language, see `assignments`) after the cell tagged
+    `parameters` (or at the top), replacing a previously injected one, and record them in
+    ``metadata.nbexec.parameters``."""
     if not parameters:
         return nb
     validate(parameters)
-    source = "# Parameters\n" + "".join(f"{name} = {value!r}\n" for name, value in parameters.items())
-    cell = from_dict({"cell_type": "code", "execution_count": None, "metadata": {"tags": [INJECTED_TAG]},
-                      "outputs": [], "source": source.rstrip("\n")})
     cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    tagged = next((c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    source = assignments.render(notebook.language_of(nb), parameters, tagged.get("source", "") if tagged else "")
+    cell = from_dict({"cell_type": "code", "execution_count": None, "metadata": {"tags": [INJECTED_TAG]},
+                      "outputs": [], "source": source})
     if notebook.has_ids(nb):  # the cell follows the notebook's version: an id from nbformat 4.5 only
         taken = {c.get("id") for c in cells if isinstance(c.get("id"), str)}
         cell["id"] = INJECTED_TAG if INJECTED_TAG not in taken else notebook.new_id(taken)

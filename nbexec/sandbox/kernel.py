@@ -28,7 +28,7 @@ from nbexec.errors import ProtocolError
 
 from . import lasterror, zmtp
 from .lasterror import LastError
-from .messages import Message, parse
+from .messages import Message, exit_asked, parse
 
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
@@ -83,6 +83,8 @@ class KernelClient:
         self._seen: set[bytes] = set()
         self._order: collections.deque[bytes] = collections.deque()
         self.lost = ""  # the channel whose connection the kernel closed (it went away, or crashed its messaging)
+        self.asks_last_error = True  # lasterror's code is Python: only an IPython kernel is asked it
+        self.settle = 0.0  # seconds of iopub silence read past idle (Deno publishes some outputs after it)
 
     @classmethod
     def connect(cls, base: Path, connection: dict[str, Any], *, max_message: int,
@@ -178,10 +180,12 @@ class KernelClient:
         return content
 
     def run(self, code: str, *, deadline: float, grace: float, on_output: Callable[[Message], None],
-            alive: Callable[[], bool], kill: Callable[[], None]) -> Execution:
+            alive: Callable[[], bool], kill: Callable[[], None],
+            interrupt: Callable[[], None] | None = None) -> Execution:
         """Execute ``code`` and hand each of its output messages (unparsed) to ``on_output`` until the kernel is
-        idle. Past ``deadline`` (time.monotonic()) the cell is interrupted, and ``kill`` is called when the kernel
-        is not idle ``grace`` seconds later. ``alive`` is asked once a second; False ends the run as "gone".
+        idle (and ``settle`` seconds quiet after). Past ``deadline`` (time.monotonic()) the cell is interrupted
+        (``interrupt``, by default an interrupt_request), and ``kill`` is called when the kernel is not idle
+        ``grace`` seconds later. ``alive`` is asked once a second; False ends the run as "gone".
         Kinds nbexec does not know (comm_close, ...) are ignored unparsed. Raises ProtocolError when the kernel
         breaks the protocol."""
         run = Execution()
@@ -199,12 +203,14 @@ class KernelClient:
                 break
             now = time.monotonic()
             if now >= deadline:
-                return self._stop(msg_id, run, grace, on_output, kill)
+                return self._stop(msg_id, run, grace, on_output, (kill, interrupt or self.interrupt))
             if now >= next_check:
                 next_check = now + _LIVENESS_EVERY
                 if not alive():
                     run.status = "gone"
                     return run
+        while self.settle and (msg := self.recv("iopub", self.settle, parent=msg_id)) is not None:
+            dispatch(msg, run, on_output)  # outputs published after idle (Deno's iopub drain runs apart)
         if replied is None:
             with contextlib.suppress(ProtocolError):  # a bad reply tells nothing: the kernel is asked below
                 self._reply(msg_id, run, max(_IDLE_AFTER_REPLY, min(_REPLY_AFTER_IDLE, deadline - time.monotonic())))
@@ -217,7 +223,7 @@ class KernelClient:
         if run.reply == "error":
             run.status = "error"
         unknown = run.reply not in ("ok", "error") and run.status == "ok"
-        if not unknown and (run.status != "error" or run.errors_read or run.error is not None):
+        if not self.asks_last_error or (not unknown and (run.status != "error" or run.errors_read or run.error)):
             return
         asked = self.last_error(max(1.0, min(_ASK_WAIT, deadline - time.monotonic())))
         if asked is not None and asked.raised:
@@ -230,7 +236,7 @@ class KernelClient:
         if reply is None:
             return False
         run.stamp("shell.execute_reply")
-        run.exit_value = _exit_asked(reply)
+        run.exit_value = exit_asked(reply, MAX_CONTROL)
         try:  # past its limit, or malformed, a reply says nothing: the kernel is asked instead
             content = reply.content(MAX_CONTROL)
         except ProtocolError:
@@ -262,9 +268,11 @@ class KernelClient:
             return None
 
     def _stop(self, msg_id: str, run: Execution, grace: float, on_output: Callable[[Message], None],
-              kill: Callable[[], None]) -> Execution:
-        """Interrupt a cell past its deadline; kill the sandbox if the kernel is not idle ``grace`` s later."""
-        self.interrupt()
+              stops: tuple[Callable[[], None], Callable[[], None]]) -> Execution:
+        """Interrupt a cell past its deadline; kill the sandbox if the kernel is not idle ``grace`` s later.
+        ``stops``: (kill, interrupt)."""
+        kill, interrupt = stops
+        interrupt()
         run.status, give_up = "timeout", time.monotonic() + grace
         while time.monotonic() < give_up:
             msg = self.recv("iopub", min(_POLL, max(0.0, give_up - time.monotonic())), parent=msg_id)
@@ -374,24 +382,6 @@ def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None])
             run.errors_dropped += 0 if msg.complete else msg.size
         on_output(msg)
     return False
-
-
-def _exit_asked(reply: Message) -> str | None:
-    """What the cell passed to exit() or quit(), when it called one, as SystemExit would show it ("" for none),
-    else None. ipykernel's exit() raises nothing: it puts an `ask_exit` payload in the execute reply (its
-    `keepkernel` is the argument) for the frontend to act on. A reply nbexec cannot read asks for nothing."""
-    if b"ask_exit" not in reply.raw_content:  # most replies: not parsed at all
-        return None
-    try:
-        payloads = reply.content(MAX_CONTROL).get("payload")
-    except ProtocolError:
-        return None
-    asked = [p for p in payloads if isinstance(p, dict) and p.get("source") == "ask_exit"] \
-        if isinstance(payloads, list) else []
-    if not asked:
-        return None
-    value = asked[-1].get("keepkernel")
-    return "" if value is None or value is False else str(value)[:200]
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

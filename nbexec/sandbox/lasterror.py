@@ -98,6 +98,8 @@ def from_reply(content: dict[str, Any]) -> LastError | None:
     """The error a failed execute_reply describes (ipykernel repeats the error message's ename, evalue and
     traceback there); None when it does not say, so the kernel is asked."""
     status = content.get("status")
+    if status == "abort":  # bash_kernel and IRkernel after an interrupt (SIGINT): no error message is sent
+        return LastError(True, "KeyboardInterrupt", "The cell was interrupted (the kernel answered 'abort').")
     if status != "error":  # "aborted", or anything else a kernel makes up: the cell did not end well
         return LastError(True, "KernelError", f"The kernel answered the cell with status {str(status)[:100]!r}.")
     return _checked({**content, "raised": True})

@@ -81,3 +81,21 @@ def _clean(value: Any, surrogates: bool, what: str) -> Any:
 def _fix_text(text: str) -> str:
     # In a Python str every surrogate is a lone one (escaped pairs were joined by the decoder).
     return _SURROGATE.sub("\ufffd", text)
+
+
+def exit_asked(reply: Message, limit: int) -> str | None:
+    """What the cell passed to exit() or quit(), when it called one, as SystemExit would show it ("" for none),
+    else None. ipykernel's exit() raises nothing: it puts an `ask_exit` payload in the execute reply (its
+    `keepkernel` is the argument) for the frontend to act on. A reply nbexec cannot read asks for nothing."""
+    if b"ask_exit" not in reply.raw_content:  # most replies: not parsed at all
+        return None
+    try:
+        payloads = reply.content(limit).get("payload")
+    except ProtocolError:
+        return None
+    asked = [p for p in payloads if isinstance(p, dict) and p.get("source") == "ask_exit"] \
+        if isinstance(payloads, list) else []
+    if not asked:
+        return None
+    value = asked[-1].get("keepkernel")
+    return "" if value is None or value is False else str(value)[:200]

@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from nbexec.config import SandboxConfig, host_from_env, parse_size
+from nbexec.config import SandboxConfig, parse_size
 from nbexec.errors import ConfigError
+from nbexec.hostconfig import host_from_env
 
 EXIT_USAGE = 2
 

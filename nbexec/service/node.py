@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from nbexec.config import host_from_env
+from nbexec.hostconfig import host_from_env
 
 from .runs import Runs
 from .tenants import Tenants

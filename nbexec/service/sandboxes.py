@@ -28,9 +28,10 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
-from nbexec.config import host_from_env, parse_size
+from nbexec.config import parse_size
 from nbexec.engine import collect
 from nbexec.errors import NbexecError, PackageError, ProtocolError, SessionError
+from nbexec.hostconfig import host_from_env
 from nbexec.sandbox.remote import frames
 from nbexec.sandbox.source import SandboxHandle, WheelFile
 

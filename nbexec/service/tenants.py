@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from nbexec.config import SandboxConfig, host_from_env
+from nbexec.config import SandboxConfig
 from nbexec.engine import durable, sources
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
 from nbexec.errors import SessionNotFoundError, StorageError
 from nbexec.files.folders import work_root
+from nbexec.hostconfig import host_from_env
 from nbexec.result import ExecutionResult
 from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.stores.storage import ArtifactStore

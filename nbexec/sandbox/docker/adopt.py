@@ -21,7 +21,6 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
 from nbexec.files.folders import work_root
-from nbexec.sandbox import kernel
 
 from . import daemon, datafs, egress
 from .container import Sandbox
@@ -114,12 +113,10 @@ def _reconnect(sandbox: Sandbox) -> None:
             raise SandboxError(f"the kept sandbox {sandbox.id}'s kernel did not answer within "
                                f"{config.startup_timeout:g} s")
 
-    frame_limit = config.max_output_bytes + config.max_display_bytes + kernel.MAX_HEADER
     try:
-        sandbox.client = kernel.KernelClient.connect(sandbox.runtime_dir / "kernel", sandbox.connection,
-                                                     max_message=frame_limit)
+        sandbox.client = sandbox.open_client()
     except OSError as exc:
         raise SandboxError(f"cannot reach the kept sandbox {sandbox.id}'s kernel: {exc}") from exc
-    sandbox.client.interrupt()  # a cell its dead owner started: nobody waits for it
+    sandbox.interrupt()  # a cell its dead owner started: nobody waits for it
     sandbox.client.wait_ready(check)
     sandbox.client.wait_subscribed(check)

@@ -48,8 +48,8 @@ from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
 
 from . import daemon, leftovers, pool
-from .container import KERNEL_PORTS, Sandbox
-from .options import RUNTIME_MOUNT, Place, container_options
+from .container import Sandbox
+from .options import KERNEL_PORTS, Place, connection_info, container_options
 from .workdir import claim_of
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def hibernate(sandbox: Sandbox, folder: Path) -> dict[str, Any] | None:
     """Checkpoint ``sandbox`` into ``folder`` and remove its container; its record, or None (untouched) when its
     runtime cannot keep memory, it reaches the host's egress proxy, or its code holds a socket gVisor cannot save
     (a TCP or UDP socket, a unix socket on a host mount): a checkpoint that fails kills the container."""
-    if sandbox.config.network == "allowlist" or not supported(sandbox.config):
+    if sandbox.config.network == "allowlist" or not sandbox.language.is_python or not supported(sandbox.config):
         return None
     image = sandbox.config.memory_bytes + CHECKPOINT_SLACK  # DiskSpaceError before the kernel is asked anything
     held = space.reserve([space.Need(folder, image, "its memory image (memory)"),
@@ -237,8 +237,7 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
     copies = space.reserve([space.Need(Path(daemon.root_dir()), sum(size for size, _ in files.values()) * 2,
                                        "the engine's copies of the memory image it restores")],
                            config.disk_margin_bytes, action="restore a sandbox's memory")
-    sandbox.connection = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
-                          "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
+    sandbox.connection = connection_info(config)
     try:
         with daemon.translated("create a sandbox to restore"):
             container = client.containers.create(**container_options(config, "session", Place(

@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import tempfile
 import time
 import uuid
@@ -24,6 +23,7 @@ import docker
 import docker.errors
 import docker.types
 
+from nbexec import languages
 from nbexec.config import SandboxConfig, running_as_root
 from nbexec.egress import describe_change
 from nbexec.errors import ConfigError, DockerError, SandboxError
@@ -34,7 +34,7 @@ from nbexec.sandbox import kernel
 from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
-from .options import RUNTIME_MOUNT, Place, container_options
+from .options import KERNEL_PORTS, Place, connection_info, container_options
 from .sleep import Sleeper
 from .workdir import CLAIM_FILE, CLAIMED_PREFIX, WORKDIR_PREFIX, provide_wheels, remove_tree
 
@@ -45,14 +45,13 @@ __all__ = ["Sandbox"]
 
 log = logging.getLogger(__name__)
 
-KERNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-
 
 class Sandbox(Sleeper):
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
         self.config = config
+        self.language = languages.get(config.language)
         # Who the code runs as (the one place that decides it per sandbox): as root, a fresh uid with no account.
         self.uid, self.gid = users.uid_gid(config)
         self.id = sandbox_id
@@ -126,8 +125,7 @@ class Sandbox(Sleeper):
     def _prepare_folders(self) -> None:
         mark(self.workdir)  # /mnt/data lives below: never a place nbexec loads a .env from
         self.runtime_dir.mkdir(mode=0o700)
-        info = {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
-                "signature_scheme": "hmac-sha256", "kernel_name": "python3", **KERNEL_PORTS}
+        info = connection_info(self.config)
         self.connection = info
         conn = self.runtime_dir / "kernel.json"
         conn.write_text(json.dumps(info))
@@ -204,15 +202,20 @@ class Sandbox(Sleeper):
                 next_check = time.monotonic() + 0.25
             time.sleep(delay)
             delay = min(delay * 1.5, 0.02)
-        # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
-        frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
-        self.client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self.connection,
-                                                  max_message=frame_limit)
+        self.client = self.open_client()
         self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
         self._lock_runtime()
         self.client.wait_subscribed(lambda: self._check_startup(deadline))
         log.debug("sandbox %s ready in %.3f s", self.id, time.monotonic() - self.started_at)
+
+    def open_client(self) -> kernel.KernelClient:
+        """Connect a kernel client to the sockets of the kernel, told how this language's kernel behaves."""
+        # A message may hold at most the whole output allowance (plus headers); larger ones are read past.
+        frame_limit = self.config.max_output_bytes + self.config.max_display_bytes + kernel.MAX_HEADER
+        client = kernel.KernelClient.connect(self.runtime_dir / "kernel", self.connection, max_message=frame_limit)
+        client.asks_last_error, client.settle = self.language.is_python, self.language.settle
+        return client
 
     def _lock_runtime(self) -> None:
         # The kernel read the connection file before it bound its sockets; the key need not stay on disk.
@@ -250,11 +253,14 @@ class Sandbox(Sleeper):
         killed interrupt_grace seconds later; status "gone" when the container stopped under it."""
         assert self.client is not None
         return self.client.run(code, deadline=deadline, grace=self.config.interrupt_grace, on_output=on_output,
-                               alive=lambda: self.state().running, kill=self.kill)
+                               alive=lambda: self.state().running, kill=self.kill, interrupt=self.interrupt)
 
     def warm(self) -> None:
-        """Import the configured modules in the kernel without binding any name in the user's namespace."""
+        """Import the configured modules in the kernel without binding any name in the user's namespace (a
+        Python kernel's only: the modules are Python's)."""
         assert self.client is not None
+        if not self.language.is_python:
+            return
         modules = list(self.config.warm_imports)
         code = (f"for __nbexec_m in {modules!r}:\n"
                 f"    __import__('importlib').import_module(__nbexec_m)\n"
@@ -350,8 +356,13 @@ class Sandbox(Sleeper):
         return ContainerState(bool(status.get("Running")), status.get("ExitCode"), bool(status.get("OOMKilled")))
 
     def interrupt(self) -> None:
-        """Ask the kernel to interrupt the running cell (SIGINT, sent by the kernel's control thread)."""
-        if self.client is not None:
+        """Interrupt the running cell: ask the kernel (it sends itself SIGINT), or for a kernel that ignores the
+        request (IRkernel) send SIGINT to the container's init, which passes it to the kernel."""
+        if self.language.interrupt == "signal":
+            if self.container is not None:
+                with contextlib.suppress(DockerError), daemon.translated("interrupt a sandbox"):
+                    self.container.kill(signal="SIGINT")
+        elif self.client is not None:
             self.client.interrupt()
 
     def kill(self) -> None:

@@ -15,9 +15,9 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from nbexec.config import host_from_env
 from nbexec.errors import DockerError, DockerUnavailableError, ImageNotFoundError
 from nbexec.files import statefolder
+from nbexec.hostconfig import host_from_env
 
 log = logging.getLogger(__name__)
 

@@ -62,6 +62,15 @@ class BuildOptions:
 
 def build(options: BuildOptions, progress: Callable[[str], None]) -> str:
     """Build the runtime image, reporting each build line to ``progress``; return the image id."""
+    buildargs = {"BASE_IMAGE": options.base_image} if options.base_image else {}
+    base = options.base_image or default_base(context_dir() / "Dockerfile")
+    require_base(daemon.connect(), base, progress)
+    return run_build(options, progress, dockerfile="Dockerfile", buildargs=buildargs, base=base)
+
+
+def run_build(options: BuildOptions, progress: Callable[[str], None], *, dockerfile: str,
+              buildargs: dict[str, str], base: str) -> str:
+    """Build ``dockerfile`` of the image folder (a private copy, with the CA bundle) as ``options.tag``."""
     client = daemon.connect()
     with tempfile.TemporaryDirectory(prefix="nbexec-build-") as temp:
         context = Path(temp) / "context"
@@ -70,13 +79,11 @@ def build(options: BuildOptions, progress: Callable[[str], None]) -> str:
             if not options.ca_bundle.is_file():
                 raise ConfigError(f"--ca-bundle {options.ca_bundle} is not a file")
             shutil.copyfile(options.ca_bundle, context / "ca" / "ca-bundle.crt")
-        buildargs = {"BASE_IMAGE": options.base_image} if options.base_image else {}
-        base = options.base_image or default_base(context / "Dockerfile")
-        require_base(client, base, progress)
         image_id = ""
         with daemon.translated("build the runtime image"):
-            for chunk in client.api.build(path=str(context), tag=options.tag, buildargs=buildargs, rm=True,
-                                          forcerm=True, decode=True, nocache=options.no_cache):
+            for chunk in client.api.build(path=str(context), dockerfile=dockerfile, tag=options.tag,
+                                          buildargs=buildargs, rm=True, forcerm=True, decode=True,
+                                          nocache=options.no_cache):
                 if "error" in chunk:
                     raise _build_error(base, str(chunk["error"]).strip())
                 line = chunk.get("stream", "").rstrip()

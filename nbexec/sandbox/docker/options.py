@@ -5,12 +5,14 @@ and file limits, in-memory /tmp and home, its mounts (/mnt/data, /mnt/wheels rea
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker.types
 
+from nbexec import languages
 from nbexec.config import SandboxConfig
 from nbexec.sandbox.source import DATA_MOUNT, INPUT_MOUNT, PACKAGES_MOUNT, WHEELS_MOUNT
 
@@ -19,6 +21,14 @@ from . import daemon, egress
 RUNTIME_MOUNT = "/run/nbexec"
 HOME = "/home/sandbox"
 LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
+KERNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+
+
+def connection_info(config: SandboxConfig) -> dict[str, Any]:
+    """A new kernel's connection file: unix sockets <RUNTIME_MOUNT>/kernel-N, a fresh key, the language's kernel."""
+    return {"transport": "ipc", "ip": f"{RUNTIME_MOUNT}/kernel", "key": secrets.token_hex(32),
+            "signature_scheme": "hmac-sha256", "kernel_name": languages.get(config.language).spec["name"],
+            **KERNEL_PORTS}
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,7 @@ def container_options(config: SandboxConfig, role: str, place: Place) -> dict[st
     uid, gid, memory = place.uid, place.gid, config.memory_bytes
     options: dict[str, Any] = {
         "image": config.image_tag,  # a named image: its newest build
-        "command": ["nbexec-kernel", f"{RUNTIME_MOUNT}/kernel.json"],
+        "command": [languages.get(config.language).launcher, f"{RUNTIME_MOUNT}/kernel.json"],
         "name": f"nbexec-{place.sandbox_id}",
         "hostname": "sandbox",
         "detach": True,

@@ -18,7 +18,7 @@ from typing import Any
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
 
-from . import daemon, runtimes
+from . import daemon, kernels, runtimes
 from .container import Sandbox
 from .workdir import remove_stale_workdirs
 
@@ -35,6 +35,7 @@ def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool, claim: str
     """Start a sandbox, warming it when asked; never leaves a container behind on failure."""
     sweep_orphans()
     runtimes.require(config)  # an unregistered runtime fails here with how to register it, before any container
+    kernels.require(config)  # so does an image without the language's kernel
     sandbox = Sandbox.start(config, role=role, claim=claim)
     if warm_up:
         try:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from nbexec.config import SandboxConfig, host_from_env
+from nbexec.config import SandboxConfig
 from nbexec.errors import (
     ConfigError,
     NbexecError,
@@ -26,6 +26,7 @@ from nbexec.errors import (
     SandboxError,
     SessionLimitError,
 )
+from nbexec.hostconfig import host_from_env
 from nbexec.names import is_image_name
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
@@ -104,6 +105,9 @@ class RemoteSource(SandboxSource):
         if config.input_dir:
             raise ConfigError("input_dir (--mount-input) is a folder of this host, which nodes cannot mount: pass "
                               "the files with files={name: bytes} or upload() instead, or unset NBEXEC_NODES")
+        if config.language != "python":  # a node's body has no language yet: it would start a Python kernel
+            raise ConfigError(f"language {config.language} runs on this host's Docker engine only for now, not on "
+                              "nodes (NBEXEC_NODES): unset NBEXEC_NODES or set NBEXEC_SOURCE=local")
         last: NodeError | SessionLimitError | None = None
         for client in self.cluster.candidates():
             try:
