@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             only_mutate(scratch, {SCOPE[m][0] for m in modules})
             mutmut(scratch, [glob_of("paths", "bad_segment")], args.children)
             population = mutants(scratch, modules)
-            sample = random.Random(SEED).sample(population, min(SAMPLE, len(population)))
+            # Ranked by a hash of each mutant's name: code added elsewhere leaves this sample as it was (a seeded
+            # random.sample drew a new one whenever the population's size changed).
+            sample = sorted(population, key=lambda m: hashlib.sha256(f"{SEED}:{m.name}".encode()).digest())[:SAMPLE]
             mutmut(scratch, [m.name for m in sample], args.children)
             chosen = [m for m in mutants(scratch, modules) if m.name in {s.name for s in sample}]
         else:

@@ -22,7 +22,9 @@ import zmq
 from jupyter_client.session import Session
 from nbformat import NotebookNode
 
+from nbexec.config import SandboxConfig
 from nbexec.engine.budget import MAX_ERROR, Budget, CellState
+from nbexec.engine.widgets import WidgetState
 from nbexec.errors import NbexecError, ProtocolError
 from nbexec.notebook import outputs
 from nbexec.sandbox import kernel as kernel_protocol
@@ -436,9 +438,42 @@ def test_a_lone_surrogate_in_cut_text_is_replaced_not_a_crash() -> None:
 
 def test_each_stream_piece_reaches_the_listener_with_its_name() -> None:
     """What a caller watching the run sees (on_output): every piece, with the stream it was written to."""
-    seen: list[tuple[int, str, str]] = []
+    seen: list[tuple[int, str, str, str]] = []
     cell = NotebookNode(cell_type="code", source="", outputs=[], metadata={})
-    state = CellState(cell, 3, small(), lambda index, output: seen.append((index, output.name, output.text)))
+    state = CellState(cell, 3, small(), lambda index, output: seen.append(
+        (index, output.output_type, output.name, output.text)))
     for message in (stream("a"), stream("b", "stderr"), stream("c")):
         kernel_protocol.dispatch(message, Execution(), state.add)
-    assert seen == [(3, "stdout", "a"), (3, "stderr", "b"), (3, "stdout", "c")]
+    assert seen == [(3, "stream", "stdout", "a"), (3, "stream", "stderr", "b"), (3, "stream", "stdout", "c")]
+
+
+def test_errors_after_the_first_take_outputs_until_none_are_left() -> None:
+    """The first error is always kept; each later one takes one of the allowance's outputs, and past the last it
+    is dropped and counted."""
+    budget = small(outputs=2)
+    cell, outcome = run([msg("error", {"ename": f"E{n}", "evalue": "v", "traceback": []}) for n in (1, 2, 3)],
+                        budget)
+    assert [o.ename for o in cell.outputs if o.output_type == "error"] == ["E1", "E2"]
+    assert budget.outputs == 0 and budget.dropped_outputs == 1 and outcome.status == "error"
+
+
+def test_a_stream_past_the_output_count_is_dropped_and_its_bytes_counted() -> None:
+    budget = small(outputs=1)
+    cell, _ = run([display(), stream("abc")], budget)
+    assert not any("abc" in str(o.get("text", "")) for o in cell.outputs)
+    assert budget.dropped_outputs == 1 and budget.dropped_text == 3  # what it takes in JSON, without quotes
+
+
+def test_an_error_nobody_could_describe_says_what_to_do() -> None:
+    cell = NotebookNode(cell_type="code", source="", outputs=[], metadata={})
+    node = CellState(cell, 0, small(), None).failure(Execution(status="error", errors_dropped=70_000))
+    assert node.ename == "UnknownError" and node.evalue == (
+        "The code raised an exception, but its error message (70,000 bytes) was larger than the whole output "
+        "allowance and the kernel did not say what it was. Raise smaller errors, or raise max_output / max_display.")
+
+
+def test_another_librarys_comm_costs_its_size_and_nothing_more() -> None:
+    state = WidgetState().limit(SandboxConfig())
+    raw = json.dumps({"comm_id": "c1", "target_name": "other.library", "data": {"state": {"a": 1}}}).encode()
+    assert state.add(Message("iopub", "comm_open", "m1", "p1", len(raw), raw), 10_000) == len(raw)
+    assert state.models == {}

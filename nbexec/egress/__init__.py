@@ -150,7 +150,7 @@ class Allowlist:
         """The rules `to_json` wrote, each checked by the grammar again and, unless ``widen``, every allowing one
         within ``first`` (the rules the sandbox started with); ConfigError for anything else."""
         if not isinstance(data, list) or len(data) > MAX_RULES:
-            raise ConfigError("the kept allowlist is not a list of at most MAX_RULES rules")
+            raise ConfigError(f"the kept allowlist is not a list of at most {MAX_RULES} rules")
         rules, verdicts = [], []
         for item in data:
             host, ports, verdict = (item.get(k) for k in ("host", "ports", "allow")) if isinstance(item, dict) \

@@ -411,6 +411,12 @@ DROPPED = [
     pytest.param(_model(name="LayoutModel", grid_area="a; background: red"), id="style-second-property"),
     pytest.param({"model_name": "X", "state": "not a mapping"}, id="state-not-a-mapping"),
     pytest.param("not a model", id="model-not-a-mapping"),
+    pytest.param({**_model(), "buffers": [{"encoding": "hex", "data": "00", "path": ["value"]}]},
+                 id="buffer-not-base64"),
+    pytest.param({**_model(), "buffers": [{"encoding": "base64", "data": 7, "path": ["value"]}]},
+                 id="buffer-data-not-text"),
+    pytest.param({**_model(), "buffers": [{"encoding": "base64", "data": "AA==", "path": "value"}]},
+                 id="buffer-path-not-a-list"),
 ]
 
 
