@@ -477,3 +477,37 @@ def test_another_librarys_comm_costs_its_size_and_nothing_more() -> None:
     raw = json.dumps({"comm_id": "c1", "target_name": "other.library", "data": {"state": {"a": 1}}}).encode()
     assert state.add(Message("iopub", "comm_open", "m1", "p1", len(raw), raw), 10_000) == len(raw)
     assert state.models == {}
+
+
+def test_an_error_without_its_fields_is_kept_with_empty_ones() -> None:
+    cell, outcome = run([msg("error", {"ename": "E"})], small())
+    (node,) = [o for o in cell.outputs if o.output_type == "error"]
+    assert (node.ename, node.evalue, node.traceback) == ("E", "", []) and outcome.status == "error"
+
+
+def _comm(kind: str, data: dict[str, Any], buffers: tuple[bytes, ...] = ()) -> Message:
+    raw = json.dumps({"comm_id": "w1", "target_name": "jupyter.widget", "data": data}).encode()
+    return Message("iopub", kind, uuid.uuid4().hex, "p1", len(raw) + sum(map(len, buffers)), raw, buffers=buffers)
+
+
+SLIDER = {"_model_name": "IntSliderModel", "_model_module": "@jupyter-widgets/controls",
+          "_model_module_version": "2.0.0", "value": 3}
+
+
+def test_a_widget_model_is_saved_with_the_module_it_names() -> None:
+    state = WidgetState().limit(SandboxConfig())
+    state.add(_comm("comm_open", {"state": SLIDER, "buffer_paths": []}), 1 << 20)
+    state.add(_comm("comm_msg", {"method": "update", "buffer_paths": [["b"]]}, (b"\x00\x01",)), 1 << 20)
+    nb = NotebookNode(metadata={}, cells=[])
+    state.save(nb)
+    (entry,) = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
+    assert (entry["model_name"], entry["model_module"], entry["model_module_version"]) == (
+        "IntSliderModel", "@jupyter-widgets/controls", "2.0.0")
+    assert entry["buffers"] == [{"data": "AAE=", "encoding": "base64", "path": ["b"]}]  # an update without state
+
+
+def test_a_buffer_path_with_a_long_key_drops_the_widget_state() -> None:
+    state = WidgetState().limit(SandboxConfig())
+    state.add(_comm("comm_open", {"state": SLIDER, "buffer_paths": []}), 1 << 20)
+    state.add(_comm("comm_msg", {"method": "update", "state": {}, "buffer_paths": [["k" * 257]]}, (b"x",)), 1 << 20)
+    assert state.dropped and "buffer path" in state.dropped and state.models == {}

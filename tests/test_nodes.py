@@ -255,3 +255,9 @@ def test_a_host_folder_cannot_be_mounted_on_a_node(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("NBEXEC_NODE_TOKEN", "t" * 16)
     with pytest.raises(ConfigError, match="input_dir"):
         nbexec.execute_notebook("print(1)", input_dir=str(tmp_path))
+
+
+def test_an_event_without_a_name_is_a_message_after_a_named_one() -> None:
+    """The name an `event:` line gave lasts for its own event only: the next one without it is a "message"."""
+    pieces = Framer(1000).feed(b"event: output\ndata: a\n\ndata: b\n\n")
+    assert [value for kind, value in pieces if kind == "dispatch"] == [b"output", b"message"]
