@@ -98,15 +98,19 @@ CODE: dict[str, dict[str, str]] = {
                 "attempt 'tcp to 1.1.1.1' 'exec 4<>/dev/tcp/1.1.1.1/80'\n"
                 "attempt dns 'getent hosts example.com'\n",
     },
+    # /var/tmp is world-writable: only the read-only root filesystem refuses it to the sandbox's user.
     "write-rootfs": {
-        "r": "attempt('write /usr/evil', function() writeLines('x', '/usr/evil'))\n"
+        "r": "attempt('write /var/tmp/evil', function() writeLines('x', '/var/tmp/evil'))\n"
+             "attempt('write /usr/evil', function() writeLines('x', '/usr/evil'))\n"
              "attempt('append /etc/passwd', function() cat('x\\n', file = '/etc/passwd', append = TRUE))\n"
              "attempt('mkdir /evil', function() if (!dir.create('/evil')) stop('refused'))\n",
-        "deno": "await attempt('write /usr/evil', () => Deno.writeFileSync('/usr/evil', new Uint8Array([1])));\n"
+        "deno": "await attempt('write /var/tmp/evil', () => Deno.writeTextFileSync('/var/tmp/evil', 'x'));\n"
+                "await attempt('write /usr/evil', () => Deno.writeFileSync('/usr/evil', new Uint8Array([1])));\n"
                 "await attempt('append /etc/passwd', () => Deno.writeTextFileSync('/etc/passwd', 'x', "
                 "{ append: true }));\n"
                 "await attempt('mkdir /evil', () => Deno.mkdirSync('/evil'));\n",
-        "bash": "attempt 'write /usr/evil' 'echo x > /usr/evil'\n"
+        "bash": "attempt 'write /var/tmp/evil' 'echo x > /var/tmp/evil'\n"
+                "attempt 'write /usr/evil' 'echo x > /usr/evil'\n"
                 "attempt 'append /etc/passwd' 'echo x >> /etc/passwd'\n"
                 "attempt 'mkdir /evil' 'mkdir /evil'\n",
     },
