@@ -24,8 +24,9 @@ import pytest
 from hypothesis import settings
 
 import nbexec
+from nbexec.errors import ImageNotFoundError
 from nbexec.files.folders import work_root
-from nbexec.sandbox.docker import daemon, pool
+from nbexec.sandbox.docker import daemon, kernels, pool
 from nbexec.sandbox.docker.container import Sandbox
 from nbexec.sandbox.docker.workdir import remove_tree
 
@@ -40,6 +41,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FILES = Path(__file__).parent / "files"
 IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)
+# the R, Deno and Bash kernels on IMAGE (the `kernels_image` fixture)
+KERNELS = os.environ.get("NBEXEC_KERNELS_IMAGE", nbexec.SandboxConfig().kernels_image)
 T = TypeVar("T")
 LONG_LIVED_CHILDREN: set[int] = set()  # child processes a session fixture keeps (Azurite), not leaks
 
@@ -180,6 +183,23 @@ def docker_ready() -> None:
     except docker.errors.ImageNotFound:
         pytest.fail(f"these tests need the runtime image {IMAGE}: run `nbexec image build` "
                     "(or `nbexec image build --debootstrap` without a registry)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kernels_image(docker_ready: None) -> str:
+    """The kernels image on the tests' runtime image, tagged as the config's kernels_image (built when missing or
+    stale: `scripts/setup.sh --test` builds it first, so this is Docker's cache answering)."""
+    if not {"r", "deno", "bash"} <= set(_kernels_of(KERNELS)):
+        kernels.build(("r", "deno", "bash"), base=IMAGE, tag=KERNELS, progress=lambda line: None,
+                      options=kernels.image.BuildOptions())
+    return KERNELS
+
+
+def _kernels_of(tag: str) -> tuple[str, ...]:
+    try:
+        return kernels.of_image(tag)
+    except ImageNotFoundError:
+        return ()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,12 +17,8 @@ import nbexec
 from nbexec import Session, languages, notebook
 from nbexec.errors import ConfigError, ImageNotFoundError, NotebookError
 from nbexec.notebook import assignments, parameters
-from nbexec.sandbox.docker import kernels
 
-from .conftest import IMAGE, own_containers
-
-KERNELS = nbexec.SandboxConfig().kernels_image
-
+from .conftest import IMAGE, KERNELS, own_containers
 
 # -- the table, and what chooses the language (pure) ------------------------------------------------------------
 
@@ -148,23 +144,6 @@ def test_inject_writes_the_notebooks_language() -> None:
 
 
 # -- on Docker: each kernel in the kernels image ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def kernels_image(docker_ready: None) -> str:
-    """The kernels image on the tests' runtime image, tagged as the config's kernels_image (built when missing or
-    stale: `scripts/setup.sh --test` builds it first, so this is Docker's cache answering)."""
-    if not {"r", "deno", "bash"} <= set(_kernels_of(KERNELS)):
-        kernels.build(("r", "deno", "bash"), base=IMAGE, tag=KERNELS, progress=lambda line: None,
-                      options=kernels.image.BuildOptions())
-    return KERNELS
-
-
-def _kernels_of(tag: str) -> tuple[str, ...]:
-    try:
-        return kernels.of_image(tag)
-    except ImageNotFoundError:
-        return ()
 
 
 def cfg(language: str, **changes: Any) -> nbexec.SandboxConfig:
@@ -296,3 +275,13 @@ def test_nbexec_run_refuses_an_unknown_language_as_a_usage_error(tmp_path: Path)
     script.write_text("print(1)\n")
     done = CliRunner().invoke(main, ["run", "--language", "cobol", str(script)])
     assert done.exit_code == 2 and "choose one of python, r, deno, bash" in done.output
+
+
+def test_a_bash_shell_that_dies_ends_the_kernel_and_says_so(cleanup_ledger: None, kernels_image: str) -> None:
+    # bash_kernel alone starts a new bash and replies ok, losing the shell's state without a word; the launcher
+    # ends the kernel instead, so the host reports it (an OOM kill of bash is kind "oom": test_languages_hostile).
+    with Session(cfg("bash")) as session:
+        assert session.run("kept=1").ok
+        result = session.run("exit 3")
+        assert result.error is not None and result.error.kind == "kernel_died", result.error
+        assert "exit code 3" in result.error.evalue and session.status == "dead"
