@@ -27,7 +27,7 @@ from nbexec.sandbox.docker.container import Sandbox
 
 from .conftest import IMAGE, settle, wait_until
 from .security import test_hostile as hostile
-from .security.test_hostile import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
+from .security.conftest import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
 
 HOSTILE_CASES: list = list(hostile.CASES)
 HOSTILE_PROBLEM = ""

@@ -31,7 +31,6 @@ from nbexec.sandbox.docker.local import LocalSource
 from ..conftest import IMAGE, own_containers
 from ..test_runtimes import UNDER_RUNSC
 from . import test_hostile as hostile
-from .test_hostile import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
 
 STATE = """
 import threading, time, json as kept_module
@@ -472,7 +471,7 @@ CORE = ("fork-bomb", "memory-bomb", "write-rootfs", "http-exfiltration", "docker
 
 @pytest.mark.parametrize("case", [c for c in hostile.CASES if c.id in CORE], ids=lambda c: c.id)
 def test_a_woken_sandbox_contains_the_hostile_suites_core_escapes(
-        case: hostile.Case, canary: Path, listener: hostile.Listener, cleanup_ledger: None,  # noqa: F811
+        case: hostile.Case, canary: Path, listener: hostile.Listener, cleanup_ledger: None,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The hostile suite's core cases, run by the engine on a sandbox that was hibernated and woken (the pool
     hands out only such sandboxes here), judged by the suite's own checks (gVisor's, where test_runtimes has one:

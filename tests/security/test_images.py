@@ -29,7 +29,6 @@ from ..test_images import DERIVED, NAME, ROOT, Built, derived, named, nbexec_cli
 from ..test_server import TOKEN_A, running
 from . import test_hostile as hostile
 from .hostile_cases import CASES, Case, denied, try_all
-from .test_hostile import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
 
 
 def all_image_ids() -> set[str]:
@@ -164,7 +163,7 @@ SUDO = Case("sudo-in-named-image", try_all(
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in CORE] + [SUDO], ids=lambda c: c.id)
 def test_a_named_image_contains_the_hostile_programs(case: Case, named: Built, canary: Path,  # noqa: F811
-                                                      listener: hostile.Listener, cleanup_ledger: None) -> None:  # noqa: F811
+                                                      listener: hostile.Listener, cleanup_ledger: None) -> None:
     run = hostile.prepare(case, listener)
     before = hashlib.sha256(canary.read_bytes()).hexdigest()
     since = time.time()
