@@ -340,13 +340,12 @@ def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str
     working(checks, "runsc")
     run = hostile.prepare(case, listener)  # type: ignore[arg-type]
     config = hostile.contained_config(case, canary).replace(runtime="runsc")  # type: ignore[arg-type]
-    since, started = time.time(), time.monotonic()
+    since = time.time()
     result = execute_notebook(run.code, config=config)
-    elapsed = time.monotonic() - started
     check = UNDER_RUNSC[case.id][0] if case.id in UNDER_RUNSC else case.check  # type: ignore[attr-defined]
     check(result)
-    wall_s = float(getattr(case, "wall_s", 30.0))
-    assert elapsed < wall_s * 2, f"took {elapsed:.1f} s"  # gVisor's system calls are slower
+    # No bound on the time it took: a timed assertion judges the machine's load, not the sandbox (the case's own
+    # check judges the effect: a time limit that ends the cell is kind "timeout" in its result).
     assert canary.read_text() == "host secret"
     assert "s3cret-canary" not in json.dumps(result.to_dict())
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"  # type: ignore[attr-defined]
