@@ -223,7 +223,8 @@ class KernelClient:
         if run.reply == "error":
             run.status = "error"
         unknown = run.reply not in ("ok", "error") and run.status == "ok"
-        if not self.asks_last_error or (not unknown and (run.status != "error" or run.errors_read or run.error)):
+        if not self.asks_last_error or (not unknown and (run.status != "error" or run.errors_read
+                                                           or run.error is not None)):
             return
         asked = self.last_error(max(1.0, min(_ASK_WAIT, deadline - time.monotonic())))
         if asked is not None and asked.raised:
