@@ -8,6 +8,7 @@ interrupt and leave the session alive, state across runs, and the clear errors o
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from nbexec import Session, languages, notebook
 from nbexec.errors import ConfigError, ImageNotFoundError, NotebookError
 from nbexec.notebook import assignments, parameters
 
-from .conftest import IMAGE, KERNELS, own_containers
+from .conftest import IMAGE, KERNELS, own_containers, wait_until
 
 # -- the table, and what chooses the language (pure) ------------------------------------------------------------
 
@@ -288,3 +289,17 @@ def test_a_bash_shell_that_dies_ends_the_kernel_and_says_so(cleanup_ledger: None
         result = session.run("exit 3")
         assert result.error is not None and result.error.kind == "kernel_died", result.error
         assert "exit code 3" in result.error.evalue and session.status == "dead"
+
+
+def test_a_deno_timer_that_keeps_printing_does_not_hold_the_run_open(cleanup_ledger: None,
+                                                                     kernels_image: str) -> None:
+    """Deno's late outputs are read after idle, but only for a while: a setInterval printing every 20 ms must not
+    keep the cell running for ever (its run ends, with what it printed so far)."""
+    found: list[nbexec.ExecutionResult] = []
+    with Session(cfg("deno", timeout=20)) as session:
+        runner = threading.Thread(target=lambda: found.append(session.run(
+            "setInterval(() => console.log('tick'), 20);\nconsole.log('set');")))
+        runner.start()
+        wait_until(lambda: not runner.is_alive(), 120, "the run never ended: a timer's output held it open")
+        assert found and found[0].ok and found[0].stdout.startswith("set\n"), found
+        assert session.run("console.log('next')").ok

@@ -42,6 +42,7 @@ _POLL = 0.25  # seconds between checks of the deadline while a cell is silent
 _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
 _REPLY_AFTER_IDLE = 5.0  # seconds to wait for the shell reply once iopub is idle (the reply says how the cell ended)
+MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernels with a ``settle``)
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
 COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
@@ -209,8 +210,13 @@ class KernelClient:
                 if not alive():
                     run.status = "gone"
                     return run
-        while self.settle and (msg := self.recv("iopub", self.settle, parent=msg_id)) is not None:
-            dispatch(msg, run, on_output)  # outputs published after idle (Deno's iopub drain runs apart)
+        # Outputs published after idle (Deno's iopub drain runs apart), for at most MAX_SETTLE seconds in all:
+        # code that keeps printing from a timer (setInterval) must not hold the run open past its limit.
+        settled = min(deadline, time.monotonic() + MAX_SETTLE)
+        while self.settle and time.monotonic() < settled and (
+                msg := self.recv("iopub", min(self.settle, max(0.0, settled - time.monotonic())), parent=msg_id)
+        ) is not None:
+            dispatch(msg, run, on_output)
         if replied is None:
             with contextlib.suppress(ProtocolError):  # a bad reply tells nothing: the kernel is asked below
                 self._reply(msg_id, run, max(_IDLE_AFTER_REPLY, min(_REPLY_AFTER_IDLE, deadline - time.monotonic())))
