@@ -88,6 +88,9 @@ class SandboxConfig:
     language: str = field(default="python", metadata=_doc(
         "Code's language: python, r, deno (TypeScript/JavaScript) or bash (aliases: py, R, ts, js, sh). A notebook's "
         "kernelspec or a script's extension chooses its own, unless a call gives one (language=, --language)."))
+    languages: tuple[str, ...] = field(default=(), metadata=_doc(
+        "Languages an HTTP client or a model (tool and MCP arguments) may ask for besides language, e.g. r,deno,bash; "
+        "any other is refused. The library and the CLI choose any language."))
     kernels_image: str = field(default=KERNELS_IMAGE, metadata=_doc(
         "The image for languages other than Python while image is the default (`nbexec image build --kernels "
         "r,deno,bash`)."))
@@ -218,6 +221,8 @@ class SandboxConfig:
     def _check_names(self) -> None:
         self._check_images()
         object.__setattr__(self, "language", languages.canonical(self.language))
+        object.__setattr__(self, "languages", tuple(dict.fromkeys(
+            languages.canonical(name, "languages entry") for name in self.languages)))
         if not (isinstance(self.kernels_image, str) and DOCKER_REFERENCE.fullmatch(self.kernels_image)):
             raise ConfigError(f"kernels_image {str(self.kernels_image)[:80]!r} is not a Docker image reference")
         if self.source not in SANDBOX_SOURCES:
@@ -297,6 +302,18 @@ class SandboxConfig:
     def choose_language(self, asked: Any) -> SandboxConfig:
         """This config with the language a caller asked for (None keeps it); ConfigError for an unknown one."""
         return self if asked is None else dataclasses.replace(self, language=languages.canonical(asked))
+
+    def offer_language(self, asked: Any) -> SandboxConfig:
+        """This config with the language an HTTP client or a model asked for: None keeps it; anything else must be
+        ``language`` or on ``languages``. ConfigError otherwise, naming what is offered."""
+        if asked is None:
+            return self
+        name = languages.canonical(asked)
+        if name != self.language and name not in self.languages:
+            offered = ", ".join(dict.fromkeys((self.language, *self.languages)))
+            raise ConfigError(f"language {name} is not offered here; this server offers {offered} "
+                              "(an operator adds others with NBEXEC_LANGUAGES)")
+        return dataclasses.replace(self, language=name)
 
     @property
     def container_key(self) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,25 @@ def node(index: int, tmp: Path, *, running: int = 8, sessions: int = 16, timeout
     env.pop("NBEXEC_NODES", None)
     return Server(name, free_port(), env, ["--node-name", name, "--max-running-per-token", str(running),
                                            "--max-sessions-per-token", str(sessions)])
+
+
+@contextlib.contextmanager
+def running_node(tag: str, env: dict[str, str], *, running: int = 8, sessions: int = 16,
+                 timeout: int = 60) -> Iterator[Server]:
+    """One started node whose TMPDIR is a short folder in /tmp (the egress proxy's and the kernels' socket paths
+    below it must fit AF_UNIX's limit), with ``env`` over `node`'s; stopped on exit, and judged to have left no
+    container behind."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir="/tmp"))
+    tmp.chmod(0o755)  # the sandbox user reaches its bind mounts through it
+    server = node(0, tmp, running=running, sessions=sessions, timeout=timeout, tag=tag)
+    server.env.update(env)
+    server.start()
+    try:
+        wait_ready([server])
+        yield server
+    finally:
+        server.kill(signal.SIGTERM)
+        wait_until(lambda: not server.containers(), 60, f"the node {server.name} left containers behind")
 
 
 def router(nodes: list[Server], port: int | None = None) -> Server:

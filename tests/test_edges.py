@@ -434,7 +434,7 @@ def test_a_frame_before_the_delimiter_is_not_taken_for_it() -> None:
     found = verify(frames)
     assert found is not None and found.msg_id == "m"
     without = [frames[0], *frames[2:]]  # no delimiter, and five frames where they would follow it
-    with pytest.raises(ProtocolError, match=r"^a message on iopub has no <IDS\|MSG> delimiter$"):
+    with pytest.raises(ProtocolError, match=r"^a message on iopub has no <IDS\|MSG> delimiter in its first 5 frames$"):
         verify(without)
     with pytest.raises(ProtocolError, match=r"^a message on iopub has 4 frames after its delimiter \(need 5\)$"):
         verify(frames[:-1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import nbformat
+import pytest
 
 from nbexec.notebook import outputs
 
@@ -106,6 +107,18 @@ def test_first_error_is_the_first_and_clean() -> None:
     bare = outputs.first_error([{"output_type": "error"}])
     assert bare is not None and (bare.ename, bare.evalue, bare.traceback, bare.cell_index) == ("", "", (), None)
     assert outputs.first_error(flat[:1]) is None
+
+
+@pytest.mark.parametrize(("first", "kept"), [
+    ("Error in g(): deep\nTraceback:\n", "Error in g(): deep"),  # IRkernel's header dropped
+    ("Error in g(): deep\n", "Error in g(): deep\n"),  # no header: as it came
+    ("Traceback:\n", "Traceback:\n"),  # only a header, no message before it: kept
+    ("x\nTraceback:\ny", "x\nTraceback:\ny"),  # a header inside the text is the code's text
+])
+def test_an_r_traceback_loses_only_irkernels_header(first: str, kept: str) -> None:
+    error = outputs.first_error([{"output_type": "error", "ename": "ERROR", "evalue": "deep",
+                                  "traceback": [first, "1. f()", "2. g()   # at line 1 of file <text>"]}])
+    assert error is not None and error.traceback == (kept, "1. f()", "2. g()   # at line 1 of file <text>")
 
 
 def test_images_take_the_first_type_of_each_display_and_skip_undecodable_data() -> None:

@@ -14,8 +14,6 @@ import http.server
 import json
 import os
 import re
-import signal
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,18 +65,9 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
 
 @pytest.fixture(scope="module")
 def node(docker_ready: None, web: int) -> Iterator[cluster.Server]:
-    tmp = Path(tempfile.mkdtemp(prefix="p-"))  # short: the egress proxy's socket path must fit AF_UNIX's limit
-    tmp.chmod(0o755)
-    server = cluster.node(0, tmp, tag="p")
-    server.env.update({"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": f"127.0.0.1:{web}",
-                       "NBEXEC_POOL_SIZE": "0", "NBEXEC_MAX_DATA": "64m"})
-    server.start()
-    try:
-        cluster.wait_ready([server])
+    with cluster.running_node("p", {"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": f"127.0.0.1:{web}",
+                                    "NBEXEC_POOL_SIZE": "0", "NBEXEC_MAX_DATA": "64m"}) as server:
         yield server
-    finally:
-        server.kill(signal.SIGTERM)
-        wait_until(lambda: not server.containers(), 60, "the parity node left containers behind")
 
 
 def _config(where: str, web: int, index: Index, cache: Path) -> nbexec.SandboxConfig:

@@ -117,3 +117,9 @@ class SessionManager:
             sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             session.close()
+
+    def __enter__(self) -> SessionManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_all()

@@ -128,6 +128,9 @@ class Clients:
         elif config is not None and client.session.config.image != config.image:
             raise ConfigError(f"this conversation's session runs in image {client.session.config.image}, the one its "
                               "first call chose; omit image to keep using it")
+        elif config is not None and client.session.config.language != config.language:
+            raise ConfigError(f"this conversation's session runs {client.session.config.language} code, the "
+                              "language its first call chose; omit language to keep using it")
         return client.session
 
     def prune(self, client: _Client) -> None:
@@ -187,10 +190,12 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
     clients = Clients(config, max_sessions, max_resource)
 
     @server.tool(name=tools.DEFAULT_NAME, description=text, structured_output=False)
-    async def execute_python(code: str, ctx: Context, image: str | None = None) -> CallToolResult:
+    async def execute_python(code: str, ctx: Context, image: str | None = None,
+                             language: str | None = None) -> CallToolResult:
         client = clients.client(connection_of(ctx.request_context))
-        try:  # only a name the operator allows (config.images); never a Docker tag the model made up
-            chosen = config.choose_image(image) if image is not None else None
+        try:  # only names the operator allows (config.images, .languages); never a Docker tag the model made up
+            chosen = config.choose_image(image).offer_language(language) \
+                if image is not None or language is not None else None
             session = clients.session_for(client, chosen)
             result = await mcpcalls.interruptible(session, functools.partial(session.run, code))
         except NbexecError as exc:
@@ -248,20 +253,21 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
             uri=uri, blob=base64.b64encode(content).decode("ascii"), mime_type=mime)])
 
     server.middleware.append(own_resources)
-    server.middleware.append(functools.partial(declared_arguments, images=config.images))
+    server.middleware.append(functools.partial(declared_arguments, images=config.images,
+                                               languages=tools.offered(config)))
     return server, clients
 
 
 async def declared_arguments(ctx: ServerRequestContext[Any, Any], call_next: CallNext, *,
-                             images: tuple[str, ...] = ()) -> HandlerResult:
+                             images: tuple[str, ...] = (), languages: tuple[str, ...] = ()) -> HandlerResult:
     """List ``execute_python`` with the parameters of ``tools.ToolArguments`` (the schema the OpenAI and Anthropic
-    tools use; ``image`` only when named images are allowed), not the one the SDK derives from the handler's
-    signature. mcp 2.3 hands middleware the listing already serialized (a dict, by alias)."""
+    tools use; ``image`` only when named images are allowed, ``language`` when languages are offered), not the
+    one the SDK derives from the handler's signature. mcp 2.3 hands middleware the listing already serialized."""
     result = await call_next(ctx)
     if ctx.method == "tools/list" and isinstance(result, dict):
         for tool in result.get("tools", []):
             if isinstance(tool, dict) and tool.get("name") == tools.DEFAULT_NAME:
-                tool["inputSchema"] = tools.json_schema(images=images)
+                tool["inputSchema"] = tools.json_schema(images=images, languages=languages)
     return result
 
 

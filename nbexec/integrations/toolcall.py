@@ -62,6 +62,9 @@ def parse_arguments(raw: Any, *, shell: bool = False) -> tuple[dict[str, Any] | 
     image = raw.get("image")
     if image is not None and not isinstance(image, str):
         return None, 'The "image" argument must be the name of one of the images listed, or omitted.'
+    language = raw.get("language")
+    if language is not None and not isinstance(language, str):
+        return None, 'The "language" argument must be the name of one of the languages listed, or omitted.'
     return dict(raw), None
 
 
@@ -116,10 +119,12 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
         store: ArtifactStore | None = None, conversation: str | None = None) -> ExecutionResult | str:
     """Execute parsed arguments one-shot, or in the conversation's session when ``sessions`` is given."""
     session_id = arguments.get("session_id")
-    asked, chosen = arguments.get("image"), config
-    if asked is not None:  # only a name the operator allows (config.images); never a Docker tag the model made up
+    asked, language, chosen = arguments.get("image"), arguments.get("language"), config
+    if asked is not None or language is not None:
+        # only a name the operator allows (config.images, config.languages); never a Docker tag the model made up
         try:
-            chosen = (config or (sessions.config if sessions is not None else None) or from_env()).choose_image(asked)
+            chosen = (config or (sessions.config if sessions is not None else None) or from_env()) \
+                .choose_image(asked).offer_language(language)
         except ConfigError as exc:
             return f"{exc}"
     if sessions is None:
@@ -130,6 +135,9 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
     if session_id and chosen is not None and asked is not None and session.config.image != chosen.image:
         return (f"Session {session_id[:80]} runs in the image it started with; omit image to keep using it, or omit "
                 "session_id to start a new session in another image.")
+    if session_id and chosen is not None and language is not None and session.config.language != chosen.language:
+        return (f"Session {session_id[:80]} runs {session.config.language} code, the language it started with; "
+                "omit language to keep using it, or omit session_id to start a new session in another language.")
     try:
         result = _in_session(session, arguments)
     except SessionError as exc:

@@ -15,6 +15,7 @@ from nbexec.result import ExecutionResult
 DEFAULT_NAME = "execute_python"  # never "python": models tuned on ChatGPT's tool send that one bare strings
 DEFAULT_BUDGET = 8000
 LIBRARIES = "numpy, pandas, matplotlib, scipy, seaborn, scikit-learn, pillow, openpyxl, sympy"
+SPOKEN = {"python": "Python", "r": "R", "deno": "TypeScript or JavaScript (Deno)", "bash": "Bash"}
 
 
 def description(config: SandboxConfig | None = None, *, stateful: bool = False, by_session_id: bool = True) -> str:
@@ -30,6 +31,12 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False, 
         state = "State persists between calls in this conversation (variables, imports, files)."
     network = "The sandbox has internet access." if config.network is True else \
         "There is no internet access: do not try to download data or install packages."
+    if config.language != "python":
+        return (f"Execute {SPOKEN[config.language]} code in a sandboxed Jupyter kernel and return its output. "
+                f"{state} Save files to /mnt/data (the working directory); they are returned to the user as links, "
+                "and you can reference them as sandbox:/mnt/data/<name>. Plots and rich values the kernel displays "
+                f"are shown to the user automatically. {network} {limits(config)}"
+                f"{_images(config, stateful)}{_languages(config, stateful)} Print what you need to see.")
     if config.network is not True and config.packages != "off":
         network = ("There is no internet access, so do not try to download data; but `%pip install <name>` at the "
                    "start of a line works for common data, science, plotting, file-format and text libraries (the "
@@ -43,9 +50,24 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False, 
         f"{state} Save files to /mnt/data (the working directory); they are returned to the user as links, "
         "and you can reference them as sandbox:/mnt/data/<name>. Charts shown with plt.show() or display() "
         "are shown to the user automatically, and so is a window (tkinter, turtle) still open when a call ends. "
-        f"{network} {limits(config)} Installed: {LIBRARIES}.{_images(config, stateful)} "
-        "Print what you need to see: only printed output and the last expression's value come back."
+        f"{network} {limits(config)} Installed: {LIBRARIES}.{_images(config, stateful)}"
+        f"{_languages(config, stateful)} Print what you need to see: only printed output and the last expression's "
+        "value come back."
     )
+
+
+def offered(config: SandboxConfig) -> tuple[str, ...]:
+    """The languages a model may choose with the ``language`` argument (the default first); none when only one."""
+    return tuple(dict.fromkeys((config.language, *config.languages))) if config.languages else ()
+
+
+def _languages(config: SandboxConfig, stateful: bool) -> str:
+    if not config.languages:
+        return ""
+    kept = " (a session keeps the language of its first call)" if stateful else ""
+    others = ", ".join(f"{name} ({SPOKEN[name]})" for name in offered(config)[1:])
+    return (f" Code in another language runs with the language argument{kept}: {others}; omitted, it is "
+            f"{config.language}. %pip and the libraries above are for Python only.")
 
 
 def _images(config: SandboxConfig, stateful: bool) -> str:
@@ -63,12 +85,14 @@ class ToolArguments:
     A field whose metadata says ``sessions`` exists only in the stateful tool. A dataclass, not a pydantic model, so
     this module needs nothing beyond the core dependencies."""
 
-    code: str = field(metadata={"description": "Python source to run."})
+    code: str = field(metadata={"description": "The source to run (Python unless the description says otherwise)."})
     session_id: str | None = field(default=None, metadata={"sessions": True, "description": (
         "The session_id an earlier call returned, to keep its state; omit it to start a new session. "
         "Never make one up.")})
     image: str | None = field(default=None, metadata={"images": True, "description": (
         "The image to run in, one of those listed; omit it for the default one.")})
+    language: str | None = field(default=None, metadata={"languages": True, "description": (
+        "The code's language, one of those listed; omit it for the default one.")})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,20 +138,24 @@ def limits(config: SandboxConfig) -> str:
             f"{config.max_files} {data} come back.")
 
 
-def json_schema(*, sessions: bool = False, images: tuple[str, ...] = (),
+def json_schema(*, sessions: bool = False, images: tuple[str, ...] = (), languages: tuple[str, ...] = (),
                 arguments: type = ToolArguments) -> dict[str, Any]:
     """The tool's parameters as JSON Schema, from ``arguments`` (``ToolArguments``: ``code``, with sessions
-    ``session_id``, and with named images allowed ``image`` (their names and "default"); or ``ShellArguments``)."""
+    ``session_id``, with named images allowed ``image`` (their names and "default"), with languages offered
+    ``language`` (their names, the default first); or ``ShellArguments``)."""
     hints = get_type_hints(arguments)
     properties: dict[str, Any] = {}
     required = []
     for item in fields(arguments):
-        if (item.metadata.get("sessions") and not sessions) or (item.metadata.get("images") and not images):
+        if (item.metadata.get("sessions") and not sessions) or (item.metadata.get("images") and not images) \
+                or (item.metadata.get("languages") and not languages):
             continue
         kind = next(t for t in (hints[item.name], *get_args(hints[item.name])) if t in _JSON_TYPES)
         properties[item.name] = {"type": _JSON_TYPES[kind], "description": item.metadata["description"]}
         if item.metadata.get("images"):
             properties[item.name]["enum"] = [DEFAULT_IMAGE_NAME, *images]
+        if item.metadata.get("languages"):
+            properties[item.name]["enum"] = list(languages)
         if item.default is MISSING:
             required.append(item.name)
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
@@ -137,10 +165,11 @@ def openai_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_NAME
                 api: str = "chat") -> dict[str, Any]:
     """A function tool for OpenAI's Chat Completions (``api="chat"``) or Responses API (``api="responses"``)."""
     images = config.images if config is not None else ()
+    languages = offered(config) if config is not None else ()
     body = {"name": name, "description": description(config, stateful=sessions),
-            "parameters": json_schema(sessions=sessions, images=images)}
+            "parameters": json_schema(sessions=sessions, images=images, languages=languages)}
     if api == "responses":  # strict schemas need every property required: true only without optional ones
-        return {"type": "function", **body, "strict": not sessions and not images}
+        return {"type": "function", **body, "strict": not sessions and not images and not languages}
     if api != "chat":
         raise ValueError("api must be 'chat' or 'responses'")
     return {"type": "function", "function": body}
@@ -150,7 +179,8 @@ def anthropic_tool(config: SandboxConfig | None = None, *, name: str = DEFAULT_N
                    sessions: bool = False) -> dict[str, Any]:
     """A client tool for Anthropic's Messages API."""
     return {"name": name, "description": description(config, stateful=sessions),
-            "input_schema": json_schema(sessions=sessions, images=config.images if config is not None else ())}
+            "input_schema": json_schema(sessions=sessions, images=config.images if config is not None else (),
+                                        languages=offered(config) if config is not None else ())}
 
 
 def openai_shell_tool(config: SandboxConfig | None = None, *, name: str = SHELL_NAME, sessions: bool = False,

@@ -15,6 +15,7 @@ from nbexec.result import CellError
 
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "image/gif": "gif"}
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_R_HEADER = "\nTraceback:\n"  # what IRkernel ends an error's first traceback line with
 _MAX_ERROR_LINE = 64 * 1024  # bytes of one traceback line or of an error's value
 # Any terminal control left after the escapes: C0 but tab and newline, DEL, C1, and lone surrogates (which no
 # UTF-8 encoder accepts). \r is handled first: as a line break, so progress lines stay readable.
@@ -91,7 +92,7 @@ def first_error(outputs: Iterable[dict[str, Any]]) -> CellError | None:
             return CellError(
                 ename=clean(str(output.get("ename", ""))),
                 evalue=clean(str(output.get("evalue", ""))),
-                traceback=tuple(clean(str(line)) for line in output.get("traceback", [])),
+                traceback=_without_header([clean(str(line)) for line in output.get("traceback", [])]),
                 kind="exception",
                 cell_index=output.get("cell_index"),
             )
@@ -122,6 +123,13 @@ def images(outputs: Iterable[dict[str, Any]]) -> Iterator[ImageData]:
                 continue
             yield ImageData(output["cell_index"], mime, extension, content)
             break
+
+
+def _without_header(lines: list[str]) -> tuple[str, ...]:
+    """A traceback without IRkernel's header: its first line is "Error in f(): deep\nTraceback:\n"."""
+    if lines and lines[0].endswith(_R_HEADER):
+        lines[0] = lines[0][:-len(_R_HEADER)]
+    return tuple(lines)
 
 
 def trim_error(ename: str, evalue: str, traceback: list[str], limit: int) -> tuple[str, str, list[str]]:

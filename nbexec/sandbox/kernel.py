@@ -20,13 +20,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nbexec.errors import ProtocolError
 
 from . import lasterror, zmtp
+from .execution import Execution
 from .lasterror import LastError
 from .messages import Message, exit_asked, parse
 
@@ -37,6 +37,7 @@ MAX_REPLY = MAX_CONTROL + 3 * MAX_HEADER  # bytes kept of a shell or control mes
 SEND_TIMEOUT = 30.0  # seconds a request may wait for the kernel to read it (it reads on its own I/O thread)
 _REPLAY_WINDOW = 65536  # signatures remembered to reject a message sent twice
 _DELIMITER = b"<IDS|MSG>"
+_MAX_IDENTITIES = 4  # routing frames before the delimiter: a DEALER is sent none, a kernel may echo a few
 _CHANNELS = (("shell", "DEALER"), ("iopub", "SUB"), ("control", "DEALER"))
 _POLL = 0.25  # seconds between checks of the deadline while a cell is silent
 _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
@@ -46,31 +47,6 @@ MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernel
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
 COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
-
-
-@dataclass
-class Execution:
-    """How one execute_request ended. ``status``: ok, error (the code raised), timeout (past the deadline;
-    ``stop`` is "interrupted" or "killed") or gone (the sandbox stopped under it). ``timing`` holds nbclient's
-    ``cell.metadata.execution`` keys (iopub.status.busy, iopub.execute_input, shell.execute_reply,
-    iopub.status.idle), stamped by the host's clock when each message arrived.
-
-    The status is "error" when an error message arrived *or* the execute_reply said so: either is enough, and
-    neither is lost to a cap (an error message past the frame limit still counts by its header). When no error
-    message could be read whole, ``error`` holds what the reply, or the kernel asked afterwards, said of it."""
-
-    status: str = "ok"
-    execution_count: int | None = None
-    stop: str = ""
-    timing: dict[str, str] = field(default_factory=dict)
-    reply: str = ""  # the execute_reply's status (ok, error); "" when none could be read
-    errors_read: int = 0  # error messages handed on whole
-    errors_dropped: int = 0  # bytes of error messages past the frame limit (read past unkept)
-    error: LastError | None = None
-    exit_value: str | None = None  # the cell called exit()/quit(): its argument as SystemExit would show it
-
-    def stamp(self, key: str) -> None:
-        self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 class KernelClient:
@@ -332,9 +308,16 @@ class KernelClient:
     def _verify(self, channel: str, incoming: zmtp.Incoming) -> Message | None:
         """Check sizes and the signature, then parse the headers only; None for a message to ignore."""
         frames, sizes = incoming.frames, incoming.sizes
-        start = next((i + 1 for i, f in enumerate(frames) if sizes[i] == len(_DELIMITER) and f == _DELIMITER), 0)
-        if not start:
-            raise ProtocolError(f"a message on {channel} has no <IDS|MSG> delimiter")
+        starts = [i + 1 for i, f in enumerate(frames[:_MAX_IDENTITIES + 1])
+                  if sizes[i] == len(_DELIMITER) and f == _DELIMITER]
+        if not starts:
+            raise ProtocolError(f"a message on {channel} has no <IDS|MSG> delimiter in its first "
+                                f"{_MAX_IDENTITIES + 1} frames")
+        start = starts[0]
+        if len(starts) > 1 and not self._signed(frames, start):
+            # Routing frames may hold the delimiter's bytes (ipykernel 7 once echoed a stray <IDS|MSG> and
+            # signature before a reply's own): the message starts at the delimiter whose signature holds.
+            start = next((s for s in starts[1:] if self._signed(frames, s)), start)
         if len(frames) - start < 5:
             raise ProtocolError(f"a message on {channel} has {len(frames) - start} frames after its delimiter "
                                 "(need 5)")
@@ -344,14 +327,10 @@ class KernelClient:
             raise ProtocolError(f"a message on {channel} has a header over {MAX_HEADER:,} bytes")
         size = sum(sizes[start + 3:])
         complete = metadata is not None and content is not None  # buffers are not signed: need not be kept
-        if metadata is not None and content is not None:
-            digest = hmac.new(self._key, digestmod=hashlib.sha256)
-            for part in (header, parent_header, metadata, content):
-                digest.update(part)
-            given = bytes(signature)
-            if not hmac.compare_digest(given, digest.hexdigest().encode("ascii")):
+        if complete:
+            if not self._signed(frames, start):
                 raise ProtocolError(f"a message on {channel} is unsigned or its signature is wrong")
-            self._remember(given)
+            self._remember(bytes(signature))
         parent = _object(parse(parent_header, "parent header"), "parent header")
         head = _object(parse(header, "header"), "header")
         msg_type, msg_id, parent_id = head.get("msg_type"), head.get("msg_id"), parent.get("msg_id", "")
@@ -359,6 +338,16 @@ class KernelClient:
             raise ProtocolError(f"a message on {channel} has a header without string msg_type and msg_id")
         return Message(channel, msg_type, msg_id, parent_id, size, content or b"", complete,
                        tuple(frames[start + 5:]))
+
+    def _signed(self, frames: tuple[bytearray | None, ...], start: int) -> bool:
+        """Whether the five frames from ``start`` are whole and a message signed with our key."""
+        parts = frames[start:start + 5]
+        if len(parts) < 5 or any(part is None for part in parts) or len(parts[0] or b"") > 128:
+            return False
+        digest = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in parts[1:]:
+            digest.update(part or b"")
+        return hmac.compare_digest(bytes(parts[0] or b""), digest.hexdigest().encode("ascii"))
 
     def _remember(self, signature: bytes) -> None:
         if signature in self._seen:

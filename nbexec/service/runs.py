@@ -62,7 +62,7 @@ def http_error(exc: NbexecError) -> HTTPException:
         return HTTPException(413, str(exc))
     if isinstance(exc, DiskSpaceError):  # the reason without host paths; the log has the rest
         return HTTPException(503, exc.reason, headers={"Retry-After": "30"})
-    if isinstance(exc, FileTransferError):
+    if isinstance(exc, (FileTransferError, ConfigError)):  # the request asked for what this run cannot do
         return HTTPException(400, str(exc))
     if isinstance(exc, SessionError):
         return HTTPException(409, str(exc))
@@ -135,10 +135,11 @@ class Runs:
             raise http_error(exc) from exc
 
 
-def chosen(config: SandboxConfig, asked: str | None) -> SandboxConfig:
-    """The policy with the image a body asked for; 400 for one the operator does not allow (NBEXEC_IMAGES)."""
+def chosen(config: SandboxConfig, asked: str | None, language: str | None = None) -> SandboxConfig:
+    """The policy with the image and language a body asked for; 400 for one the operator does not allow
+    (NBEXEC_IMAGES, NBEXEC_LANGUAGES)."""
     try:
-        return config.choose_image(asked)
+        return config.choose_image(asked).offer_language(language)
     except ConfigError as exc:
         raise HTTPException(400, str(exc)) from None
 

@@ -86,7 +86,7 @@ def _held_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, setting
     @app.post("/v1/sandboxes", status_code=201, include_in_schema=False)
     async def acquire(body: SandboxBody, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
         """A ready sandbox of this node's source (in the named image the body asks for), held for the caller."""
-        config = chosen(folders.config, body.image)
+        config = chosen(folders.config, body.image, body.language)
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions and sandboxes are live for this token")
         handle = await runs.io(who, lambda: folders.source.acquire(config, purpose=body.purpose))

@@ -19,7 +19,7 @@ MAX_TIMEOUT = 3600
 
 
 class SessionExecuteBody(BaseModel):
-    code: str = Field(min_length=1, max_length=MAX_CODE, description="Python source to run.")
+    code: str = Field(min_length=1, max_length=MAX_CODE, description="Source to run, in the session's language.")
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT,
                                   description="Seconds; capped by the server's limit (default: that limit).")
     packages: list[str] = Field(default_factory=list, max_length=50, description=(
@@ -32,16 +32,23 @@ IMAGE_FIELD = Field(default=None, description=(
     "Any other value is refused with 400."))
 
 
+LANGUAGE_FIELD = Field(default=None, max_length=40, description=(
+    "The code's language: python, r, deno (TypeScript/JavaScript) or bash (aliases: py, R, ts, js, sh); omitted: "
+    "the server's language. One the server does not offer (NBEXEC_LANGUAGES) is refused with 400."))
+
+
 class ExecuteBody(SessionExecuteBody):
     files: dict[str, str] | None = Field(
         default=None, description="Files to put in /mnt/data first: name -> base64 content (one-shot only).")
     image: str | None = IMAGE_FIELD
+    language: str | None = LANGUAGE_FIELD
 
 
 class SessionBody(BaseModel):
     """POST /v1/sessions (the body is optional)."""
 
     image: str | None = IMAGE_FIELD
+    language: str | None = LANGUAGE_FIELD
     from_snapshot: str | None = Field(default=None, max_length=200,
                                       description="Start from this snapshot of yours (POST .../snapshot).")
 
@@ -59,10 +66,11 @@ class SandboxBody(BaseModel):
     purpose: Literal["oneshot", "session"] = Field(
         default="session", description="oneshot: a warm, pooled sandbox for one execution; session: kept for many.")
     image: str | None = IMAGE_FIELD
+    language: str | None = LANGUAGE_FIELD
 
 
 class RunBody(BaseModel):
-    code: str = Field(max_length=MAX_CODE, description="Python source to run as one cell.")
+    code: str = Field(max_length=MAX_CODE, description="Source to run as one cell, in the sandbox's language.")
     timeout: float = Field(gt=0, le=MAX_TIMEOUT, description="Seconds; capped by the node's limit.")
 
 
@@ -80,6 +88,7 @@ class SessionModel(BaseModel):
     status: str = Field(description="new, ready, busy, asleep, dead or closed")
     idle_s: float
     cells: int
+    language: str = Field(default="python", description="The session's language (its kernel).")
 
 
 class StoredModel(BaseModel):

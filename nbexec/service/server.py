@@ -147,7 +147,7 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
 
         Its files and images are served from /v1/executions/{execution_id}/... for ``result_ttl`` seconds."""
         uploads = _decode_files(body.files)
-        config = chosen(settings.config, body.image)
+        config = chosen(settings.config, body.image, body.language)
         execution_id = uuid.uuid4().hex[:16]
         session = folders.one_shot(execution_id, settings.store, shown.id, config)
 
@@ -185,7 +185,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
     @app.post("/v1/sessions", status_code=201)
     async def create_session(shown: Shown, body: SessionBody | None = None,
                              who: str = Depends(owner)) -> SessionModel:
-        config = chosen(settings.config, body.image if body is not None else None)
+        config = chosen(settings.config, *((body.image, body.language) if body is not None else (None, None)))
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
         if body is not None and body.from_snapshot:
@@ -242,4 +242,5 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
 
 def _describe(session: Session, shown: View) -> SessionModel:
     return SessionModel(id=shown.id(session.id), status=session.status,
-                        idle_s=round(time.monotonic() - session.last_activity, 3), cells=len(session.notebook.cells))
+                        idle_s=round(time.monotonic() - session.last_activity, 3), cells=len(session.notebook.cells),
+                        language=session.config.language)

@@ -11,8 +11,6 @@ code finds after the wake (a file the cells append to tells a replay from a chec
 from __future__ import annotations
 
 import os
-import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,17 +34,9 @@ SLEEP_ROUTES = ("/sleep", "/awake", "/hibernate", "/wake")
 @pytest.fixture(scope="module", params=["runc", "runsc"])
 def member(request: pytest.FixtureRequest, docker_ready: None) -> Iterator[cluster.Server]:
     """A node on ``runtime`` (no pool: every sandbox is a session's)."""
-    tmp = Path(tempfile.mkdtemp(prefix="z-"))  # short: socket paths below it must fit AF_UNIX's limit
-    tmp.chmod(0o755)
-    server = cluster.node(0, tmp, tag=f"z{request.param}")
-    server.env.update({"NBEXEC_POOL_SIZE": "0", "NBEXEC_RUNTIME": request.param})
-    server.start()
-    try:
-        cluster.wait_ready([server])
+    with cluster.running_node(f"z{request.param}", {"NBEXEC_POOL_SIZE": "0", "NBEXEC_RUNTIME": request.param}) \
+            as server:
         yield server
-    finally:
-        server.kill(signal.SIGTERM)
-        wait_until(lambda: not server.containers(), 60, "the node left containers behind")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import signal
 import socket
 import tempfile
 import threading
@@ -372,18 +371,11 @@ def test_a_session_without_an_allowlist_refuses_a_change_and_starts_nothing() ->
 @pytest.fixture(scope="module")
 def egress_node(hosts: list[KeepAlive], docker_ready: None) -> Iterator[cluster.Server]:
     """One real node whose policy is network=allowlist to the first two loopback servers, with two client tokens."""
-    tmp = Path(tempfile.mkdtemp(prefix="e-", dir="/tmp"))  # short: the proxy's Unix socket lives under it
-    tmp.chmod(0o755)
-    server = cluster.node(0, tmp, running=2, sessions=4, tag="e")
-    server.env.update({"NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": f"{hosts[0].rule},{hosts[1].rule}",
-                       "NBEXEC_POOL_SIZE": "0", "NBEXEC_API_TOKENS": f"{cluster.NODE_TOKEN},{cluster.OTHER_TOKEN}"})
-    server.start()
-    try:
-        cluster.wait_ready([server])
+    with cluster.running_node("e", {
+            "NBEXEC_NETWORK": "allowlist", "NBEXEC_ALLOWED_HOSTS": f"{hosts[0].rule},{hosts[1].rule}",
+            "NBEXEC_POOL_SIZE": "0", "NBEXEC_API_TOKENS": f"{cluster.NODE_TOKEN},{cluster.OTHER_TOKEN}"},
+            running=2, sessions=4) as server:
         yield server
-    finally:
-        server.kill(signal.SIGTERM)
-        wait_until(lambda: not server.containers(), 60, "the node left containers behind")
 
 
 def _fetch(port: int, path: str) -> str:

@@ -15,8 +15,6 @@ import contextlib
 import hashlib
 import json
 import re
-import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -43,19 +41,12 @@ RELAY_CAP = 128 * 1024  # the node's max_output + max_display below
 def seam_node(docker_ready: None) -> Iterator[cluster.Server]:
     """One node with small caps: 64 KiB of output and of display, 1 MiB and 3 wheels per sandbox, 2 sessions or
     sandboxes per client."""
-    tmp = Path(tempfile.mkdtemp(prefix="s-"))
-    tmp.chmod(0o755)
-    server = cluster.node(0, tmp, running=2, sessions=2, timeout=600, tag="s")  # runs end only when stopped
-    server.env.update({"NBEXEC_MAX_OUTPUT": "64k", "NBEXEC_MAX_DISPLAY": "64k", "NBEXEC_POOL_SIZE": "0",
-                       "NBEXEC_MAX_PACKAGE_DOWNLOAD": "1m", "NBEXEC_MAX_PACKAGES": "3"})
-    server.start()
-    try:
-        cluster.wait_ready([server])
+    with cluster.running_node("s", {"NBEXEC_MAX_OUTPUT": "64k", "NBEXEC_MAX_DISPLAY": "64k", "NBEXEC_POOL_SIZE": "0",
+                                    "NBEXEC_MAX_PACKAGE_DOWNLOAD": "1m", "NBEXEC_MAX_PACKAGES": "3"},
+                              running=2, sessions=2, timeout=600) as server:  # runs end only when stopped
         yield server
-    finally:
-        server.kill(signal.SIGTERM)
-        wait_until(lambda: not server.containers(), 60, "the node left containers behind")
-        assert not list(tmp.rglob(".wheel-*")), "a wheel's temporary file was left on the node"
+    tmp = Path(server.env["TMPDIR"]).parent
+    assert not list(tmp.rglob(".wheel-*")), "a wheel's temporary file was left on the node"
 
 
 def _signed(http: httpx.Client, method: str, path: str, who: str | None, *, params: dict[str, str] | None = None,

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from nbexec import languages
 from nbexec.config import SandboxConfig
 from nbexec.errors import (
     ConfigError,
@@ -105,16 +106,13 @@ class RemoteSource(SandboxSource):
         if config.input_dir:
             raise ConfigError("input_dir (--mount-input) is a folder of this host, which nodes cannot mount: pass "
                               "the files with files={name: bytes} or upload() instead, or unset NBEXEC_NODES")
-        if config.language != "python":  # a node's body has no language yet: it would start a Python kernel
-            raise ConfigError(f"language {config.language} runs on this host's Docker engine only for now, not on "
-                              "nodes (NBEXEC_NODES): unset NBEXEC_NODES or set NBEXEC_SOURCE=local")
         last: NodeError | SessionLimitError | None = None
         for client in self.cluster.candidates():
             try:
                 body = {"purpose": purpose, **image_body(config)}
                 answer = client.json("POST", "/v1/sandboxes", "make a sandbox", SMALL, json=body,
                                      timeout=ACQUIRE_TIMEOUT)
-                handle = RemoteHandle(client, answer, config, purpose)
+                handle = _speaking(RemoteHandle(client, answer, config, purpose))
             except SessionLimitError as exc:  # this node is at its cap for this client: the next is asked
                 last = exc
                 continue
@@ -220,6 +218,21 @@ def forget_all() -> None:
 
 
 def image_body(config: SandboxConfig) -> dict[str, str]:
-    """What a body says of the image: a named image's name (the node checks it against its own NBEXEC_IMAGES);
-    nothing for a Docker tag, which is this host's choice and means the node's own image."""
-    return {"image": config.image} if is_image_name(config.image) else {}
+    """What a body says of the image and language: a named image's name (the node checks it against its own
+    NBEXEC_IMAGES; nothing for a Docker tag, which is this host's choice and means the node's own image), and a
+    language other than Python (checked against the node's NBEXEC_LANGUAGES)."""
+    return {**({"image": config.image} if is_image_name(config.image) else {}),
+            **({"language": config.language} if config.language != "python" else {})}
+
+
+def _speaking(handle: RemoteHandle) -> RemoteHandle:
+    """``handle`` if its kernel speaks the language asked for; a node that started another (one that knows no
+    languages ignores the field and starts Python) has its sandbox released and is a NodeError."""
+    language = languages.get(handle.config.language)
+    said = handle.language_info.get("name")
+    if language.is_python or (isinstance(said, str) and said.lower() == language.info.lower()):
+        return handle
+    with contextlib.suppress(NbexecError):
+        handle.destroy()
+    raise NodeError(f"node {handle.node} started a {str(said)[:40]!r} kernel for {language.name} code: it does not "
+                    f"run {language.name} (update it, or build its kernels image)")
