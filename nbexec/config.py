@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import languages
-from .errors import ConfigError
+from .errors import ConfigError, NotOfferedError
 from .names import (
     DEFAULT_IMAGE_NAME,
     DOCKER_REFERENCE,
@@ -256,9 +256,12 @@ class SandboxConfig:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for entry in self.allowed_hosts:
             host_rule(entry)
-        if self.network == "allowlist" and languages.canonical(self.language) != "python":
-            raise ConfigError(f"network='allowlist' is Python-only (its forwarder runs in the kernel), and the "
-                              f"language is {self.language}: use network off, or on (Docker's bridge)")
+        others = [name for name in (self.language, *self.languages) if self.network == "allowlist"
+                  and languages.canonical(name, "languages entry") != "python"]
+        if others:
+            raise ConfigError(f"network='allowlist' is Python-only (its forwarder runs in the kernel), and "
+                              f"{others[0]} is {'the language' if others[0] == self.language else 'offered'}: use "
+                              "network off, or on (Docker's bridge)")
         if self.network == "allowlist" and not self.allowed_hosts:
             raise ConfigError("network='allowlist' needs allowed_hosts (NBEXEC_ALLOWED_HOSTS, --allow-host): "
                               "the hosts the code may reach")
@@ -308,11 +311,14 @@ class SandboxConfig:
         ``language`` or on ``languages``. ConfigError otherwise, naming what is offered."""
         if asked is None:
             return self
-        name = languages.canonical(asked)
+        try:
+            name = languages.canonical(asked)
+        except ConfigError as exc:
+            raise NotOfferedError(str(exc)) from None
         if name != self.language and name not in self.languages:
             offered = ", ".join(dict.fromkeys((self.language, *self.languages)))
-            raise ConfigError(f"language {name} is not offered here; this server offers {offered} "
-                              "(an operator adds others with NBEXEC_LANGUAGES)")
+            raise NotOfferedError(f"language {name} is not offered here; this server offers {offered} "
+                                  "(an operator adds others with NBEXEC_LANGUAGES)")
         return dataclasses.replace(self, language=name)
 
     @property

@@ -38,6 +38,11 @@ class ConfigError(NbexecError, ValueError):
     """An option or environment variable has a bad value."""
 
 
+class NotOfferedError(ConfigError):
+    """A caller asked for what this policy does not offer: a language not offered, or what only Python has in
+    another language. Its message is for the caller (an HTTP 400, a tool error); it names nothing of the host."""
+
+
 class NotebookError(NbexecError):
     """The input cannot be turned into a runnable notebook."""
 

@@ -23,7 +23,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from nbexec.errors import ProtocolError
-from nbexec.sandbox import zmtp
+from nbexec.sandbox import kernel, zmtp
 from nbexec.sandbox.kernel import MAX_HEADER, KernelClient
 from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
 
@@ -284,6 +284,14 @@ def test_the_reply_ci_saw_after_a_resume_is_read_and_its_tampered_twin_refused()
         verify(frames)
 
 
+@pytest.mark.parametrize("size", [129, 4096])
+def test_a_long_routing_frame_after_a_stray_delimiter_is_never_taken_for_a_signature(size: int) -> None:
+    """The candidate whose signature frame is too long is passed over unhashed, and the real message read."""
+    frames: list[bytes | None] = [b"<IDS|MSG>", b"r" * size, *signed(header("m"))[1:]]
+    message = verify(frames)
+    assert message is not None and message.msg_id == "m"
+
+
 @pytest.mark.parametrize("idents", [5, 6, 40])
 def test_a_delimiter_after_more_than_four_routing_frames_is_refused(idents: int) -> None:
     frames: list[bytes | None] = [*[b"<IDS|MSG>"] * idents, *signed(header("m"))[1:]]
@@ -292,12 +300,44 @@ def test_a_delimiter_after_more_than_four_routing_frames_is_refused(idents: int)
 
 
 def test_stray_delimiters_cost_a_bounded_number_of_signature_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    original = KernelClient._signed
-    monkeypatch.setattr(KernelClient, "_signed", lambda self, f, s: calls.append(s) or original(self, f, s))
+    """Judged by the bytes hashed: at most the five candidates' four parts, and the kept one's again."""
+    hashed = [0]
+    original = hmac.new
+
+    class Counting:
+        def __init__(self, key: bytes, digestmod: Any) -> None:
+            self._digest = original(key, digestmod=digestmod)
+
+        def update(self, part: bytes) -> None:
+            hashed[0] += len(part)
+            self._digest.update(part)
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    monkeypatch.setattr(kernel.hmac, "new", Counting)
+    big = b"x" * 100_000
     with pytest.raises(ProtocolError):
-        verify([b"<IDS|MSG>"] * 10_000)
-    assert len(calls) <= 6  # each of at most five candidates, and the one kept checked again
+        verify([b"<IDS|MSG>"] * 5 + [big] * 50)
+    assert hashed[0] <= 6 * 4 * len(big)
+
+
+@given(prefix=st.lists(st.one_of(st.just(b"<IDS|MSG>"), st.binary(max_size=70), st.just(b"f" * 64)), max_size=6),
+       msg_id=st.text(max_size=8), part=st.integers(0, 3), tamper=st.booleans())
+def test_a_message_behind_routing_frames_is_read_only_whole_and_signed(prefix: list[bytes], msg_id: str, part: int,
+                                                                     tamper: bool) -> None:
+    """A signed message behind any routing frames (delimiters among them): read, with its own id, when its delimiter
+    is within the first five frames and nothing signed was changed; refused otherwise."""
+    message_frames = signed(header(msg_id), b'{"n": 1}')[1:]
+    if tamper:
+        message_frames[2 + part] = message_frames[2 + part] + b" "
+    frames: list[bytes | None] = [*prefix, *message_frames]
+    if tamper or len(prefix) > 4:
+        with pytest.raises(ProtocolError):
+            verify(frames)
+        return
+    message = verify(frames)
+    assert message is not None and message.msg_id == msg_id and bytes(message.raw_content) == b'{"n": 1}'
 
 
 @given(frames=st.lists(st.one_of(st.binary(max_size=80), st.just(b"<IDS|MSG>"), st.none()), max_size=10))

@@ -7,9 +7,10 @@ code ran (its kernel's own output), what was refused (the answer, and that no sa
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import nbexec
@@ -49,6 +50,38 @@ def test_a_language_not_offered_is_refused_naming_what_is(asked: Any) -> None:
         OFFERING.offer_language(asked)
     with pytest.raises(ConfigError):
         nbexec.SandboxConfig().offer_language("bash")  # nothing offered: only the configured language
+
+
+def test_offering_only_the_default_language_offers_nothing_to_choose() -> None:
+    alone = nbexec.SandboxConfig(languages=("python",))
+    assert tools.offered(alone) == () and "language" not in tools.json_schema(languages=tools.offered(alone))[
+        "properties"] and "language argument" not in tools.description(alone)
+
+
+def test_an_allowlist_policy_cannot_offer_a_language_it_cannot_serve() -> None:
+    with pytest.raises(ConfigError, match=r"allowlist.*Python-only.*bash is offered"):
+        nbexec.SandboxConfig(network="allowlist", allowed_hosts=("example.com",), languages=("bash",))
+
+
+@pytest.mark.parametrize(("language", "traceback", "said"), [
+    ("r", ("Error in g(): deep", "1. f()", "2. g()"), "deep"),
+    ("deno", ("TypeError: deep value", "    at f (<anonymous>:2:3)", "    at <anonymous>:4:1"), "deep value"),
+    ("bash", (), "2"),
+])
+def test_the_model_is_told_another_languages_error_message(language: str, traceback: tuple[str, ...],
+                                                          said: str) -> None:
+    from nbformat import v4
+
+    from nbexec.result import CellError, ExecutionResult
+
+    error = CellError(ename={"r": "ERROR", "deno": "TypeError", "bash": ""}[language],
+                      evalue={"r": "deep", "deno": "deep value", "bash": "2"}[language], traceback=traceback,
+                      kind="exception", cell_index=0)
+    shown = tools.render_for_llm(ExecutionResult(
+        ok=False, execution_id="x", stdout="", stderr="", text="", error=error, outputs=(), images=(), files=(),
+        skipped_files=(), notebook=v4.new_notebook(), notebook_path=None, output_dir="/o", duration_s=0.0,
+        timings={}))
+    assert said in shown and all(line.strip() in shown for line in traceback), shown
 
 
 def test_the_tool_schemas_offer_exactly_the_offered_languages() -> None:
@@ -136,6 +169,14 @@ def test_an_http_client_runs_an_offered_language(offering_service: Any) -> None:
             assert said["stdout"] == "42 R", said
             refused = client.post(f"{route}/execute", json={"code": "1", "packages": ["tabulate"]})
             assert refused.status_code == 400 and "Python-only" in refused.json()["detail"], refused.text
+            for other in ("bash", "python", "deno"):  # offered, the default, not offered: none is this session's
+                switched = client.post(f"{route}/execute", json={"code": "cat('ran')", "language": other})
+                assert switched.status_code == 400 and "ran" not in switched.text.split(), switched.text
+            assert client.post(f"{route}/execute", json={"code": "cat(kept)", "language": "R"}).json()["stdout"] \
+                == "41"
+            snapshot = client.post(f"{route}/snapshot").json()["snapshot"]
+            mixed = client.post("/v1/sessions", json={"from_snapshot": snapshot, "language": "bash"})
+            assert mixed.status_code == 400 and "omit image and language" in mixed.text, mixed.text
         finally:
             client.delete(route)
 
@@ -147,7 +188,11 @@ def test_an_http_client_asking_for_a_language_not_offered_starts_nothing(offerin
     with offering_service.client() as client:
         for route in ("/v1/execute", "/v1/sessions"):
             answer = client.post(route, json={"code": "echo ran", "language": asked})
-            assert answer.status_code in (400, 422), (route, answer.text)
+            if isinstance(asked, str):  # a name: refused by the policy, which says why
+                assert answer.status_code == 400, (route, answer.text)
+                assert re.search("not offered here|not a language nbexec runs", answer.json()["detail"]), answer.text
+            else:  # the wrong JSON type: refused by the schema
+                assert answer.status_code == 422, (route, answer.text)
             assert "ran" not in answer.text.split()
     assert own_containers(include_pool=True) == before, "a sandbox was started for a refused language"
 
@@ -174,7 +219,7 @@ def test_a_session_on_a_node_runs_the_language_the_node_offers(on_bash_node: clu
         said = session.run("echo $((kept + 1)) ${BASH_VERSION:+bash}")
         assert said.ok and said.text.split() == ["42", "bash"], said
         assert on_bash_node.containers(), "the session did not run on the node"
-    with pytest.raises(nbexec.errors.NbexecError, match="not offered"):
+    with pytest.raises(nbexec.errors.NotOfferedError, match="language r is not offered"):
         nbexec.execute_notebook("cat(1)", config=_config(language="r", source="remote"))
 
 
@@ -183,9 +228,113 @@ def test_a_node_that_starts_another_kernel_is_refused_and_its_sandbox_released(
     """A node that ignores the language (an older one) would run bash code in Python: the host checks the kernel
     the node started, releases that sandbox, and runs nothing."""
     monkeypatch.setattr(remote_source, "image_body", lambda config: {})
-    with pytest.raises(nbexec.errors.NbexecError, match="started a 'python' kernel for bash code"):
+    with pytest.raises(nbexec.errors.NotOfferedError, match="started a 'python' kernel for bash code"):
         nbexec.execute_notebook("echo ran", config=_config(language="bash", source="remote"))
-    with httpx.Client(base_url=on_bash_node.url, headers={"Authorization": f"Bearer {cluster.NODE_TOKEN}"}) as http:
-        held = http.get("/v1/sandboxes").json() if http.get("/v1/sandboxes").status_code == 200 else None
-    assert held in (None, [], {"sandboxes": []}), held
     wait_until(lambda: not on_bash_node.containers(), 60, "the refused sandbox was not released")
+
+
+@pytest.fixture(scope="module")
+def bash_default_node(docker_ready: None, kernels_image: str) -> Any:
+    """A node whose own language is bash and that offers nothing else (not even Python)."""
+    with cluster.running_node("B", {"NBEXEC_POOL_SIZE": "0", "NBEXEC_LANGUAGE": "bash",
+                                    "NBEXEC_KERNELS_IMAGE": kernels_image, "NBEXEC_IMAGE": IMAGE}) as server:
+        yield server
+
+
+PYTHON_SAYS = "import sys; print('python', sys.version_info[0])"
+
+
+def test_python_code_never_runs_in_a_nodes_other_default_kernel(bash_default_node: cluster.Server,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NBEXEC_NODES", bash_default_node.url)
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
+    remote_source.forget_all()
+    try:
+        with pytest.raises(nbexec.errors.NotOfferedError, match="language python is not offered"):
+            nbexec.execute_notebook(PYTHON_SAYS, config=_config(source="remote"))
+        monkeypatch.setattr(remote_source, "image_body", lambda config: {})  # a host that does not say: bash starts
+        with pytest.raises(nbexec.errors.NotOfferedError, match="started a 'bash' kernel for python code"):
+            nbexec.execute_notebook(PYTHON_SAYS, config=_config(source="remote"))
+        wait_until(lambda: not bash_default_node.containers(), 60, "the refused sandbox was not released")
+    finally:
+        remote_source.forget_all()
+
+
+def test_a_language_one_node_lacks_runs_on_another_that_has_it(bash_default_node: cluster.Server,
+                                                              bash_node: cluster.Server,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python on a bash-only node and a Python node: the first refuses it, the second runs it, and the refusal does
+    not put the first out of rotation (bash still runs there)."""
+    monkeypatch.setenv("NBEXEC_NODES", f"{bash_default_node.url},{bash_node.url}")
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
+    remote_source.forget_all()
+    try:
+        for _ in range(3):
+            ran = nbexec.execute_notebook(PYTHON_SAYS, config=_config(source="remote"))
+            assert ran.ok and ran.text.strip() == "python 3", ran
+        health = remote_source.RemoteSource.from_env().cluster.health
+        assert all(h.failures == 0 for h in health.values()), "a refusal marked a node as failing"
+    finally:
+        remote_source.forget_all()
+
+
+def test_a_snapshot_restores_for_a_caller_only_in_a_language_still_offered(cleanup_ledger: None, kernels_image: str,
+                                                                          tmp_path: Path) -> None:
+    """The service and MCP restore under the policy as it is now: a bash snapshot made while bash was offered is
+    refused once it is not (no sandbox starts), and restores in bash while it is."""
+    with nbexec.Session(_config(language="bash")) as session:
+        assert session.run("kept=41").ok
+        snapshot = session.snapshot(snapshot_dir=tmp_path)
+    before = own_containers(include_pool=True)
+    with pytest.raises(nbexec.errors.NotOfferedError, match="language bash is not offered"):
+        nbexec.Session.from_snapshot(snapshot, snapshot_dir=tmp_path, policy=_config())
+    assert own_containers(include_pool=True) == before, "a sandbox was started for a refused snapshot"
+    with nbexec.Session.from_snapshot(snapshot, snapshot_dir=tmp_path, policy=_config(languages=("bash",))) as again:
+        said = again.run("echo $((kept + 1)) ${BASH_VERSION:+bash}")
+        assert said.ok and said.text.split() == ["42", "bash"], said
+
+
+def test_mcp_offers_exactly_the_offered_languages_and_a_conversation_keeps_its_own(kernels_image: str,
+                                                                                   tmp_path: Path) -> None:
+    """The real `mcp` client against `nbexec mcp` offering bash: the listed schema's enum; a call in bash runs in
+    bash; a call naming no language keeps it; one naming another, or one not offered, is a tool error that starts
+    nothing; a restored snapshot says its language."""
+    import anyio
+
+    from .security.test_mcp import _client, _start_http, _stop_and_clean, _text
+
+    folder = tmp_path / "t"
+    folder.mkdir(mode=0o700)
+    server = _start_http(folder, env={"NBEXEC_LANGUAGES": "bash", "NBEXEC_KERNELS_IMAGE": kernels_image})
+    said = "echo ran-in-${BASH_VERSION:+bash}"
+
+    async def talk() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with _client(server.url) as client:
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            seen["enum"] = listed["execute_python"].input_schema["properties"]["language"]["enum"]
+            refused = []
+            for asked in ("deno", "cobol", "", 7):
+                answer = await client.call_tool("execute_python", {"code": said, "language": asked})
+                refused.append((asked, answer.is_error, _text(answer)))
+            seen["refused"], seen["containers_after_refusals"] = refused, server.containers()
+            seen["bash"] = _text(await client.call_tool("execute_python", {"code": said, "language": "sh"}))
+            seen["kept"] = _text(await client.call_tool("execute_python", {"code": said}))
+            other = await client.call_tool("execute_python", {"code": "print('ran')", "language": "python"})
+            seen["other"] = (other.is_error, _text(other))
+            made = _text(await client.call_tool("snapshot_session", {}))
+            seen["restored"] = _text(await client.call_tool("restore_session", {"snapshot_id": made}))
+        return seen
+
+    try:
+        seen = anyio.run(talk)
+    finally:
+        leaked = _stop_and_clean(server)
+    assert seen["enum"] == ["python", "bash"]
+    for asked, is_error, text in seen["refused"]:
+        assert is_error and "ran-in" not in text, (asked, text)
+    assert seen["containers_after_refusals"] == [], "a sandbox was started for a refused language"
+    assert "ran-in-bash" in seen["bash"] and "ran-in-bash" in seen["kept"], seen
+    assert seen["other"][0] and "runs bash code" in seen["other"][1] and "ran" not in seen["other"][1].split()
+    assert "the session runs bash code" in seen["restored"], seen["restored"]
+    assert leaked == []

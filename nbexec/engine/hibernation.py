@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from nbformat import NotebookNode
 
 from nbexec.config import SandboxConfig
-from nbexec.errors import NbexecError, SessionLostError
+from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionLostError
 from nbexec.files.folders import work_root
 from nbexec.files.statefolder import StateFolder
 from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
@@ -193,7 +193,9 @@ class Hibernation:
 
     @classmethod
     def _restored(cls: type[S], restored: snapshots.Restored, owner: str, options: dict[str, Any]) -> S:
-        session = cls(restored.config, owner=owner, **options)  # type: ignore[call-arg]
+        policy: SandboxConfig | None = options.pop("policy", None)
+        config = restored.config if policy is None else _within(policy, restored.config)
+        session = cls(config, owner=owner, **options)  # type: ignore[call-arg]
         try:
             session.start()
             assert session._sandbox is not None
@@ -219,3 +221,13 @@ class Hibernation:
         folder, self._memory_dir = self._memory_dir, None
         if folder is not None:
             remove_tree(folder)
+
+
+def _within(policy: SandboxConfig, kept: SandboxConfig) -> SandboxConfig:
+    """The config a snapshot restores in for a caller of ``policy`` (a service's, MCP's): the policy as it is now,
+    with the snapshot's image and language only while the policy still offers them (NotOfferedError otherwise)."""
+    try:
+        chosen = policy.choose_image(None if kept.image == policy.image else kept.image)
+    except ConfigError as exc:
+        raise NotOfferedError(f"the snapshot's image is not offered here any more: {exc}") from None
+    return chosen.offer_language(kept.language)

@@ -14,7 +14,7 @@ from nbformat import NotebookNode
 
 from nbexec import languages, notebook, packages
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError
+from nbexec.errors import NotOfferedError
 
 _DEFAULT_WARM = next(f.default for f in dataclasses.fields(SandboxConfig) if f.name == "warm_imports")
 
@@ -26,35 +26,36 @@ def checked(config: SandboxConfig, nb: NotebookNode, requested: Sequence[str], f
     if nb.get("metadata", {}).get("kernelspec") is None:
         nb.setdefault("metadata", {})["kernelspec"] = language.spec
     elif notebook.language_of(nb) is not language:
-        raise ConfigError(f"the notebook is {notebook.language_of(nb).name} and this session's kernel is "
+        raise NotOfferedError(f"the notebook is {notebook.language_of(nb).name} and this session's kernel is "
                           f"{language.name}: run it in a session of its language (language=...)")
     check_run(config, nb, requested, first_index)
     return notes(config)
 
 
 def check_run(config: SandboxConfig, nb: NotebookNode, requested: Sequence[str], first_index: int) -> None:
-    """ConfigError when a run in a language other than Python asks for packages."""
+    """NotOfferedError (a ConfigError) when a run in a language other than Python asks for packages."""
     if config.language == "python":
         return
     if requested:
-        raise ConfigError(f"packages ({', '.join(requested)[:200]}) are Python-only, and this code is "
+        raise NotOfferedError(f"packages ({', '.join(requested)[:200]}) are Python-only, and this code is "
                           f"{config.language}: add what it needs to the image instead (environments/jupyter/"
                           "kernels.Dockerfile)")
     for index in range(first_index, len(nb.cells)):
         cell = nb.cells[index]
         found = packages.scan(cell.source, index) if cell.cell_type == "code" else []
         if found:
-            raise ConfigError(f"cell {index} has a pip install line (line {found[0].line + 1}): packages are "
+            raise NotOfferedError(f"cell {index} has a pip install line (line {found[0].line + 1}): packages are "
                               f"Python-only, and this notebook is {config.language}. Remove the line and add what "
                               "it needs to the image instead (environments/jupyter/kernels.Dockerfile)")
 
 
 def check_shell(config: SandboxConfig) -> None:
-    """ConfigError for `Session.shell` in a language other than Python (its runner is Python code)."""
+    """NotOfferedError for `Session.shell` in a language other than Python (its runner is Python code)."""
     if config.language != "python":
-        raise ConfigError(f"Session.shell is Python-only (a Python snippet runs the command), and this session is "
-                          f"{config.language}" + (": run the command as code instead" if config.language == "bash"
-                                                    else "; a bash session (language='bash') runs commands as code"))
+        instead = ": run the command as code instead" if config.language == "bash" else \
+            "; a bash session (language='bash') runs commands as code"
+        raise NotOfferedError(f"Session.shell is Python-only (a Python snippet runs the command), and this session "
+                              f"is {config.language}{instead}")
 
 
 def notes(config: SandboxConfig) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ Content = str | list[str | dict[str, Any]]
 
 
 class CodeInput(BaseModel):
-    code: str = Field(description="Python source to run.")
+    code: str = Field(description="The source to run (Python unless the tool's description says otherwise).")
 
 
 class SessionCodeInput(CodeInput):

@@ -1,16 +1,14 @@
-"""`nbexec mcp`: an MCP server (the official `mcp` package, the mcp extra) with three tools: `execute_python`,
-`shell` (a command in the same sandbox) and `upload_file` (a file into /mnt/data; see `mcpcalls`). A client's
-``notifications/cancelled`` for a running call interrupts it (`mcpcalls.interruptible`).
+"""`nbexec mcp`: an MCP server (the official `mcp` package, the mcp extra) with the tools `execute_python`, `shell`
+(a command in the same sandbox; Python sessions only) and `upload_file` (into /mnt/data; see `mcpcalls`). A
+client's ``notifications/cancelled`` for a running call interrupts it (`mcpcalls.interruptible`).
 
 State is kept per MCP connection, the SDK's own per-client object: the stdio peer, each streamable-HTTP session
 whose id the server issued, or each single-exchange (2026-07-28) request. Nothing a client sends (a header, an
-argument) chooses the state it gets. When the connection ends (DELETE, the SDK's idle timeout, shutdown) its
-nbexec Session is closed and its folder deleted.
-
-Produced files are resources only of the client that made them (``nbexec://files/<name>``, answered from that
-client's own listing), read through the link-safe path with a size cap. Images come back as image content.
-Over HTTP, bearer tokens are checked (as bytes) before the MCP app sees a request, and each token is the principal
-the SDK binds its sessions to.
+argument) chooses the state it gets. When the connection ends (DELETE, the SDK's idle timeout, shutdown) its nbexec
+Session is closed and its folder deleted. Produced files are resources only of the client that made them
+(``nbexec://files/<name>``, answered from that client's own listing), read through the link-safe path with a size
+cap. Images come back as image content. Over HTTP, bearer tokens are checked (as bytes) before the MCP app sees a
+request, and each token is the principal the SDK binds its sessions to.
 """
 
 from __future__ import annotations
@@ -96,6 +94,7 @@ class _Client:
 
     session: Session | None = None
     files: dict[str, tuple[str, str]] = field(default_factory=dict)  # uri -> (name in /mnt/data, mime)
+    chose: SandboxConfig | None = None  # the image and language a call chose: a reaped session comes back in them
 
 
 class Clients:
@@ -120,15 +119,20 @@ class Clients:
         connection.exit_stack.push_async_callback(anyio.to_thread.run_sync, self.release, client)
         return client
 
-    def session_for(self, client: _Client, config: SandboxConfig | None = None) -> Session:
-        """The client's session, made on first use (with ``config``: the image its first call chose)."""
+    def session_for(self, client: _Client, *, image: str | None = None, language: str | None = None) -> Session:
+        """The client's session, made on first use in the image and language a call chose (only names the
+        operator allows: config.images, config.languages; never a Docker tag the model made up). A call naming
+        another than its session's is a ConfigError; one naming none keeps it."""
         self.prune(client)
+        asked = self.config.choose_image(image).offer_language(language) \
+            if image is not None or language is not None else None
         if client.session is None:
-            client.session = self.manager.create(config=config, owner=MCP_OWNER)
-        elif config is not None and client.session.config.image != config.image:
+            client.chose = asked or client.chose
+            client.session = self.manager.create(config=client.chose, owner=MCP_OWNER)
+        elif asked is not None and image is not None and client.session.config.image != asked.image:
             raise ConfigError(f"this conversation's session runs in image {client.session.config.image}, the one its "
                               "first call chose; omit image to keep using it")
-        elif config is not None and client.session.config.language != config.language:
+        elif asked is not None and language is not None and client.session.config.language != asked.language:
             raise ConfigError(f"this conversation's session runs {client.session.config.language} code, the "
                               "language its first call chose; omit language to keep using it")
         return client.session
@@ -193,18 +197,13 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
     async def execute_python(code: str, ctx: Context, image: str | None = None,
                              language: str | None = None) -> CallToolResult:
         client = clients.client(connection_of(ctx.request_context))
-        try:  # only names the operator allows (config.images, .languages); never a Docker tag the model made up
-            chosen = config.choose_image(image).offer_language(language) \
-                if image is not None or language is not None else None
-            session = clients.session_for(client, chosen)
+        try:
+            session = clients.session_for(client, image=image, language=language)
             result = await mcpcalls.interruptible(session, functools.partial(session.run, code))
         except NbexecError as exc:
             return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
         return answer(result, client)
 
-    @server.tool(name=tools.SHELL_NAME, description=tools.shell_description(config, stateful=True,
-                                                                            by_session_id=False),
-                 structured_output=False)
     async def shell(command: str, ctx: Context) -> CallToolResult:
         client = clients.client(connection_of(ctx.request_context))
         try:
@@ -213,6 +212,11 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         except NbexecError as exc:
             return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
         return answer(result, client)
+
+    if config.language == "python":  # its runner is Python code: another language's session refuses it
+        server.tool(name=tools.SHELL_NAME, description=tools.shell_description(config, stateful=True,
+                                                                               by_session_id=False),
+                    structured_output=False)(shell)
 
     @server.tool(name=UPLOAD_NAME, description=mcpcalls.UPLOAD_DESCRIPTION, structured_output=False)
     async def upload_file(name: str, content_base64: str, ctx: Context) -> CallToolResult:
@@ -236,26 +240,28 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
     mcpsnapshots.register(server, clients.manager, lambda ctx: clients.client(connection_of(ctx.request_context)),
                           lambda client: clients.session_for(client), MCP_OWNER)
 
-    async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        """Answer resources/list and resources/read from the requesting client's own files only."""
-        if ctx.method not in ("resources/list", "resources/read"):
-            return await call_next(ctx)
-        client = clients.client(connection_of(ctx))
-        if ctx.method == "resources/list":
-            return ListResourcesResult(resources=await anyio.to_thread.run_sync(clients.resources, client))
-        params = ctx.params if isinstance(ctx.params, Mapping) else {}
-        uri = params.get("uri")
-        if not isinstance(uri, str):
-            raise MCPError(code=INVALID_PARAMS, message="resources/read needs a uri")
-        content = await anyio.to_thread.run_sync(clients.read, client, uri)
-        mime = client.files.get(uri, ("", "application/octet-stream"))[1]
-        return ReadResourceResult(contents=[BlobResourceContents(
-            uri=uri, blob=base64.b64encode(content).decode("ascii"), mime_type=mime)])
-
-    server.middleware.append(own_resources)
+    server.middleware.append(functools.partial(own_resources, clients=clients))
     server.middleware.append(functools.partial(declared_arguments, images=config.images,
                                                languages=tools.offered(config)))
     return server, clients
+
+
+async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext, *,
+                        clients: Clients) -> HandlerResult:
+    """Answer resources/list and resources/read from the requesting client's own files only."""
+    if ctx.method not in ("resources/list", "resources/read"):
+        return await call_next(ctx)
+    client = clients.client(connection_of(ctx))
+    if ctx.method == "resources/list":
+        return ListResourcesResult(resources=await anyio.to_thread.run_sync(clients.resources, client))
+    params = ctx.params if isinstance(ctx.params, Mapping) else {}
+    uri = params.get("uri")
+    if not isinstance(uri, str):
+        raise MCPError(code=INVALID_PARAMS, message="resources/read needs a uri")
+    content = await anyio.to_thread.run_sync(clients.read, client, uri)
+    mime = client.files.get(uri, ("", "application/octet-stream"))[1]
+    return ReadResourceResult(contents=[BlobResourceContents(
+        uri=uri, blob=base64.b64encode(content).decode("ascii"), mime_type=mime)])
 
 
 async def declared_arguments(ctx: ServerRequestContext[Any, Any], call_next: CallNext, *,

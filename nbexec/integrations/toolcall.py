@@ -55,7 +55,7 @@ def parse_arguments(raw: Any, *, shell: bool = False) -> tuple[dict[str, Any] | 
         return None, 'The arguments must be a JSON object such as {"code": "print(1 + 1)"}.'
     code = raw.get("code")
     if not isinstance(code, str) or not code.strip():
-        return None, 'The "code" argument is missing or empty: pass the Python source to run as "code".'
+        return None, 'The "code" argument is missing or empty: pass the source to run as "code".'
     session_id = raw.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
         return None, 'The "session_id" argument must be a string.'

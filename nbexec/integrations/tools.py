@@ -23,7 +23,8 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False, 
     tool takes a session_id; without it, state is kept per connection (MCP) and no session_id is mentioned."""
     config = config or SandboxConfig()
     if not stateful:
-        state = "Each call starts a fresh Python process: nothing persists between calls."
+        kernel = SPOKEN[config.language].split(" (")[0]
+        state = f"Each call starts a fresh {kernel} process: nothing persists between calls."
     elif by_session_id:
         state = ("State persists between calls that pass the session_id the first call returned (variables, "
                  "imports, files).")
@@ -58,11 +59,12 @@ def description(config: SandboxConfig | None = None, *, stateful: bool = False, 
 
 def offered(config: SandboxConfig) -> tuple[str, ...]:
     """The languages a model may choose with the ``language`` argument (the default first); none when only one."""
-    return tuple(dict.fromkeys((config.language, *config.languages))) if config.languages else ()
+    names = tuple(dict.fromkeys((config.language, *config.languages)))
+    return names if len(names) > 1 else ()
 
 
 def _languages(config: SandboxConfig, stateful: bool) -> str:
-    if not config.languages:
+    if not offered(config):
         return ""
     kept = " (a session keeps the language of its first call)" if stateful else ""
     others = ", ".join(f"{name} ({SPOKEN[name]})" for name in offered(config)[1:])
@@ -228,6 +230,8 @@ def _trim_traceback(lines: tuple[str, ...]) -> list[str]:
         return []
     plain = [strip_ansi(line).lstrip() for line in lines[:-1]]
     frames = [index for index, line in enumerate(plain) if line.startswith(_FRAME_STARTS)]
+    if not frames:  # not IPython's shape (R's call stack, Deno's): every line is the kernel's own account
+        return list(lines)
     kept = [lines[index] for index in frames if plain[index].startswith(_USER_FRAME_STARTS)]
     dropped = len(frames) - len(kept)
     note = [f"({dropped} frame{'s' if dropped != 1 else ''} inside libraries omitted)"] if dropped else []
@@ -241,7 +245,7 @@ def _hint(result: ExecutionResult) -> str:
         "exception": "Fix the code and call the tool again.",
         "timeout": "The code ran out of time: make it faster or work on less data, then call the tool again.",
         "oom": "The code ran out of memory: use less (smaller data, chunks), then call the tool again.",
-        "kernel_died": "The Python process ended and its variables are lost (see why above); retry without it.",
+        "kernel_died": "The kernel's process ended and its variables are lost (see why above); retry without it.",
         "limit": "Too much data was written to /mnt/data: write less and call the tool again.",
     }.get(error.kind, "Fix the code and call the tool again.")
 
@@ -262,6 +266,9 @@ def _error_part(result: ExecutionResult) -> str:
     if error.kind == "exit":
         return f"Exit code {result.exit_code}."
     trace = clean("\n".join(_trim_traceback(error.traceback)) or f"{error.ename}: {error.evalue}")
+    said = clean(error.evalue).strip()
+    if said and said not in trace:  # the message itself, wherever the kernel put it
+        trace = f"{clean(error.ename)}: {said}\n{trace}"
     return f"Error ({error.kind}): {clean(error.ename)}\n{trace}\n{_hint(result)}"
 
 

@@ -21,6 +21,7 @@ from nbexec.errors import (
     FileTooLargeError,
     FileTransferError,
     NbexecError,
+    NotOfferedError,
     SessionError,
 )
 
@@ -62,7 +63,7 @@ def http_error(exc: NbexecError) -> HTTPException:
         return HTTPException(413, str(exc))
     if isinstance(exc, DiskSpaceError):  # the reason without host paths; the log has the rest
         return HTTPException(503, exc.reason, headers={"Retry-After": "30"})
-    if isinstance(exc, (FileTransferError, ConfigError)):  # the request asked for what this run cannot do
+    if isinstance(exc, (FileTransferError, NotOfferedError)):  # the request asked for what this run cannot do
         return HTTPException(400, str(exc))
     if isinstance(exc, SessionError):
         return HTTPException(409, str(exc))
@@ -142,6 +143,20 @@ def chosen(config: SandboxConfig, asked: str | None, language: str | None = None
         return config.choose_image(asked).offer_language(language)
     except ConfigError as exc:
         raise HTTPException(400, str(exc)) from None
+
+
+def same_language(config: SandboxConfig, asked: str | None) -> None:
+    """400 when a session's request names a language other than the session's (it keeps the one it started with)."""
+    if asked is not None and chosen(config, None, asked).language != config.language:
+        raise HTTPException(400, f"this session runs {config.language} code, the language it started with; omit "
+                                 "language, or start another session")
+
+
+def plain_restore(image: str | None, language: str | None) -> None:
+    """400 when a restore from a snapshot also names an image or a language (it runs in the snapshot's own)."""
+    if image is not None or language is not None:
+        raise HTTPException(400, "from_snapshot restores in the snapshot's own image and language: omit image and "
+                                 "language")
 
 
 async def apply_egress(runs: Runs, who: str, change: Callable[[], None]) -> None:

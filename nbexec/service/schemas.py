@@ -25,6 +25,9 @@ class SessionExecuteBody(BaseModel):
     packages: list[str] = Field(default_factory=list, max_length=50, description=(
         "Packages to install before the code runs (e.g. tabulate, pyarrow==17.*): wheels fetched by the server "
         "under its package policy and installed offline; what became of each is in the result's `packages`."))
+    language: str | None = Field(default=None, max_length=40, description=(
+        "The session's language, when the client wants it checked: any other is refused with 400 (a session keeps "
+        "the language it started with)."))
 
 
 IMAGE_FIELD = Field(default=None, description=(

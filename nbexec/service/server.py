@@ -40,7 +40,7 @@ try:
     from . import files, playground, sandboxes, snapshots
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
-    from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
+    from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, plain_restore, same_language, too_many
     from .schemas import (
         RESULT,
         EgressBody,
@@ -189,6 +189,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         if folders.live_for(who) >= settings.max_sessions_per_token:
             raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
         if body is not None and body.from_snapshot:
+            plain_restore(body.image, body.language)
             return _describe(await runs.io(who, snapshots.restore, folders, runs, who, body.from_snapshot, shown),
                              shown)
         try:
@@ -205,6 +206,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
                                  stream: bool = False, who: str = Depends(owner)) -> Any:
         """Run a cell in the session (state kept); ?stream=true for server-sent events."""
         session = files.owned(folders, who, session_id)
+        same_language(session.config, body.language)
 
         def render(on_output: Any = None) -> dict[str, Any]:
             result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,

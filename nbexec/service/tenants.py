@@ -189,7 +189,8 @@ class Tenants:
         session_id = uuid.uuid4().hex
         folder = self._folder(f"session-{session_id}")
         session = self.sessions.restore(snapshot_id, owner=who, session_id=session_id, output_dir=folder,
-                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
+                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder),
+                                        policy=self.config)  # what the service offers now, not then
         with self._lock:
             self._owners[session.id] = who
         return session

@@ -21,9 +21,11 @@ from nbexec import languages
 from nbexec.config import SandboxConfig
 from nbexec.errors import (
     ConfigError,
+    FileTransferError,
     NbexecError,
     NodeError,
     NodeUnavailableError,
+    NotOfferedError,
     SandboxError,
     SessionLimitError,
 )
@@ -106,15 +108,18 @@ class RemoteSource(SandboxSource):
         if config.input_dir:
             raise ConfigError("input_dir (--mount-input) is a folder of this host, which nodes cannot mount: pass "
                               "the files with files={name: bytes} or upload() instead, or unset NBEXEC_NODES")
-        last: NodeError | SessionLimitError | None = None
+        last: NbexecError | None = None
         for client in self.cluster.candidates():
             try:
                 body = {"purpose": purpose, **image_body(config)}
                 answer = client.json("POST", "/v1/sandboxes", "make a sandbox", SMALL, json=body,
                                      timeout=ACQUIRE_TIMEOUT)
                 handle = _speaking(RemoteHandle(client, answer, config, purpose))
-            except SessionLimitError as exc:  # this node is at its cap for this client: the next is asked
+            except (SessionLimitError, NotOfferedError) as exc:  # at its cap, or not offering it: the next is asked
                 last = exc
+                continue
+            except FileTransferError as exc:  # a 400: this node does not offer what the body asks (image, language)
+                last = NotOfferedError(f"node {client.name} does not run this: {exc}")
                 continue
             except NodeError as exc:  # nothing ran there: the next node is asked, this one left alone a while
                 self.cluster.failed(client.url, str(exc))
@@ -221,18 +226,18 @@ def image_body(config: SandboxConfig) -> dict[str, str]:
     """What a body says of the image and language: a named image's name (the node checks it against its own
     NBEXEC_IMAGES; nothing for a Docker tag, which is this host's choice and means the node's own image), and a
     language other than Python (checked against the node's NBEXEC_LANGUAGES)."""
-    return {**({"image": config.image} if is_image_name(config.image) else {}),
-            **({"language": config.language} if config.language != "python" else {})}
+    return {**({"image": config.image} if is_image_name(config.image) else {}), "language": config.language}
 
 
 def _speaking(handle: RemoteHandle) -> RemoteHandle:
-    """``handle`` if its kernel speaks the language asked for; a node that started another (one that knows no
-    languages ignores the field and starts Python) has its sandbox released and is a NodeError."""
+    """``handle`` if its kernel speaks the language asked for. One that names another kernel (a node that ignores
+    the field starts its own default) has its sandbox released: NotOfferedError, and the next node is asked. A
+    kernel that names none is taken for Python only."""
     language = languages.get(handle.config.language)
     said = handle.language_info.get("name")
-    if language.is_python or (isinstance(said, str) and said.lower() == language.info.lower()):
+    if (said is None and language.is_python) or (isinstance(said, str) and said.lower() == language.info.lower()):
         return handle
     with contextlib.suppress(NbexecError):
         handle.destroy()
-    raise NodeError(f"node {handle.node} started a {str(said)[:40]!r} kernel for {language.name} code: it does not "
-                    f"run {language.name} (update it, or build its kernels image)")
+    raise NotOfferedError(f"node {handle.node} started a {str(said)[:40]!r} kernel for {language.name} code: it "
+                          f"does not run {language.name} (update it, or build its kernels image)")
