@@ -242,3 +242,18 @@ def test_a_session_saves_a_model_updated_in_a_later_run(config: nbexec.SandboxCo
         assert later.ok, later.error
         view = next(o["data"][VIEW] for o in first.outputs if VIEW in o.get("data", {}))
         assert session.notebook.metadata.widgets[MIME]["state"][view["model_id"]]["state"]["value"] == 11
+
+
+def test_save_writes_each_models_module_and_version_as_its_state_says() -> None:
+    """``WidgetState.save`` called directly: the module and its version come from the model's own keys."""
+    from nbexec.engine.widgets import WidgetState
+
+    state = WidgetState()
+    state.models["m1"] = dict(SLIDER)
+    state.models["m2"] = {"_model_name": "LayoutModel", "_model_module": "@jupyter-widgets/base",
+                          "_model_module_version": "2.0.0"}
+    nb = v4.new_notebook()
+    state.save(nb)
+    saved = models(nb)
+    assert (saved["m1"]["model_module"], saved["m1"]["model_module_version"]) == ("@jupyter-widgets/controls", "2.0.0")
+    assert (saved["m2"]["model_module"], saved["m2"]["model_name"]) == ("@jupyter-widgets/base", "LayoutModel")
