@@ -47,6 +47,12 @@ T = TypeVar("T")
 LONG_LIVED_CHILDREN: set[int] = set()  # child processes a session fixture keeps (Azurite), not leaks
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that take minutes run first: spread over processes (scripts/test.sh), the rest fills around them
+    instead of one process ending the run alone with them."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def wait_until(predicate: Callable[[], T], timeout: float, message: str, *, interval: float = 0.05) -> T:
     """Poll ``predicate`` until it returns something true and return that; fail with ``message`` after
     ``timeout`` seconds. Tests wait on conditions, never for a fixed time."""

@@ -312,3 +312,66 @@ def test_llm_tool_calls_run_on_the_nodes(cluster: dict[str, Any], monkeypatch: p
         assert isinstance(second, nbexec.ExecutionResult) and second.stdout == "42\n" and second.node == first.node
     finally:
         sessions.close_all()
+
+
+# Loaded into a node process (sitecustomize): its worker thread lingers after each call before it lets go of the
+# sandbox, and after each run before it gives back the token's slot, as a thread descheduled on a busy machine does.
+LINGERING_NODE = '''
+import contextlib, time
+from nbexec.service import held
+
+_using = held.Held.using
+
+@contextlib.contextmanager
+def _lingering(self, entry):
+    with _using(self, entry) as handle:
+        yield handle
+        time.sleep(0.5)
+
+held.Held.using = _lingering
+
+from nbexec.service import sandboxes
+
+_work = sandboxes._Run.work
+
+def _slow_work(self, code, timeout):
+    _work(self, code, timeout)
+    time.sleep(0.5)
+
+sandboxes._Run.work = _slow_work
+'''
+
+
+def test_a_node_lets_go_of_the_sandbox_and_the_slot_before_it_says_a_run_ended(
+        docker_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that has read a run's end calls on the sandbox at once (the files' freeze, the next cell): by then
+    the node has let go of the sandbox and of the token's execution slot, however late its worker thread runs
+    (CI once saw "busy with another call" on a loaded machine). Judged on a node whose thread lingers half a
+    second after each call, with one slot per token: a notebook of three cells writing a file, then a session's
+    cells back to back, all run."""
+    import nbformat
+
+    from nbexec.sandbox.remote import source as remote_source
+
+    from .cluster import running_node
+    from .conftest import IMAGE
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(LINGERING_NODE)
+    with running_node("slow", {"PYTHONPATH": f"{hook}:{ROOT}", "NBEXEC_POOL_SIZE": "0"}, running=1) as server:
+        monkeypatch.setenv("NBEXEC_NODES", server.url)
+        monkeypatch.setenv("NBEXEC_NODE_TOKEN", NODE_TOKEN)
+        remote_source.forget_all()
+        try:
+            config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, source="remote")
+            nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in (
+                "x = 6", "open('/mnt/data/answer.txt', 'w').write(str(x * 7))", "print(x * 7)")])
+            result = nbexec.execute_notebook(nb, config=config, output_dir=tmp_path / "out")
+            assert result.ok and result.stdout == "42\n", result.to_dict()
+            assert [f.name for f in result.files] == ["answer.txt"]
+            with nbexec.Session(config) as session:
+                said = [session.run(f"print({n})") for n in range(4)]
+            assert [r.ok and r.stdout for r in said] == ["0\n", "1\n", "2\n", "3\n"], [r.to_dict() for r in said]
+        finally:
+            remote_source.forget_all()

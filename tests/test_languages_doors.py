@@ -299,37 +299,28 @@ def test_mcp_offers_exactly_the_offered_languages_and_a_conversation_keeps_its_o
     """The real `mcp` client against `nbexec mcp` offering bash: the listed schema's enum; a call in bash runs in
     bash; a call naming no language keeps it; one naming another, or one not offered, is a tool error that starts
     nothing; a restored snapshot says its language."""
-    import anyio
+    from .security.test_mcp import _text, conversation
 
-    from .security.test_mcp import _client, _start_http, _stop_and_clean, _text
-
-    folder = tmp_path / "t"
-    folder.mkdir(mode=0o700)
-    server = _start_http(folder, env={"NBEXEC_LANGUAGES": "bash", "NBEXEC_KERNELS_IMAGE": kernels_image})
     said = "echo ran-in-${BASH_VERSION:+bash}"
 
-    async def talk() -> dict[str, Any]:
+    async def talk(server: Any, client: Any) -> dict[str, Any]:
         seen: dict[str, Any] = {}
-        async with _client(server.url) as client:
-            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
-            seen["enum"] = listed["execute_python"].input_schema["properties"]["language"]["enum"]
-            refused = []
-            for asked in ("deno", "cobol", "", 7):
-                answer = await client.call_tool("execute_python", {"code": said, "language": asked})
-                refused.append((asked, answer.is_error, _text(answer)))
-            seen["refused"], seen["containers_after_refusals"] = refused, server.containers()
-            seen["bash"] = _text(await client.call_tool("execute_python", {"code": said, "language": "sh"}))
-            seen["kept"] = _text(await client.call_tool("execute_python", {"code": said}))
-            other = await client.call_tool("execute_python", {"code": "print('ran')", "language": "python"})
-            seen["other"] = (other.is_error, _text(other))
-            made = _text(await client.call_tool("snapshot_session", {}))
-            seen["restored"] = _text(await client.call_tool("restore_session", {"snapshot_id": made}))
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        seen["enum"] = listed["execute_python"].input_schema["properties"]["language"]["enum"]
+        refused = []
+        for asked in ("deno", "cobol", "", 7):
+            answer = await client.call_tool("execute_python", {"code": said, "language": asked})
+            refused.append((asked, answer.is_error, _text(answer)))
+        seen["refused"], seen["containers_after_refusals"] = refused, server.containers()
+        seen["bash"] = _text(await client.call_tool("execute_python", {"code": said, "language": "sh"}))
+        seen["kept"] = _text(await client.call_tool("execute_python", {"code": said}))
+        other = await client.call_tool("execute_python", {"code": "print('ran')", "language": "python"})
+        seen["other"] = (other.is_error, _text(other))
+        made = _text(await client.call_tool("snapshot_session", {}))
+        seen["restored"] = _text(await client.call_tool("restore_session", {"snapshot_id": made}))
         return seen
 
-    try:
-        seen = anyio.run(talk)
-    finally:
-        leaked = _stop_and_clean(server)
+    seen, leaked = conversation(tmp_path, {"NBEXEC_LANGUAGES": "bash", "NBEXEC_KERNELS_IMAGE": kernels_image}, talk)
     assert seen["enum"] == ["python", "bash"]
     for asked, is_error, text in seen["refused"]:
         assert is_error and "ran-in" not in text, (asked, text)

@@ -57,6 +57,7 @@ def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
         mutations.load(register)
 
 
+@pytest.mark.long
 def test_ci_tier_mutants_are_killed(docker_ready: None) -> None:
     done = run("--tier", "ci", timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 import nbexec
 from nbexec import execute_notebook
 from nbexec.sandbox.docker import pool
@@ -38,6 +40,7 @@ def test_the_first_call_does_not_wait_for_the_pool(cleanup_ledger: None) -> None
     assert execute_notebook("import sys\nprint('pandas' in sys.modules)", config=config).stdout == "True\n"
 
 
+@pytest.mark.long
 def test_two_hundred_executions_from_four_threads_leave_nothing(config: nbexec.SandboxConfig) -> None:
     def one(n: int) -> str:
         return execute_notebook(f"print({n} * 2)", config=config).stdout

@@ -270,6 +270,7 @@ class _Run:
         self.room = threading.Semaphore(QUEUE_FRAMES)
         self.gone = threading.Event()
         self.give_up = float("inf")  # time.monotonic() past which a client that reads nothing is gone
+        self.last: bytes | None = None  # the end (or failure) frame, sent once the run's thread is done
 
     def put(self, data: bytes) -> None:
         """Queue a frame (worker thread); waits while QUEUE_FRAMES are queued, never once the client left or the
@@ -286,11 +287,11 @@ class _Run:
                 self.put(frames.begin(self.shown_id))
                 try:
                     run = handle.run(code, deadline=time.monotonic() + timeout, on_output=self._relay)
-                    self.put(frames.end(self.shown_id, run))
+                    self.last = frames.end(self.shown_id, run)
                 except ProtocolError as exc:
-                    self.put(frames.failure("protocol", str(exc), handle.kernel_lost))
+                    self.last = frames.failure("protocol", str(exc), handle.kernel_lost)
         except NbexecError as exc:
-            self.put(frames.failure("node", str(exc), False))
+            self.last = frames.failure("node", str(exc), False)
         finally:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
 
@@ -309,6 +310,11 @@ class _Run:
                     continue
                 if data is None:
                     done = True
+                    # The end goes out once the run's thread has let go of the sandbox and the token's slot: a
+                    # client that reads it may call on the sandbox at once (the files' freeze, the next cell).
+                    await asyncio.wait([task])
+                    if self.last is not None:
+                        yield self.last
                     return
                 self.room.release()
                 yield data

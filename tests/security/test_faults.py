@@ -76,6 +76,7 @@ def _dockerd_pid() -> int | None:
         return None
 
 
+@pytest.mark.alone  # the restart stops every other test's sandboxes: scripts/test.sh runs it after the rest
 @pytest.mark.skipif(os.environ.get("NBEXEC_ALLOW_DOCKER_RESTART") != "1",
                     reason="restarts the machine's Docker engine: set NBEXEC_ALLOW_DOCKER_RESTART=1 (.ci/run does)")
 def test_docker_engine_restart_mid_run(cleanup_ledger: None, tmp_path: Path) -> None:

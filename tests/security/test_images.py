@@ -251,35 +251,26 @@ def test_tool_arguments_refuse_an_image_off_the_list(config: nbexec.SandboxConfi
 def test_mcp_arguments_refuse_an_image_off_the_list(named: Built, docker_ready: None, tmp_path: Path) -> None:  # noqa: F811
     """The real `mcp` client against `nbexec mcp`: the listed schema offers the allowed names; a call naming any
     other image is a tool error that starts no sandbox; the connection's session keeps the image it started in."""
-    import anyio
+    from .test_mcp import _text, conversation
 
-    from .test_mcp import _client, _start_http, _stop_and_clean, _text
-
-    folder = tmp_path / "t"
-    folder.mkdir(mode=0o700)
-    server = _start_http(folder, env={"NBEXEC_IMAGES": NAME})
     probe = "import importlib.util\nprint(importlib.util.find_spec('tomli_w') is not None)"
 
-    async def attack() -> dict[str, Any]:
+    async def attack(server: Any, client: Any) -> dict[str, Any]:
         seen: dict[str, Any] = {}
-        async with _client(server.url) as client:
-            listed = (await client.list_tools()).tools[0]
-            seen["enum"] = listed.input_schema["properties"]["image"]["enum"]
-            seen["refused"] = []
-            for asked in [p.values[0] for p in OFF_LIST] + [7]:
-                answer = await client.call_tool("execute_python", {"code": "print('ran')", "image": asked})
-                seen["refused"].append((asked, answer.is_error, _text(answer)))
-            seen["containers_after_refusals"] = server.containers()
-            seen["named"] = _text(await client.call_tool("execute_python", {"code": probe, "image": NAME}))
-            switched = await client.call_tool("execute_python", {"code": probe, "image": "default"})
-            seen["switched"] = (switched.is_error, _text(switched))
-            seen["kept"] = _text(await client.call_tool("execute_python", {"code": probe}))
+        listed = (await client.list_tools()).tools[0]
+        seen["enum"] = listed.input_schema["properties"]["image"]["enum"]
+        seen["refused"] = []
+        for asked in [p.values[0] for p in OFF_LIST] + [7]:
+            answer = await client.call_tool("execute_python", {"code": "print('ran')", "image": asked})
+            seen["refused"].append((asked, answer.is_error, _text(answer)))
+        seen["containers_after_refusals"] = server.containers()
+        seen["named"] = _text(await client.call_tool("execute_python", {"code": probe, "image": NAME}))
+        switched = await client.call_tool("execute_python", {"code": probe, "image": "default"})
+        seen["switched"] = (switched.is_error, _text(switched))
+        seen["kept"] = _text(await client.call_tool("execute_python", {"code": probe}))
         return seen
 
-    try:
-        seen = anyio.run(attack)
-    finally:
-        leaked = _stop_and_clean(server)
+    seen, leaked = conversation(tmp_path, {"NBEXEC_IMAGES": NAME}, attack)
     assert seen["enum"] == ["default", NAME]
     for asked, is_error, text in seen["refused"]:
         assert is_error and "ran" not in text.split(), (asked, text)

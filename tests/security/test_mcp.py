@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +131,26 @@ async def _client(url: str, token: str | None = None) -> AsyncIterator[Any]:
 
 def _text(result: Any) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
+
+
+def conversation(tmp_path: Path, env: dict[str, str],
+                 talk: Callable[[McpProcess, Any], Awaitable[dict[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+    """Start `nbexec mcp` over HTTP with ``env`` (in a short private folder under ``tmp_path``), hold one client's
+    conversation (``talk(server, client)`` returns what it saw) and stop the server as an operator would: what the
+    conversation saw and the containers the server left."""
+    folder = tmp_path / "t"  # short: TMPDIR is part of every folder the server makes
+    folder.mkdir(mode=0o700)
+    server = _start_http(folder, env=env)
+
+    async def held() -> dict[str, Any]:
+        async with _client(server.url) as client:
+            return await talk(server, client)
+
+    try:
+        seen = anyio.run(held)
+    finally:
+        leaked = _stop_and_clean(server)
+    return seen, leaked
 
 
 # -- state and files are per client ----------------------------------------------------------------------------
