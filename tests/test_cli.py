@@ -111,23 +111,37 @@ def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
 
     from .conftest import own_workdirs, owned_by, wait_until
 
+    # PYTHONFAULTHANDLER: a run that does not end after SIGINT is sent SIGABRT, and its threads' stacks say where
+    # it waits.
     proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NBEXEC_IMAGE": IMAGE})
+                            env={**os.environ, "NBEXEC_IMAGE": IMAGE, "PYTHONFAULTHANDLER": "1"})
     assert proc.stdin is not None
-    # The code leaves a mark in /mnt/data once it runs: the host sees it in the sandbox's working folder, where
-    # the data filesystem is mounted (it is copied to the output folder only when the run ends).
-    proc.stdin.write("open('/mnt/data/running', 'w').close()\nimport time\ntime.sleep(60)\n")
-    proc.stdin.close()
-    wait_until(lambda: owned_by(proc.pid), 60, "the run never started a container")
-    wait_until(lambda: any((folder / "data" / "running").exists() for folder in own_workdirs(proc.pid)), 60,
-               "the code never ran")
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
-    for stream in (proc.stdout, proc.stderr):
-        assert stream is not None
-        stream.close()
-    assert proc.returncode != 0
+    try:
+        # The code leaves a mark in /mnt/data once it runs: the host sees it in the sandbox's working folder,
+        # where the data filesystem is mounted (it is copied to the output folder only when the run ends). It
+        # sleeps past the wait below, so only the interrupt can end it in time.
+        proc.stdin.write("open('/mnt/data/running', 'w').close()\nimport time\ntime.sleep(600)\n")
+        proc.stdin.close()
+        proc.stdin = None
+        wait_until(lambda: owned_by(proc.pid), 60, "the run never started a container")
+        wait_until(lambda: any((folder / "data" / "running").exists() for folder in own_workdirs(proc.pid)), 60,
+                   "the code never ran")
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=60)
+            pytest.fail(f"`nbexec run` did not end within 120 s of SIGINT; its threads:\n{err[-12000:]}")
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
     assert owned_by(proc.pid) == []
     assert own_workdirs(proc.pid) == []
 
