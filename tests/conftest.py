@@ -26,7 +26,7 @@ from hypothesis import settings
 import nbexec
 from nbexec.errors import ImageNotFoundError
 from nbexec.files.folders import work_root
-from nbexec.sandbox.docker import daemon, kernels, pool
+from nbexec.sandbox.docker import daemon, datafs, kernels, pool
 from nbexec.sandbox.docker.container import Sandbox
 from nbexec.sandbox.docker.workdir import remove_tree
 
@@ -209,11 +209,18 @@ def _kernels_of(tag: str) -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_leftovers_at_end(_private_tmp: Path) -> Iterator[None]:
+def _no_leftovers_at_end(_private_tmp: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     pool.shutdown()
     nbexec.engine.reaper.close_all()
     pool.wait_for_teardown()
+    # Test folders are outside this session's TMPDIR when pytest-xdist gives them: a data filesystem a test left
+    # mounted there would outlive the run (and stop pytest from deleting its old folders).
+    base = tmp_path_factory.getbasetemp()
+    mounted = datafs.mounts_under(base)
+    for point in mounted:
+        datafs.unmount(point)
+    assert mounted == [], f"data filesystems left mounted under the tests' folders: {mounted}"
     try:
         left = own_containers(include_pool=True)
     except nbexec.NbexecError:

@@ -33,6 +33,7 @@ import pytest
 import nbexec
 from nbexec.errors import FileTransferError, NbexecError
 from nbexec.files import artifacts
+from nbexec.sandbox.docker import pool
 from nbexec.sandbox.remote import source
 from nbexec.stores import uploads
 
@@ -84,7 +85,9 @@ class Cost:
 
 @contextlib.contextmanager
 def cost() -> Iterator[Cost]:
-    """What the code inside costs this process: time, bytes read, peak Python allocations."""
+    """What the code inside costs this process: time, bytes read, peak Python allocations. Sandboxes of earlier
+    tests still being torn down in the background are waited for first: their reads are not the code's."""
+    pool.wait_for_teardown()
     found = Cost()
     tracemalloc.start()
     read, started = rchar(), time.monotonic()
