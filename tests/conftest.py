@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,6 +86,45 @@ def _listed(label: str) -> list[tuple[str, dict[str, str]]]:
     while it is listed cannot fail a per-container inspect."""
     found = daemon.connect().containers.list(all=True, sparse=True, filters={"label": label})
     return [((c.attrs.get("Names") or ["/"])[0].lstrip("/"), c.attrs.get("Labels") or {}) for c in found]
+
+
+class Created:
+    """The ids of the containers created while it is open, from Docker's live event stream.
+
+    The engine's event history holds only its last 256 events, which a loaded machine (every exec is three
+    events) overwrites within one run, so a lookup of past events can miss a container that was there. A live
+    subscription misses nothing: it starts with what the history still holds from this second, then follows."""
+
+    def __init__(self, label: str) -> None:
+        self._seen: list[tuple[str, dict[str, str]]] = []
+        self._stream = daemon.connect().events(since=int(time.time()), decode=True, filters={
+            "type": "container", "event": "create", "label": label})
+        self._reader = threading.Thread(target=self._read, name="created-containers", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the stream closed under it
+            for event in self._stream:
+                self._seen.append((event["id"], event.get("Actor", {}).get("Attributes", {})))
+
+    def close(self) -> None:
+        self._stream.close()
+        self._reader.join(30)
+        assert not self._reader.is_alive(), "Docker's event stream did not close"
+
+    def ids(self, owner: str | None = None) -> list[str]:
+        """Ids seen so far, of any owner the label allowed or only ``owner``'s."""
+        return [cid for cid, labels in self._seen if owner is None or labels.get(daemon.LABEL_OWNER) == owner]
+
+
+@contextlib.contextmanager
+def created(label: str | None = None) -> Iterator[Created]:
+    """Watch the containers created (by default, by this test process) until the block ends."""
+    watch = Created(label or f"{daemon.LABEL_OWNER}={daemon.owner()}")
+    try:
+        yield watch
+    finally:
+        watch.close()
 
 
 def owned_by(pid: int) -> list[str]:

@@ -25,7 +25,7 @@ from nbexec import Session, execute_notebook
 from nbexec.sandbox.docker import pool, runtimes
 from nbexec.sandbox.docker.container import Sandbox
 
-from .conftest import IMAGE, settle, wait_until
+from .conftest import IMAGE, created, settle, wait_until
 from .security import test_hostile as hostile
 from .security.conftest import canary, listener  # noqa: F401  (the hostile suite's fixtures, reused here)
 
@@ -340,8 +340,8 @@ def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str
     working(checks, "runsc")
     run = hostile.prepare(case, listener)  # type: ignore[arg-type]
     config = hostile.contained_config(case, canary).replace(runtime="runsc")  # type: ignore[arg-type]
-    since = time.time()
-    result = execute_notebook(run.code, config=config)
+    with created() as seen:
+        result = execute_notebook(run.code, config=config)
     check = UNDER_RUNSC[case.id][0] if case.id in UNDER_RUNSC else case.check  # type: ignore[attr-defined]
     check(result)
     # No bound on the time it took: a timed assertion judges the machine's load, not the sandbox (the case's own
@@ -350,7 +350,7 @@ def test_hostile_program_is_contained_under_runsc(case: object, checks: dict[str
     assert "s3cret-canary" not in json.dumps(result.to_dict())
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"  # type: ignore[attr-defined]
     pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
-    sandboxes = hostile.sandboxes_since(since)
+    sandboxes = seen.ids()
     assert sandboxes, "the run's sandbox was not seen"
     settle(lambda: not hostile.survivors(sandboxes, run.mark), 5)
     assert hostile.survivors(sandboxes, run.mark) == []

@@ -311,19 +311,31 @@ def test_a_tampered_checkpoint_is_refused_and_leaves_nothing(runsc: nbexec.Sandb
 
 
 def left_in_docker(before: set[Path]) -> list[str]:
-    """Folders in Docker's data root made since ``before`` that are ours or of no container (the engine is shared:
-    other people's new containers are not leaks)."""
-    left = []
-    for folder in set((daemon.root_dir() / "containers").iterdir()) - before:
-        try:
-            labels = daemon.connect().containers.get(folder.name).labels
-        except docker.errors.NotFound:
-            if folder.exists():
-                left.append(folder.name)
-            continue
-        if labels.get(daemon.LABEL_OWNER) == daemon.owner():
-            left.append(folder.name)
-    return left
+    """Folders in Docker's data root made since ``before`` that are ours or of no container.
+
+    The engine is shared: other processes' new containers are not leaks. Docker makes a container's folder before
+    it registers the container, so another process's container being created looks, for a moment, like a folder
+    of no container. Such a folder is judged again until it is registered or gone (30 s at most); a folder whose
+    saved configuration names another owner is never ours."""
+    deadline = time.monotonic() + 30
+    while True:
+        left = [folder.name for folder in set((daemon.root_dir() / "containers").iterdir()) - before
+                if _ours_or_orphaned(folder)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def _ours_or_orphaned(folder: Path) -> bool:
+    try:
+        return daemon.connect().containers.get(folder.name).labels.get(daemon.LABEL_OWNER) == daemon.owner()
+    except docker.errors.NotFound:
+        pass
+    try:
+        saved = json.loads((folder / "config.v2.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return folder.exists()  # gone, or its configuration not yet (wholly) saved
+    return (saved.get("Config", {}).get("Labels") or {}).get(daemon.LABEL_OWNER) == daemon.owner()
 
 
 @pytest.mark.parametrize("field,value", [("files", {}), ("files", {"../x": [1, "0" * 64]}),

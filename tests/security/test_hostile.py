@@ -22,7 +22,7 @@ import pytest
 import nbexec
 from nbexec.sandbox.docker import daemon, pool
 
-from ..conftest import IMAGE, settle, wait_until
+from ..conftest import IMAGE, created, settle, wait_until
 from .conftest import Listener
 from .hostile_cases import CASES, Case, Observed
 
@@ -52,13 +52,6 @@ def contained_config(case: Case, canary: Path) -> nbexec.SandboxConfig:
     base = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=4, interrupt_grace=2,
                                 max_data="64m", env={"PLANTED_PATH": str(canary)})
     return base.replace(**{"timeout": 20 if case.wall_s > 30 else 4, **case.contained})
-
-
-def sandboxes_since(since: float) -> list[str]:
-    """Ids of the containers this test process created since ``since`` (Docker's events, by its owner label)."""
-    events = daemon.connect().events(since=int(since) - 1, until=int(time.time()) + 1, decode=True, filters={
-        "type": "container", "event": "create", "label": f"{daemon.LABEL_OWNER}={daemon.owner()}"})
-    return [event["id"] for event in events]
 
 
 def _pids_cgroups(container: str) -> list[Path]:
@@ -92,8 +85,9 @@ def survivors(containers: list[str], mark: str) -> list[str]:
 def test_hostile_program_is_contained(case: Case, canary: Path, listener: Listener, cleanup_ledger: None) -> None:
     run = prepare(case, listener)
     before = (canary.stat().st_mtime_ns, hashlib.sha256(canary.read_bytes()).hexdigest())
-    since, started = time.time(), time.monotonic()
-    result = nbexec.execute_notebook(run.code, config=contained_config(case, canary))
+    started = time.monotonic()
+    with created() as seen:
+        result = nbexec.execute_notebook(run.code, config=contained_config(case, canary))
     elapsed = time.monotonic() - started
     case.check(result)
     assert elapsed < case.wall_s, f"took {elapsed:.1f} s"
@@ -102,7 +96,7 @@ def test_hostile_program_is_contained(case: Case, canary: Path, listener: Listen
     assert os.path.exists(result.notebook_path or "")
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"
     pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
-    sandboxes = sandboxes_since(since)
+    sandboxes = seen.ids()
     assert sandboxes, "the run's sandbox was not seen"
     settle(lambda: not survivors(sandboxes, run.mark), 5)
     assert survivors(sandboxes, run.mark) == []
@@ -132,10 +126,9 @@ def observe(run: Run, config: nbexec.SandboxConfig, listener: Listener) -> Obser
     control = run.case.control
     assert control is not None
     if control.kept:  # the sandbox stays up (a session): the marked processes must be visible on the host
-        since = time.time()
-        with nbexec.Session(config) as session:
+        with created() as seen, nbexec.Session(config) as session:
             result = session.run(run.code)
-            sandboxes = sandboxes_since(since)
+            sandboxes = seen.ids()
             settle(lambda: bool(survivors(sandboxes, run.mark)), 10)
             seen = tuple(survivors(sandboxes, run.mark))
         pool.wait_for_teardown()

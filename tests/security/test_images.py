@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from nbexec.integrations.toolcall import handle_openai_tool_call
 from nbexec.sandbox.docker import daemon, pool
 from nbexec.service.server import ServerSettings
 
-from ..conftest import IMAGE, own_containers, settle
+from ..conftest import IMAGE, created, own_containers, settle
 from ..test_images import DERIVED, NAME, ROOT, Built, derived, named, nbexec_cli  # noqa: F401  (session fixtures)
 from ..test_server import TOKEN_A, running
 from . import test_hostile as hostile
@@ -166,9 +165,9 @@ def test_a_named_image_contains_the_hostile_programs(case: Case, named: Built, c
                                                       listener: hostile.Listener, cleanup_ledger: None) -> None:
     run = hostile.prepare(case, listener)
     before = hashlib.sha256(canary.read_bytes()).hexdigest()
-    since = time.time()
     config = hostile.contained_config(case, canary).replace(image=NAME, images=(NAME,))
-    result = nbexec.execute_notebook(run.code, config=config)
+    with created() as seen:
+        result = nbexec.execute_notebook(run.code, config=config)
     case.check(result)
     if case is SUDO:
         assert "set-id bits 0o0" in result.stdout, result.stdout
@@ -176,7 +175,7 @@ def test_a_named_image_contains_the_hostile_programs(case: Case, named: Built, c
     assert "s3cret-canary" not in json.dumps(result.to_dict())
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"
     pool.wait_for_teardown()
-    sandboxes = hostile.sandboxes_since(since)
+    sandboxes = seen.ids()
     assert sandboxes and all(daemon.connect().containers.list(all=True, filters={"id": s}) == [] for s in sandboxes)
     settle(lambda: not hostile.survivors(sandboxes, run.mark), 5)
     assert hostile.survivors(sandboxes, run.mark) == []
@@ -208,19 +207,17 @@ def test_the_library_refuses_an_image_off_the_list(asked: str) -> None:
 
 
 def test_the_cli_refuses_an_image_off_the_list(tmp_path: Path, docker_ready: None) -> None:
-    since = time.time()
     command = [sys.executable, "-m", "nbexec.cli", "run", "--image", NAME, "-"]
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "NBEXEC_IMAGE": IMAGE, "NBEXEC_IMAGES": DERIVED,
                "NBEXEC_POOL_SIZE": "0"}
-    with subprocess.Popen(command, env=environ, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as process:
+    with created(daemon.LABEL) as seen, subprocess.Popen(
+            command, env=environ, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True) as process:
         stdout, stderr = process.communicate("print('ran')", timeout=120)
     assert process.returncode == 2 and "ran" not in stdout, (stdout, stderr)
     assert "NBEXEC_IMAGES" in stderr and NAME in stderr, stderr
     owner = f"{daemon.owner().rsplit(':', 1)[0]}:{process.pid}"
-    created = daemon.connect().events(since=int(since) - 1, until=int(time.time()) + 1, decode=True, filters={
-        "type": "container", "event": "create", "label": f"{daemon.LABEL_OWNER}={owner}"})
-    assert list(created) == [], "the refused run created a container"
+    assert seen.ids(owner) == [], "the refused run created a container"
 
 
 def test_http_bodies_refuse_an_image_off_the_list(named: Built, cleanup_ledger: None) -> None:  # noqa: F811

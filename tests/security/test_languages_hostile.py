@@ -23,10 +23,10 @@ import nbexec
 from nbexec import ExecutionResult
 from nbexec.sandbox.docker import pool
 
-from ..conftest import KERNELS, output_root, settle
+from ..conftest import KERNELS, created, output_root, settle
 from .conftest import Listener
 from .hostile_cases import Case, denied
-from .test_hostile import prepare, sandboxes_since, survivors
+from .test_hostile import prepare, survivors
 
 LIMITS = {"memory": "256m", "max_data": "16m", "max_output": "64k", "timeout": 20}
 # Bytes of text each flood prints, against the 64k cap. bash_kernel reads its pty through pexpect at about 60 kB/s,
@@ -199,8 +199,9 @@ def test_hostile_program_is_contained_in_each_language(case: str, language: str,
     run = prepare(Case(f"{language}-{case}", code_of(case, language), check), listener)
     before = (canary.stat().st_mtime_ns, hashlib.sha256(canary.read_bytes()).hexdigest())
     free_before = host_free()
-    since, started = time.time(), time.monotonic()
-    result = nbexec.execute_notebook(run.code, config=language_config(language, canary, case))
+    started = time.monotonic()
+    with created() as seen:
+        result = nbexec.execute_notebook(run.code, config=language_config(language, canary, case))
     elapsed = time.monotonic() - started
     run.case.check(result)
     assert elapsed < WALL_S, f"took {elapsed:.1f} s"
@@ -210,7 +211,7 @@ def test_hostile_program_is_contained_in_each_language(case: str, language: str,
     # The host's disk: a fill of 1 GiB left at most about max_data there (other work on the machine is noise).
     assert free_before - host_free() < FILL // 2, "the host's disk lost what the sandbox wrote"
     pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
-    sandboxes = sandboxes_since(since)
+    sandboxes = seen.ids()
     assert sandboxes, "the run's sandbox was not seen"
     settle(lambda: not survivors(sandboxes, run.mark), 5)
     assert survivors(sandboxes, run.mark) == []
