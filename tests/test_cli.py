@@ -111,9 +111,13 @@ def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
 
     from .conftest import own_workdirs, owned_by, wait_until
 
-    # PYTHONFAULTHANDLER: a run that does not end after SIGINT is sent SIGABRT, and its threads' stacks say where
-    # it waits.
-    proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
+    # Ctrl-C at a terminal reaches a process whose SIGINT is at its default. A job a non-interactive shell starts
+    # in the background (a CI runner's, `cmd &` in a script) inherits SIGINT ignored, which Python keeps, and then
+    # `nbexec run` rightly ignores it as any program does: the run starts as from a terminal. PYTHONFAULTHANDLER: a
+    # run that does not end after SIGINT is sent SIGABRT, and its threads' stacks say where it waits.
+    as_from_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                          "sys.argv[0] = 'nbexec'; runpy.run_module('nbexec.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, "run", "-"], cwd=tmp_path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NBEXEC_IMAGE": IMAGE, "PYTHONFAULTHANDLER": "1"})
     assert proc.stdin is not None
