@@ -257,9 +257,7 @@ def _no_leftovers_at_end(_private_tmp: Path, tmp_path_factory: pytest.TempPathFa
     # Test folders are outside this session's TMPDIR when pytest-xdist gives them: a data filesystem a test left
     # mounted there would outlive the run (and stop pytest from deleting its old folders).
     base = tmp_path_factory.getbasetemp()
-    mounted = datafs.mounts_under(base)
-    for point in mounted:
-        datafs.unmount(point)
+    mounted = datafs.unmount_all(base)
     assert mounted == [], f"data filesystems left mounted under the tests' folders: {mounted}"
     try:
         left = own_containers(include_pool=True)

@@ -3,6 +3,7 @@ reaching an allowed loopback server while every other way out stays shut, judged
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -232,6 +233,59 @@ def test_the_proxy_caps_connections_and_bytes(proxy: tuple[Proxy, Path], servers
     assert sum(1 for c in shown if "connection cap" in (c.reason or "")) == len(shown) - 4
     assert len(shown) == 4 + 16 and any("11 more connections" in note for note in notes), notes
     assert not _ask(path, b"not http at all\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+@pytest.fixture
+def silent_upstream() -> Iterator[int]:
+    """A loopback server that answers one request and then holds its connection open, saying nothing (an HTTP
+    keep-alive server): only the client's side can end such a connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                held.append(conn)
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1]
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_connection_the_sandbox_closed_is_logged_closed_at_once(tmp_path: Path, silent_upstream: int) -> None:
+    """The log says what the code did: a connection it closed before its cell ended is not "open" (nor logged
+    again with the next run), whether or not the far end has let go; one it still holds is open, and carried."""
+    path = tmp_path / "proxy.sock"
+    gate = Proxy.start(path, egress.Allowlist.of([f"127.0.0.1:{silent_upstream}"]),
+                       Limits(max_bytes=100_000, max_connections=4))
+    try:
+        request = f"GET http://127.0.0.1:{silent_upstream}/x HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        closed = _connect(path)
+        closed.sendall(request)
+        assert closed.recv(65536).endswith(b"ok")
+        closed.close()
+        held = _connect(path)
+        held.sendall(request)
+        assert held.recv(65536).endswith(b"ok")
+        shown, _ = gate.take()
+        assert [c.open for c in shown] == [False, True], shown
+        again, _ = gate.take()
+        assert [c.open for c in again] == [True], "only the connection still held is logged again"
+        held.close()
+    finally:
+        gate.close()
+
+
+def _connect(path: Path) -> socket.socket:
+    client = socket.socket(socket.AF_UNIX)
+    client.settimeout(10)
+    client.connect(str(path))
+    return client
 
 
 # -- the real sandbox ----------------------------------------------------------------------------------------

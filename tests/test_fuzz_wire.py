@@ -9,12 +9,16 @@ HMAC, once; CPU time grows linearly with the input (tests/fuzzing.py)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
 import socket
+import struct
 import tempfile
+import termios
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +124,83 @@ def test_well_formed_frames_arrive_as_sent_within_the_limits(frames: list[Frame]
         assert message.sizes == tuple(next(sizes) for _ in message.sizes)  # every frame counted, kept or not
         assert sum(len(f) for f in message.frames if f is not None) <= LIMIT
         assert len(message.frames) == len(message.sizes) <= FRAMES
+
+
+def dripped(stream: bytes, pieces: list[int], *, max_message: int = LIMIT
+            ) -> tuple[list[zmtp.Incoming], BaseException | None]:
+    """Hand ``stream`` (the peer's greeting onwards) to a SUB connection in pieces of the given sizes (cycled; one
+    byte at a time when none): each piece is sent only once the reader has taken every byte before it, so each of
+    its reads ends exactly where a piece does. The messages received and the error that ended the reading."""
+    ours, theirs = socket.socketpair()
+    sizes = pieces or [1]
+
+    def drip() -> None:
+        with contextlib.suppress(OSError):
+            at, turn = 0, 0
+            while at < len(stream):
+                while struct.unpack("i", fcntl.ioctl(ours, termios.FIONREAD, b"\0" * 4))[0]:
+                    time.sleep(0.0002)
+                size = sizes[turn % len(sizes)]
+                theirs.sendall(stream[at:at + size])
+                at, turn = at + size, turn + 1
+            theirs.shutdown(socket.SHUT_WR)
+
+    received: list[zmtp.Incoming] = []
+    writer = threading.Thread(target=drip, daemon=True)
+    writer.start()
+    connection = zmtp.Connection(ours, "SUB", max_message=max_message, max_frames=10**6)
+    try:
+        connection._handshake(time.monotonic() + 30)
+        while (message := connection.receive(30)) is not None:
+            received.append(message)
+    except Exception as exc:  # judged by the caller: the peer's EOF is the documented ProtocolError
+        return received, exc
+    finally:
+        connection.close()
+        writer.join(30)
+        theirs.close()
+    return received, None
+
+
+@given(frames=frames_strategy, pieces=st.lists(st.integers(min_value=1, max_value=40), max_size=30))
+@example(frames=[(b"", True, False), (b"a" * 300, True, True), (b"", False, True)], pieces=[])  # byte by byte
+@example(frames=[(b"x", False, True), (b"", False, False)], pieces=[1, 8, 2, 9])  # cut inside each frame head
+def test_a_stream_reads_the_same_however_the_kernel_splits_it(frames: list[Frame], pieces: list[int]) -> None:
+    """The kernel chooses where its bytes break between the host's reads: its greeting, READY, short and long
+    frame heads and bodies, cut anywhere, give the messages the whole stream gives, and nothing more."""
+    received, error = dripped(PEER + ready(b"XPUB") + encode(frames), pieces)
+    assert isinstance(error, ProtocolError) and "closed its SUB connection" in str(error), repr(error)
+    assert [[None if f is None else bytes(f) for f in m.frames] for m in received] == expected_messages(frames)
+    assert [m.sizes for m in received] == [tuple(len(body) for body, _, _ in group)
+                                           for group in _grouped(frames)]
+
+
+@pytest.mark.parametrize("pieces", [[], [4096], [100_000], [300_000], [9, 262_144, 1, 70_000]],
+                         ids=["whole", "4k", "100k", "300k", "uneven"])
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "dropped"])
+def test_a_large_frame_arrives_whole_however_it_is_split(pieces: list[int], kept: bool) -> None:
+    """A frame of several socket reads (kept: read straight into its own buffer; dropped: only counted) arrives
+    byte for byte or as its size alone, and the message after it is read whole."""
+    body = bytes(range(256)) * 2731 + b"end"  # 699,139 bytes, no two neighbouring reads alike
+    stream = PEER + ready(b"XPUB") + frame(body, more=True) + frame(b"tail") + frame(b"next")
+    received, error = dripped(stream, pieces or [len(stream)],
+                              max_message=(1 << 20) if kept else LIMIT)
+    assert isinstance(error, ProtocolError) and "closed its SUB connection" in str(error), repr(error)
+    assert [None if f is None else bytes(f) for f in received[0].frames] == ([body, b"tail"] if kept else [None, None])
+    assert [m.sizes for m in received] == [(len(body), 4), (4,)]
+    assert [bytes(f) for f in received[1].frames if f is not None] == [b"next"]
+
+
+def _grouped(frames: list[Frame]) -> list[list[Frame]]:
+    """The frames of each whole message (a trailing message with MORE set on its last frame is not one)."""
+    groups: list[list[Frame]] = []
+    current: list[Frame] = []
+    for one in frames:
+        current.append(one)
+        if not one[1]:
+            groups.append(current)
+            current = []
+    return groups
 
 
 @given(frames=frames_strategy, at=st.integers(min_value=0), value=st.integers(min_value=0, max_value=255),

@@ -30,7 +30,7 @@ from nbexec.result import Connection
 from . import Allowlist
 from .budget import HOST, PER_CONNECTION, Budget, Pace
 from .request import Body, Request, parse
-from .sockets import bind, refuse, shut
+from .sockets import bind, hung_up, read_head, refuse, shut
 from .sockets import close as close_all
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ PAUSE_FIRST, PAUSE_MOST = 0.05, 1.0  # seconds between accepts that failed, doub
 MAX_CHANGES_LOGGED = 64  # allowlist changes logged one by one per execution; the rest only counted
 MAX_CHANGE_TEXT = 2000  # characters of one change's log entry
 LOG_EXTRA = 16  # refusals past the connection cap still logged, then only counted
+QUIET = 0.05  # seconds without a byte after which `take` takes a connection's state as it is
+SETTLE = 0.5  # seconds `take` waits at most for the connections that just moved bytes to finish
 _CAP = "the execution's connection cap (max_connections) was reached"
 
 
@@ -67,6 +69,7 @@ class _Entry:
     down: int = 0
     open: bool = True
     revoked: bool = False  # the rules changed under it: never connected, or closed
+    last: float = field(default_factory=time.monotonic)  # when it opened or last moved a byte
     sockets: list[socket.socket] = field(default_factory=list)
 
     def snapshot(self) -> Connection:
@@ -117,6 +120,7 @@ class Proxy:
 
     def take(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The connections since the last take (open ones again next time) and notes; the caps start over."""
+        self._settle()
         with self._lock:
             entries, unlogged, used, changes = self._log, self._unlogged, self._bytes, self._changes
             self._log = [entry for entry in entries if entry.open]
@@ -132,6 +136,20 @@ class Proxy:
             notes.append(f"network traffic reached the {self.limits.max_bytes:,}-byte cap (max_egress); the "
                          "connection that passed it was closed")
         return shown, notes
+
+    def _settle(self) -> None:
+        """The log says what the code did: connections that just moved bytes get until they are quiet (SETTLE at
+        most) to finish, as a close made just before the cell ended still travels through the forwarder and the
+        relay; one the sandbox hung up on is then logged closed, whatever the far end does (keep-alive)."""
+        deadline = time.monotonic() + SETTLE
+        while (now := time.monotonic()) < deadline:
+            with self._lock:
+                if not any(now - entry.last < QUIET for entry in self._live):
+                    break
+            time.sleep(0.01)
+        with self._lock:
+            for entry in [entry for entry in self._live if hung_up(entry.sockets[0])]:
+                entry.open = False
 
     def change(self, allowlist: Allowlist, what: str) -> int:
         """Judge by ``allowlist`` from now on, log the change (``what``), and close the connections it no longer
@@ -219,7 +237,7 @@ class Proxy:
         upstream: socket.socket | None = None
         entry: _Entry | None = None
         try:
-            head, rest = _read_head(client)
+            head, rest = read_head(client, MAX_HEAD, HEAD_TIMEOUT)
             request = parse(head)
             entry = self._admit(request, client)
             if entry is None or isinstance(request, str):
@@ -319,6 +337,7 @@ class Proxy:
                 entry.up += count
             else:
                 entry.down += count
+            entry.last = time.monotonic()
             within = not self.limits.max_bytes or self._bytes <= self.limits.max_bytes
         if not within:
             entry.reason = "closed: the execution's byte cap (max_egress) was reached"
@@ -379,21 +398,3 @@ class _Relay:
         self.pace.moved(len(data), time.monotonic())
         return True
 
-
-def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
-    """The request head (up to MAX_HEAD bytes) and whatever came after it."""
-    data = b""
-    deadline = time.monotonic() + HEAD_TIMEOUT
-    while b"\r\n\r\n" not in data:
-        if len(data) > MAX_HEAD:
-            return b"", b""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request head did not arrive in time")
-        client.settimeout(left)
-        chunk = client.recv(4096)
-        if not chunk:
-            return b"", b""
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return head, rest

@@ -1,12 +1,14 @@
-"""What the egress proxy does to sockets whatever the request: bind its listener, refuse a client with a reason,
-end a connection."""
+"""What the egress proxy does to sockets whatever the request: bind its listener, read a request's head, refuse a
+client with a reason, tell a client that hung up, end a connection."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import select
 import socket
+import time
 from pathlib import Path
 
 
@@ -21,6 +23,33 @@ def bind(listener: socket.socket, path: Path) -> None:
         listener.bind(f"/proc/self/fd/{folder}/{path.name}")
     finally:
         os.close(folder)
+
+
+def read_head(client: socket.socket, limit: int, timeout: float) -> tuple[bytes, bytes]:
+    """The request head (up to ``limit`` bytes, within ``timeout`` seconds in all) and whatever came after it;
+    two empty strings when the client ends or oversteps first."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\r\n\r\n" not in data:
+        if len(data) > limit:
+            return b"", b""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request head did not arrive in time")
+        client.settimeout(left)
+        chunk = client.recv(4096)
+        if not chunk:
+            return b"", b""
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def hung_up(sock: socket.socket) -> bool:
+    """The other end has closed the connection, both ways (POLLHUP; a half-close is not one)."""
+    poller = select.poll()
+    poller.register(sock, 0)  # no event asked for: a hang-up is reported whatever is asked
+    return any(events & select.POLLHUP for _, events in poller.poll(0))
 
 
 def refuse(client: socket.socket, reason: str, *, status: bytes = b"403 Forbidden") -> None:

@@ -102,8 +102,7 @@ def small_disk(cleanup_ledger: None, tmp_path: Path, monkeypatch: pytest.MonkeyP
         for name in left:
             with contextlib.suppress(docker.errors.NotFound):
                 daemon.connect().containers.get(name).remove(force=True)
-        for point in datafs.mounts_under(path):
-            datafs.unmount(point)
+        datafs.unmount_all(path)
         monkeypatch.undo()
         assert not datafs.mounts_under(path), "the small disk is still mounted"
         image.unlink()

@@ -104,7 +104,12 @@ def _stop_and_clean(server: McpProcess) -> list[str]:
 
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
-    path = tmp_path / "t"  # short: TMPDIR is part of every folder the server makes
+    return _short(tmp_path)
+
+
+def _short(tmp_path: Path) -> Path:
+    """A private folder with a short path under ``tmp_path``: TMPDIR is part of every folder the server makes."""
+    path = tmp_path / "t"
     path.mkdir(mode=0o700)
     return path
 
@@ -138,9 +143,7 @@ def conversation(tmp_path: Path, env: dict[str, str],
     """Start `nbexec mcp` over HTTP with ``env`` (in a short private folder under ``tmp_path``), hold one client's
     conversation (``talk(server, client)`` returns what it saw) and stop the server as an operator would: what the
     conversation saw and the containers the server left."""
-    folder = tmp_path / "t"  # short: TMPDIR is part of every folder the server makes
-    folder.mkdir(mode=0o700)
-    server = _start_http(folder, env=env)
+    server = _start_http(_short(tmp_path), env=env)
 
     async def held() -> dict[str, Any]:
         async with _client(server.url) as client:

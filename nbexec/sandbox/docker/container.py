@@ -393,8 +393,7 @@ class Sandbox(Sleeper):
         if self.data_fs:
             datafs.unmount(self.data_dir)
             self.data_fs = False
-        for point in datafs.mounts_under(self.workdir):  # never delete through a mount left behind
-            datafs.unmount(point)
+        # remove_tree unmounts first what is still mounted there: it never deletes through a mount
         remove_tree(self.workdir)
         if self.disk is not None:
             self.disk.release()

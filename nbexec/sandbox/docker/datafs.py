@@ -92,6 +92,14 @@ def unmount(mountpoint: Path) -> None:
             _run("umount", "-l", str(mountpoint))
 
 
+def unmount_all(root: Path) -> list[Path]:
+    """Unmount every mount point at or below ``root``, deepest first; the points that were mounted."""
+    found = mounts_under(root)
+    for point in found:
+        unmount(point)
+    return found
+
+
 def mounts_under(root: Path) -> list[Path]:
     """Mount points at or below ``root`` in this process's mount table, deepest first."""
     prefix = str(root).rstrip("/") + "/"

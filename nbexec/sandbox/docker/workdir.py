@@ -29,8 +29,7 @@ def remove_tree(path: Path) -> None:
     data filesystem still mounted inside is unmounted first (never deleted through, never left mounted)."""
     if not os.path.lexists(path):
         return
-    for point in datafs.mounts_under(Path(path)):
-        datafs.unmount(point)
+    datafs.unmount_all(Path(path))
 
     def make_writable(func: Any, target: str, _exc: Any) -> None:
         parent = os.path.dirname(target)
