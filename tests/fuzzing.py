@@ -18,14 +18,17 @@ import math
 import time
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True, database=None,
                           print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=5000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
-# scripts/mutants.py: every surviving mutant runs every test that reaches it, so fewer (still fixed) examples each.
+# scripts/mutants.py: every surviving mutant runs every test that reaches it, so fewer (still fixed) examples each,
+# and a failure is not shrunk (the first failing example is verdict enough; shrinking a mutant that makes every
+# example wait out a timeout would replay that wait many times).
 settings.register_profile("mutants", max_examples=40, deadline=None, derandomize=True, database=None,
+                          phases=(Phase.explicit, Phase.generate),
                           suppress_health_check=[HealthCheck.too_slow])
 
 FLOOR = 0.002  # seconds: below this the process clock's granularity dominates
