@@ -395,6 +395,36 @@ def test_nonces_are_remembered_for_twice_the_window_and_up_to_the_capacity() -> 
     assert list(verifier._seen) == ["b" * 32, "c" * 32]
 
 
+@pytest.mark.parametrize(("now", "fresh"), [(1000060.0, True), (999940.0, True), (1000061.0, False),
+                                           (999939.0, False)])
+def test_a_call_is_fresh_to_the_second_of_its_window_and_stale_past_it(now: float, fresh: bool) -> None:
+    verifier = identity.Verifier(window=60)
+    if fresh:
+        assert verifier.verify(NODE_TOKEN, "GET", "/v1/sessions/a", _signed_at("1000000"), now=now).client == "alice"
+        return
+    with pytest.raises(identity.SignatureError, match=r"^the call is stale or from the future \(are the clocks of "
+                                                      r"router and node set\?\)$"):
+        verifier.verify(NODE_TOKEN, "GET", "/v1/sessions/a", _signed_at("1000000"), now=now)
+
+
+def test_a_signature_for_another_call_is_refused_in_so_many_words() -> None:
+    with pytest.raises(identity.SignatureError, match=r"^the signature does not match the call$"):
+        identity.Verifier().verify(NODE_TOKEN, "GET", "/v1/sessions/b", _signed_at("1000000"), now=1000000.0)
+
+
+def test_the_signatures_are_the_wire_format_every_release_agrees_on() -> None:
+    """Known answers: a router and a node of different releases must derive the same keys and sign the same
+    message (X-Nbexec-For, version nbexec-for/1), and a client's ids must outlive an upgrade. A change here is a
+    change of the protocol."""
+    token = b"node-token"
+    assert identity._request_key(token).hex() == "c72933cc4e369cf4899bdc43960923677f7e31b16c032ea29dabbac914549d31"
+    assert identity.id_key(token).hex() == "a860d957c83907f0504e43b9bfe7b7a73f8bc16b532c201b0ed9e284399f30d8"
+    assert identity._mac(identity._request_key(token), "GET", "/v1/sessions/a", "alice", "n1", "1000000",
+                         "f" * 32) == "029214d2744cc1600a25b0cfce2a8dee638e232dffc50d7c91d416e10d6b71a5"
+    public = identity.public_id(identity.id_key(token), "alice", "n1", "0a", "c0ffee")
+    assert public == "n1.0a.c0ffee.f8db9b36f1e0628cefef79f5"
+
+
 def test_only_the_ids_a_node_made_are_rendered_for_the_caller() -> None:
     key = identity.id_key(NODE_TOKEN)
     view = identity.View(identity.For("alice", "n1", key), "0a")

@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from nbexec import egress
@@ -266,6 +266,9 @@ def test_a_router_id_parses_only_for_its_client_unchanged(who: str, node: str, i
 
 
 @given(node=st.text(max_size=12), instance=st.text(max_size=12), raw=st.text(max_size=12))
+@example(node="no name", instance="ab", raw="cd")  # only the node name is off
+@example(node="n", instance="zz", raw="cd")  # only the instance
+@example(node="n", instance="ab", raw="zz")  # only the node's id
 def test_an_id_with_a_part_of_the_wrong_shape_never_parses(node: str, instance: str, raw: str) -> None:
     """Signed with the right key, but a node name, instance or node id no router would issue."""
     public = identity.public_id(KEY, "alice", node, instance, raw)

@@ -400,6 +400,10 @@ DROPPED = [
     pytest.param(_model(version=None), id="version-missing"),
     pytest.param(_model(version=2), id="version-not-a-string"),
     pytest.param(_model(module=None), id="module-missing"),
+    pytest.param(_model(module=["@jupyter-widgets/controls"]), id="module-not-a-string"),
+    pytest.param(_model(_model_name=None), id="model-name-missing"),
+    pytest.param(_model(_view_name=None), id="view-name-missing"),
+    pytest.param(_model(_view_module=None), id="view-module-missing"),
     pytest.param(_model(_view_module="http://127.0.0.1:9/v.js"), id="view-by-url"),
     pytest.param(_model(_view_module_version="*"), id="view-version-any"),
     pytest.param(_model(name="Evil Model<script>"), id="model-name-markup"),
@@ -460,7 +464,8 @@ def test_honest_widget_state_is_kept_whole() -> None:
     style = _model("ButtonStyleModel", button_color="#ff0000", font_weight="bold")
     slider7 = _model(version="1.5.0", _view_module_version="1.5.0")
     state = {"version_major": 2, "version_minor": 0, "state": {"l": layout, "s": style, "v7": slider7,
-                                                               "i": _model(value=3, layout="IPY_MODEL_l")}}
+                                                               "i": _model(value=3, layout="IPY_MODEL_l"),
+                                                               "t": _model("TextModel", value="a<b> & c")}}
     from nbexec.notebook import viewer
 
     kept, notes = viewer.widget_state(state)
