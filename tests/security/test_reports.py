@@ -472,6 +472,71 @@ def test_honest_widget_state_is_kept_whole() -> None:
     assert (kept, notes) == (state, [])
 
 
+@pytest.mark.parametrize("saved", ["not a mapping", ["x"], None, {"state": ["x"]}, {"state": "x"}],
+                         ids=["text", "list", "none", "state-a-list", "state-text"])
+def test_a_widget_state_of_the_wrong_shape_is_an_empty_one(saved: Any) -> None:
+    from nbexec.notebook import viewer
+
+    assert viewer.widget_state(saved) == ({"version_major": 2, "version_minor": 0, "state": {}}, [])
+
+
+def test_a_widget_state_keeps_its_own_versions_when_they_are_numbers() -> None:
+    from nbexec.notebook import viewer
+
+    assert viewer.widget_state({"version_major": 2, "version_minor": 1, "state": {}})[0]["version_minor"] == 1
+    assert viewer.widget_state({"version_major": "3", "state": {}})[0] == {"version_major": 2, "version_minor": 0,
+                                                                           "state": {}}
+
+
+@pytest.mark.parametrize("count", [4, 6])
+def test_the_note_on_dropped_widgets_names_the_first_five_and_counts_the_rest(count: int) -> None:
+    from nbexec.notebook import viewer
+
+    models = {f"bad{i}": _model(module="evil") for i in range(count)}
+    models["url"] = _model(name="ImageModel", format="url")
+    _, notes = viewer.widget_state({"state": {**models, "good": _model()}})
+    reason = "its model module 'evil' at '2.0.0' is not a @jupyter-widgets module at a pinned version"
+    said = [f"'bad{i}' ('IntSliderModel': {reason})" for i in range(count)] + [
+        "'url' ('ImageModel': it shows a URL the code chose)"]
+    more = "" if len(said) <= 5 else f"; and {len(said) - 5} more"
+    assert notes == [f"nbexec dropped {count + 1} of {count + 2} widget models from the saved widget state, since a "
+                     f"viewer would load or render what the code named: {'; '.join(said[:5])}{more}."]
+
+
+@pytest.mark.parametrize(("model", "reason"), [
+    (_model(name="ImageModel", format="url"), "it shows a URL the code chose"),
+    (_model(name="LayoutModel", border="url(x)"), "a style value could fetch a resource"),
+    ({**_model(), "buffers": "x"}, "its buffers are not base64 data at key paths"),
+    ({"model_name": "X", "state": 1}, "not a model with a state"),
+    (_model(_view_name="1x"), "its view name '1x' is not an identifier"),
+])
+def test_each_reason_to_drop_a_widget_is_said_as_it_is(model: Any, reason: str) -> None:
+    from nbexec.notebook import viewer
+
+    _, notes = viewer.widget_state({"state": {"m": model}})
+    assert len(notes) == 1 and notes[0].endswith(f": {reason})."), notes
+
+
+def test_an_output_widget_whose_outputs_are_not_a_list_shows_none() -> None:
+    from nbexec.notebook import viewer
+
+    kept, notes = viewer.widget_state({"state": {"o": _model("OutputModel", module="@jupyter-widgets/output",
+                                                             version="1.0.0", outputs=5)}})
+    assert notes == [] and kept["state"]["o"]["state"]["outputs"] == []
+
+
+def test_a_report_shows_every_cell_but_raw_ones_for_other_formats() -> None:
+    from nbexec.notebook import viewer
+
+    latex = nbformat.v4.new_raw_cell("\\section{x}", metadata={"raw_mimetype": "text/latex"})
+    code = nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output("stream", name="stderr", text="e")])
+    nb = nbformat.v4.new_notebook(cells=[latex, code, nbformat.v4.new_markdown_cell("after")])
+    copy = viewer.report_copy(nb)
+    assert [cell.cell_type for cell in copy.cells] == ["code", "markdown"]
+    assert copy.cells[0].outputs[0]["name"] == "stderr"
+    assert viewer.report_copy(nbformat.from_dict({"metadata": {}})).cells == []
+
+
 def test_a_widget_state_the_input_notebook_carried_is_held_to_the_same_rule() -> None:
     """A run that makes no widget leaves the notebook's widget state as it was (as nbclient does): a planted one
     must still name nothing a viewer would load."""
