@@ -23,3 +23,33 @@ URLS = {"report.csv": "https://x/report.csv?sig=1", "my file.png": "https://x/my
 )
 def test_rewrite(text: str, expected: str) -> None:
     assert rewrite_links(text, URLS) == expected
+
+
+# -- exact edges (each one a mutant of links.py that once survived) ----------------------------------------------
+
+def test_a_result_object_is_read_for_its_files_urls() -> None:
+    from types import SimpleNamespace
+
+    result = SimpleNamespace(files=[SimpleNamespace(name="a.png", url="https://x/a"),
+                                    SimpleNamespace(name="b.png", url=None)])
+    assert rewrite_links("see /mnt/data/a.png and /mnt/data/b.png", result) == "see https://x/a and /mnt/data/b.png"
+
+
+def test_a_fully_percent_encoded_name_is_still_found() -> None:
+    """Three characters a byte is the longest a reference to a name can be: that long, it is looked up."""
+    assert rewrite_links("/mnt/data/%C3%A9", {"é": "https://x/e"}) == "https://x/e"
+
+
+def test_a_name_ending_in_an_encoded_dot_keeps_the_punctuation_after_it() -> None:
+    assert rewrite_links("see /mnt/data/a%2E, ok", {"a.": "https://x/a"}) == "see https://x/a, ok"
+
+
+def test_the_growth_allowance_is_spent_to_the_character() -> None:
+    """Two rewrites that together grow the text by exactly its own length plus GROWTH both happen; a third is left
+    as written."""
+    from nbexec.notebook.links import GROWTH
+
+    text = "see /mnt/data/a /mnt/data/a /mnt/data/a"
+    text = "s" * (len(text) % 2) + text  # even: the allowance halves exactly
+    url = "u" * ((len(text) + GROWTH) // 2 + len("/mnt/data/a"))
+    assert rewrite_links(text, {"a": url}).split(" ")[1:] == [url, url, "/mnt/data/a"]
