@@ -29,10 +29,12 @@ from nbexec.errors import ProtocolError
 from nbexec.notebook import outputs
 from nbexec.result import CellError
 from nbexec.sandbox.kernel import Execution
-from nbexec.sandbox.source import SandboxHandle
+from nbexec.sandbox.source import ContainerState, SandboxHandle
 
 from . import traces, widgets
 from .budget import Budget, CellState, Displays, OutputCallback, tags
+
+OOM_NEWS = 1.0  # seconds the engine is given to report an OOM kill after a SIGKILL exit (see _late_oom)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ def _misbehaved(sandbox: SandboxHandle, exc: ProtocolError) -> CellOutcome:
 def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
     """Return how the cell ended if the sandbox died; None while all is well."""
     container = sandbox.state()
+    if not container.running and container.exit_code == 137 and not container.oom_killed:
+        container = _late_oom(sandbox, container)
     if not container.running:
         if container.oom_killed:
             return CellOutcome(status="oom", message=(
@@ -130,6 +134,16 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
             f"The kernel died (exit code {container.exit_code}): the code ended the process "
             "(os._exit, a crash in native code, or a fatal signal). Its variables are lost."))
     return None
+
+
+def _late_oom(sandbox: SandboxHandle, container: ContainerState) -> ContainerState:
+    """A kernel killed by SIGKILL: under gVisor the engine may learn of the OOM kill a moment after the exit, so it
+    is asked again for up to OOM_NEWS seconds before the death is put down to the code."""
+    give_up = time.monotonic() + OOM_NEWS
+    while not container.oom_killed and time.monotonic() < give_up:
+        time.sleep(0.1)
+        container = sandbox.state()
+    return container
 
 
 # -- the cells of a run ----------------------------------------------------------------------------------
