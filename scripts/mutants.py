@@ -120,7 +120,25 @@ def mutmut(scratch: Path, names: list[str], children: int) -> None:
     if done.returncode:
         said = "\n".join(line for line in (done.stdout + done.stderr).replace("\r", "\n").splitlines()
                          if line.strip() and not line.lstrip().startswith(SPINNER))
+        if "failed to collect stats" in said:
+            said += "\n" + stats_failure(scratch)
         raise SystemExit(f"mutmut failed (exit {done.returncode}):\n{said[-8000:]}")
+
+
+def stats_failure(scratch: Path) -> str:
+    """mutmut's first run of the tests (its stats) failed, and it ran them in a child whose output it lost: run the
+    same tests once more on the scratch copy's unmutated code, to name what fails (or to say it passed this time)."""
+    import tomllib
+
+    settings = tomllib.loads((scratch / "pyproject.toml").read_text())["tool"]["mutmut"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-rfE", "--tb=short",
+               *settings["pytest_add_cli_args"], *settings["pytest_add_cli_args_test_selection"]]
+    done = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_PROFILE": "mutants"})
+    if done.returncode == 0:
+        return ("the same tests passed when run again on the unmutated code: one of them fails only at times "
+                "(look for a race or a timing it depends on)")
+    return f"the same tests on the unmutated code (exit {done.returncode}):\n{done.stdout[-5000:]}{done.stderr[-1000:]}"
 
 
 def only_mutate(scratch: Path, files: set[str]) -> None:

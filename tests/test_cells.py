@@ -209,3 +209,35 @@ def test_an_update_reaches_a_display_of_an_earlier_run(scripted: Callable[..., S
     nb.cells.append(cell("b"))
     assert run(kernel, nb, first=1, displays=displays) is None
     assert texts(nb, 0) == "new"
+
+
+class Dying:
+    """A sandbox whose container has stopped: state() answers from a script, the last answer repeating."""
+
+    def __init__(self, *answers: ContainerState) -> None:
+        self.answers, self.asked = list(answers), 0
+        self.config = SandboxConfig(memory="256m")
+
+    def state(self) -> ContainerState:
+        self.asked += 1
+        return self.answers[min(self.asked, len(self.answers)) - 1]
+
+
+KILLED = ContainerState(running=False, exit_code=137, oom_killed=False)
+OOM = ContainerState(running=False, exit_code=137, oom_killed=True)
+
+
+@pytest.mark.parametrize(("answers", "status", "asked"), [
+    ((OOM,), "oom", 1),  # the engine knew at once: asked once
+    ((KILLED, KILLED, OOM), "oom", 3),  # the OOM kill reported after the exit (gVisor): asked until it is
+    ((KILLED,), "died", 0),  # never reported: a SIGKILL from the code, after OOM_NEWS
+    ((ContainerState(running=False, exit_code=1, oom_killed=False),), "died", 1),  # not a kill: asked once
+], ids=["oom-at-once", "oom-late", "sigkill", "exit-1"])
+def test_a_kill_is_put_down_to_memory_only_when_the_engine_reports_it(
+        answers: tuple[ContainerState, ...], status: str, asked: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cells, "OOM_NEWS", 0.5)
+    sandbox = Dying(*answers)
+    outcome = cells._check_sandbox(sandbox)  # type: ignore[arg-type]
+    assert outcome is not None and outcome.status == status, outcome
+    assert sandbox.asked == asked if asked else sandbox.asked > 2, sandbox.asked  # a plain kill is asked again
+    assert ("256m" in outcome.message) == (status == "oom")

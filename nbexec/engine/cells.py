@@ -34,7 +34,7 @@ from nbexec.sandbox.source import ContainerState, SandboxHandle
 from . import traces, widgets
 from .budget import Budget, CellState, Displays, OutputCallback, tags
 
-OOM_NEWS = 1.0  # seconds the engine is given to report an OOM kill after a SIGKILL exit (see _late_oom)
+OOM_NEWS = 2.0  # seconds the engine is given to report an OOM kill after a SIGKILL exit (see _late_oom)
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,9 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
 
 
 def _late_oom(sandbox: SandboxHandle, container: ContainerState) -> ContainerState:
-    """A kernel killed by SIGKILL: under gVisor the engine may learn of the OOM kill a moment after the exit, so it
-    is asked again for up to OOM_NEWS seconds before the death is put down to the code."""
+    """A kernel killed by SIGKILL: under gVisor the engine may hear of the OOM kill a moment after the exit (its
+    `oom` event after `die`), so it is asked again for up to OOM_NEWS seconds before the death is put down to the
+    code. The sandbox's state() reads that event, not only the engine's OOMKilled flag, which misses it."""
     give_up = time.monotonic() + OOM_NEWS
     while not container.oom_killed and time.monotonic() < give_up:
         time.sleep(0.1)

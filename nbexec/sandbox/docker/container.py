@@ -256,8 +256,7 @@ class Sandbox(Sleeper):
                                alive=lambda: self.state().running, kill=self.kill, interrupt=self.interrupt)
 
     def warm(self) -> None:
-        """Import the configured modules in the kernel without binding any name in the user's namespace (a
-        Python kernel's only: the modules are Python's)."""
+        """Import the configured modules in the kernel, binding no name in the user's namespace (Python only)."""
         assert self.client is not None
         if not self.language.is_python:
             return
@@ -353,7 +352,9 @@ class Sandbox(Sleeper):
         status = self.container.attrs.get("State", {})
         if status.get("Status") == "removing":  # `docker rm -f` from outside: it kills first, then removes
             return ContainerState(running=False, exit_code=None, oom_killed=False)
-        return ContainerState(bool(status.get("Running")), status.get("ExitCode"), bool(status.get("OOMKilled")))
+        running, code = bool(status.get("Running")), status.get("ExitCode")  # OOMKilled misses late news: ask events
+        return ContainerState(running, code, bool(status.get("OOMKilled")) or (
+            not running and code == 137 and daemon.oom_reported(self.container)))
 
     def interrupt(self) -> None:
         """Interrupt the running cell: ask the kernel (it sends itself SIGINT), or for a kernel that ignores the
