@@ -17,6 +17,7 @@ from nbformat import NotebookNode, v4
 
 from nbexec import SandboxConfig
 from nbexec.engine import budget, cells
+from nbexec.errors import ProtocolError
 from nbexec.result import CellError
 from nbexec.sandbox.kernel import Execution, Message
 from nbexec.sandbox.source import ContainerState
@@ -241,3 +242,87 @@ def test_a_kill_is_put_down_to_memory_only_when_the_engine_reports_it(
     assert outcome is not None and outcome.status == status, outcome
     assert sandbox.asked == asked if asked else sandbox.asked > 2, sandbox.asked  # a plain kill is asked again
     assert ("256m" in outcome.message) == (status == "oom")
+
+
+# -- the cell budget's pure pieces, each value as it is ------------------------------------------------------------
+
+def _with_outputs(*sizes: int) -> NotebookNode:
+    """A notebook of code cells, each with one stream output of about ``size`` characters (0: no output)."""
+    made = []
+    for size in sizes:
+        code = v4.new_code_cell("x")
+        if size:
+            code.outputs = [v4.new_output("stream", name="stdout", text="a" * size)]
+        made.append(code)
+    return v4.new_notebook(cells=made)
+
+
+def _size(cell: NotebookNode) -> int:
+    return len(json.dumps(cell.get("outputs", []), ensure_ascii=False))
+
+
+def _marker(size: int, limit: int) -> list[dict[str, Any]]:
+    return [{"output_type": "stream", "name": "stderr", "text": (
+        f"\n[nbexec: this cell's outputs ({size:,} bytes) were dropped from the session's notebook, which keeps "
+        f"its latest {limit:,} bytes of outputs]\n")}]
+
+
+def test_a_session_notebook_that_fits_exactly_is_left_whole() -> None:
+    nb = _with_outputs(100, 100, 100)
+    limit = sum(_size(c) for c in nb.cells)
+    assert budget.keep_recent(nb, 2, limit, {}) is None
+    assert [_size(c) for c in nb.cells] == [_size(c) for c in _with_outputs(100, 100, 100).cells]
+
+
+def test_the_oldest_outputs_go_first_each_leaving_its_marker_and_the_note_says_how_much() -> None:
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell("m"), *_with_outputs(0, 300, 300, 300).cells])
+    sizes = [_size(c) for c in nb.cells]
+    limit = sum(sizes) - sizes[2] - 1  # dropping the first output is not enough; the second is
+    shown = nb.cells[2].outputs[0]
+    kept = nb.cells[4].outputs[0]
+    displays = {"d": [shown, kept], "e": [kept]}
+    note = budget.keep_recent(nb, 4, limit, displays)
+    dropped = sizes[2] + sizes[3]
+    assert note == (f"outputs of earlier cells ({dropped:,} bytes) were dropped from the session's notebook, which "
+                    f"keeps its latest {limit:,} bytes of outputs")
+    assert nb.cells[0].cell_type == "markdown" and "outputs" not in nb.cells[0]
+    assert nb.cells[1].outputs == []  # a code cell with no outputs keeps none (no marker)
+    assert [nb.cells[2].outputs, nb.cells[3].outputs] == [_marker(sizes[2], limit), _marker(sizes[3], limit)]
+    assert nb.cells[4].outputs == [kept]  # the run's own cells are never dropped
+    assert displays == {"d": [kept], "e": [kept]}
+
+
+@pytest.mark.parametrize(("content", "bundle"), [
+    ({}, ({}, {})), ({"data": {"a": 1}}, ({"a": 1}, {})), ({"metadata": {"m": 1}}, ({}, {"m": 1})),
+])
+def test_a_display_without_data_or_metadata_has_empty_ones(content: dict[str, Any], bundle: Any) -> None:
+    assert budget._bundle(content) == bundle
+
+
+@pytest.mark.parametrize("content", [{"data": []}, {"metadata": "m"}, {"data": None}])
+def test_a_display_whose_data_or_metadata_is_no_object_is_refused_in_those_words(content: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        budget._bundle(content)
+    assert str(refused.value) == "a display message whose data or metadata is not a JSON object"
+
+
+def test_the_text_a_rich_output_costs_is_the_json_of_its_text_views_but_html() -> None:
+    data = {"text/plain": "ab\n", "text/html": "<b>x</b>", "image/png": "iVBOR", "text/csv": ["a", 1],
+            "TEXT/PLAIN": "zz"}
+    assert budget._text_size(data) == len('ab\\n') + len(json.dumps(json.dumps(["a", 1]))) - 2
+
+
+@pytest.mark.parametrize(("content", "found"), [
+    ({"transient": {"display_id": "d"}}, "d"), ({"transient": {"display_id": 5}}, None), ({"transient": None}, None),
+    ({}, None), ({"transient": "d"}, None),
+])
+def test_a_display_id_is_a_string_in_transient_or_none(content: dict[str, Any], found: str | None) -> None:
+    assert budget._display_id(content) == found
+
+
+@pytest.mark.parametrize(("text", "room", "kept"), [
+    ("abcdef", 3, "abc"), ("abc", 10, "abc"), ("a\nb", 2, "a"), ("a\nb", 3, "a\n"), ("aé", 2, "a"), ("aé", 3, "aé"),
+    ("\x01z", 5, ""), ("\x01z", 6, "\x01"), ("", 5, ""), ("ab", 0, ""),
+])
+def test_a_prefix_is_the_longest_start_whose_json_fits(text: str, room: int, kept: str) -> None:
+    assert budget._prefix(text, room) == kept

@@ -42,6 +42,54 @@ def test_a_line_after_an_overlong_field_name_is_read_on_its_own() -> None:
     assert _relayed([b"x" * 20, b"x" * 20 + b"\rdata: b\r\r"]) == b"data: b\n\n"
 
 
+DATA_X = [("data-start", b""), ("data", b"x"), ("data-end", b"")]
+
+
+@pytest.mark.parametrize(("chunks", "pieces"), [
+    ([b"data: x\n\n"], [*DATA_X, ("dispatch", b"message")]),  # no event name: "message"
+    ([b"event: a\n\n"], [("event", b"a"), ("dispatch", b"")]),  # an event without data: no name to dispatch
+    ([b": keep\n\n"], [("comment", b""), ("dispatch", b"")]),
+    ([b"data\n\n"], [("data-start", b""), ("data-end", b""), ("dispatch", b"message")]),  # a field name alone
+    ([b"data: x", b"\n\n"], [*DATA_X, ("dispatch", b"message")]),  # a chunk may start with the line's end
+    ([b"data: x\r", b"\n", b"\n"], [*DATA_X, ("dispatch", b"message")]),  # a CRLF split, then a blank line
+    ([b"data:", b" x\n\n"], [*DATA_X, ("dispatch", b"message")]),  # the value's first space, in the next chunk
+    ([b"data: x", b" y\n\n"], [("data-start", b""), ("data", b"x"), ("data", b" y"), ("data-end", b""),
+                                ("dispatch", b"message")]),  # only the value's first space is cut
+    ([b"event: a\ndata: x\n\ndata: x\n\n"],
+     [("event", b"a"), *DATA_X, ("dispatch", b"a"), *DATA_X, ("dispatch", b"message")]),  # a name is one event's
+    ([b"event: " + b"n" * 32 + b"\n\n"], [("event", b"n" * 32), ("dispatch", b"")]),  # the longest name
+], ids=["message", "no-data", "comment", "name-alone", "lf-first", "crlf-split", "space-next", "space-once",
+        "name-resets", "name-32"])
+def test_the_framer_gives_each_piece_as_it_is(chunks: list[bytes], pieces: list[sse.Piece]) -> None:
+    framer = sse.Framer(1000)
+    assert [piece for chunk in chunks for piece in framer.feed(chunk)] == pieces
+
+
+def test_an_event_of_exactly_the_cap_passes_and_the_count_starts_again_at_each_event() -> None:
+    framer = sse.Framer(len(b"data: x"))
+    assert framer.feed(b"data: x\n\ndata: x\n\n") == [*DATA_X, ("dispatch", b"message")] * 2
+    with pytest.raises(sse.EventError, match=r"^a node sent an event over 7 bytes$"):
+        framer.feed(b"data: xy\n")
+
+
+def test_a_line_read_is_pending_until_its_event_is_dispatched() -> None:
+    framer = sse.Framer(1000)
+    assert not framer.pending
+    framer.feed(b"data: x\n")
+    assert framer.pending
+    framer.feed(b"\n")
+    assert not framer.pending
+
+
+@pytest.mark.parametrize("chunks", [[b"event: " + b"n" * 33 + b"\n"], [b"event: a b\n"], [b"event: " + b"n" * 40],
+                                    [b"event:\n"]], ids=["33", "space", "long-in-one-part", "empty"])
+def test_a_malformed_event_name_is_refused_in_those_words(chunks: list[bytes]) -> None:
+    framer = sse.Framer(1000)
+    with pytest.raises(sse.EventError, match=r"^a node sent a malformed event name$"):
+        for chunk in chunks:
+            framer.feed(chunk)
+
+
 # -- how stores serve what they store ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "mime", "expected"), [
@@ -65,6 +113,11 @@ def test_a_line_after_an_overlong_field_name_is_read_on_its_own() -> None:
     ("run/x.txt", "text/plain; a=b; c=d", ("text/plain; a=b; c=d", None)),
     ("run/x.txt", "text/plain; a=", ("application/octet-stream", "attachment")),
     ("run/song.midi", "text/plain", ("text/plain", "attachment")),  # a type only the non-strict table knows
+    ("a.csv", "text/csv", ("text/csv", None)),  # a name of one part
+    # A name is judged by its last part, never read as a URL: the whole name, or all after its first slash, would
+    # be a data: URL of type text/html here (the last part has no type: text/plain alone decides).
+    ("data:text/html,a", "text/plain", ("text/plain", None)),
+    ("run/data:text/html,a", "text/plain", ("text/plain", None)),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_each_file_is_served_as_its_type_says(name: str, mime: str, expected: tuple[str, str | None]) -> None:
     assert serving.served(name, mime) == serving.Served(*expected)
@@ -113,6 +166,7 @@ def test_the_log_filter_cuts_known_secrets_and_marked_values() -> None:
         serving.guard_logs([name, name], "topsecret", None, "")
         serving.guard_logs([name])
         assert logger.filters.count(serving._FILTER) == 1 and "" not in serving._FILTER.secrets
+        assert serving.SecretFilter().secrets == set()  # a new filter knows no secret yet
         record = logger.makeRecord(name, logging.DEBUG, "f", 1, "key %s sig=%s", ("topsecret", "abc"), None)
         assert serving._FILTER.filter(record) is True
         assert (record.msg, record.args) == ("key <redacted> sig=<redacted>", None)
@@ -314,6 +368,21 @@ def test_windows_that_passed_unchecked_start_a_fresh_one() -> None:
     quiet = budget.Pace(window=1.0, least=0, now=0.0)
     quiet.last = 9.5  # traffic was seen (not counted) while nothing judged the windows
     assert quiet.check(10.0) is None and quiet.ends == 11.0  # not 2.0: the windows that passed are skipped
+    edge = budget.Pace(window=1.0, least=0, now=0.0)
+    edge.last = 1.5
+    assert edge.check(2.0) is None and edge.ends == 3.0  # a window ending exactly now has passed too
+
+
+def test_the_first_window_counts_from_nothing() -> None:
+    pace = budget.Pace(window=1.0, least=5, now=0.0)
+    pace.moved(4, 0.5)
+    assert pace.check(1.0) == "closed: 4 bytes moved in 1 s, fewer than the 5 the minimum rate asks (egress_min_rate)"
+
+
+def test_no_descriptor_limit_still_caps_the_proxies_at_host_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(budget.resource, "getrlimit", lambda kind: unlimited)
+    assert budget.host_capacity() == budget.HOST_MOST
 
 
 # -- the router's own events and .env folders ---------------------------------------------------------------------

@@ -166,13 +166,7 @@ def test_config_fields_and_variables() -> None:
 # -- the real proxy on the host, driven over its Unix socket -------------------------------------------------
 
 def _ask(path: Path, request: bytes, then: bytes = b"") -> bytes:
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)  # by its folder: a nested TMPDIR outgrows sun_path
-    with socket.socket(socket.AF_UNIX) as client:
-        client.settimeout(10)
-        try:
-            client.connect(f"/proc/self/fd/{folder}/{path.name}")
-        finally:
-            os.close(folder)
+    with _connect(path) as client:
         client.sendall(request)
         answer = b""
         while b"\r\n\r\n" not in answer:
@@ -292,9 +286,15 @@ def _answer(client: socket.socket) -> bytes:
 
 
 def _connect(path: Path) -> socket.socket:
+    """A client of the proxy's socket, reached by its folder: a nested TMPDIR outgrows a socket address's 107
+    bytes (mutmut's copy of the suite runs inside the suite's own TMPDIR)."""
     client = socket.socket(socket.AF_UNIX)
     client.settimeout(10)
-    client.connect(str(path))
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        client.connect(f"/proc/self/fd/{folder}/{path.name}")
+    finally:
+        os.close(folder)
     return client
 
 

@@ -83,7 +83,8 @@ def test_cycles_extras_and_markers() -> None:
 def test_a_refused_dependency_stops_the_resolution_before_it_is_fetched(line: str, refused_because: str) -> None:
     index = Index({"a": {"1": ("b",)}, "b": {"1": (line,)}, "evil": {"1": ()}, "unlisted": {"1": ()}})
     policy = Policy("allowlist", {"a": "", "b": "", "evil": ""})
-    with pytest.raises(PackageRefusedError, match=refused_because):
+    with pytest.raises(PackageRefusedError, match=f"^b 1 depends on evil.*{refused_because}|^b 1 depends on unlisted"
+                                                  f".*{refused_because}"):
         _resolve(index, "a", policy=policy)
     assert index.rounds == [["a"], ["b"]]
 
@@ -178,3 +179,87 @@ def test_the_resolvers_metadata_reader_reads_no_more_than_its_cap(tmp_path: Path
     assert found["metadata"] == expected
     assert (found["problem"] is None) == (expected is not None), found["problem"]
     assert found["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+# -- exactly what is read and said (each value and message as it is, at the edges of its limits) -----------------
+
+def test_the_metadata_read_is_the_wheel_as_it_says_it_is() -> None:
+    text = ("Name: a\nVersion: 1.0\nRequires-Dist: b>=1\nRequires-Dist: c ; extra == 'x_y'\n"
+            "Provides-Extra:  X_y \n")
+    assert resolver.read_metadata("a-1.0-py3-none-any.whl", text) == resolver.Fetched(
+        "a-1.0-py3-none-any.whl", "a", "1.0", ("b>=1", "c ; extra == 'x_y'"), frozenset({"x-y"}))
+
+
+def test_a_thousand_dependencies_and_a_thousand_extras_are_read() -> None:
+    text = "Name: a\nVersion: 1\n" + "Requires-Dist: b\n" * 1000 + "Provides-Extra: e\n" * 1000
+    found = resolver.read_metadata("a-1-py3-none-any.whl", text)
+    assert len(found.requires) == 1000 and found.extras == frozenset({"e"})
+
+
+@pytest.mark.parametrize("project", ["none", "xxxx"])
+def test_metadata_without_a_name_or_version_is_refused_whatever_the_file_is_called(project: str) -> None:
+    for text in ("Version: 1\n", "Name: " + project + "\n"):
+        with pytest.raises(PackageError, match="not what its file name says"):
+            resolver.read_metadata(f"{project}-1-py3-none-any.whl", text)
+
+
+def test_each_refusal_of_a_wheels_metadata_says_it_in_those_words() -> None:
+    with pytest.raises(PackageError) as refused:
+        resolver.read_metadata("x" * 300, "")
+    assert str(refused.value) == f"the index served {'x' * 200!r}, which is not a wheel"
+    with pytest.raises(PackageError) as refused:
+        resolver.read_metadata("a-1-py3-none-any.whl", f"Name: {'n' * 150}\nVersion: {'1' * 80}\n")
+    assert str(refused.value) == (f"a-1-py3-none-any.whl says it is {'n' * 100!r} {'1' * 50!r} in its metadata, "
+                                  "not what its file name says; it was not used")
+
+
+def _fetching(*wheels: resolver.Fetched) -> resolver.Fetch:
+    return lambda lines: list(wheels)
+
+
+def test_each_refusal_of_a_resolution_says_it_in_those_words() -> None:
+    long = ["p" * 200 + str(n) for n in range(3)]
+    with pytest.raises(PackageError) as refused:
+        resolver.resolve([Requirement(n) for n in long], ANY, ENVIRONMENT, _fetching(), max_rounds=3)
+    assert str(refused.value) == f"pip brought nothing for {', '.join(long)[:300]}"
+    brought = [resolver.Fetched(f"{n}-1-py3-none-any.whl", n, "1", ()) for n in ("q" * 200, "r" * 200)]
+    with pytest.raises(PackageError) as refused:
+        resolver.resolve([Requirement("a")], ANY, ENVIRONMENT, _fetching(*brought), max_rounds=3)
+    assert str(refused.value) == f"pip brought {', '.join(['q' * 200, 'r' * 200])[:300]} for a"
+    with pytest.raises(PackageError) as refused:
+        resolver.resolve([Requirement("a")], ANY, ENVIRONMENT,
+                         _fetching(resolver.Fetched("a-1-py3-none-any.whl", "a", "1", ("b",))), max_rounds=1)
+    assert str(refused.value) == "the resolution did not settle in 1 rounds; pin the versions you need"
+
+
+def test_each_unreadable_dependency_is_refused_in_those_words() -> None:
+    bad = "!" * 300
+    with pytest.raises(PackageError) as refused:
+        _resolve(Index({"a": {"1": (bad,)}}), "a")
+    assert str(refused.value) == f"a 1 declares a dependency that is not a requirement: {bad[:200]!r}"
+    marker = "b" * 250 + " ; python_version ~= '1'"
+    with pytest.raises(PackageError) as refused:
+        _resolve(Index({"a": {"1": (marker,)}}), "a")
+    assert str(refused.value).startswith(f"the marker of {str(Requirement(marker))[:200]!r} cannot be evaluated: ")
+
+
+def test_a_prerelease_pip_brought_is_taken_when_the_specifier_allows_it() -> None:
+    rc = resolver.Fetched("a-1.1rc1-py3-none-any.whl", "a", "1.1rc1", ())
+    assert resolver.resolve([Requirement("a>=1")], ANY, ENVIRONMENT, _fetching(rc), max_rounds=3) == [rc]
+
+
+def test_roots_are_judged_by_their_markers_with_no_extra() -> None:
+    index = Index({"a": {"1": ()}, "b": {"1": ()}, "c": {"1": ()}})
+    assert _resolve(index, "a ; python_version >= '3'", "b ; python_version < '3'", "c ; extra == 'XXXX'") == [
+        ("a", "1")]
+
+
+def test_the_extras_of_every_requirement_of_a_project_are_joined() -> None:
+    index = Index({"a": {"1": ("b ; extra == 'x'", "c ; extra == 'y'")}, "b": {"1": ()}, "c": {"1": ()}},
+                  extras=("x", "y"))
+    assert _resolve(index, "a[x]", "a[y]") == [("a", "1"), ("b", "1"), ("c", "1")]
+
+
+def test_a_dependency_whose_marker_does_not_hold_is_passed_over_and_the_next_one_read() -> None:
+    index = Index({"a": {"1": ("x ; python_version < '3'", "y ; extra == 'XXXX'", "b")}, "b": {"1": ()}})
+    assert _resolve(index, "a") == [("a", "1"), ("b", "1")]

@@ -16,7 +16,9 @@ from nbformat import NotebookNode, v4
 import nbexec
 from nbexec import SandboxConfig
 from nbexec.engine import cells, widgets
+from nbexec.errors import ProtocolError
 from nbexec.result import CellError
+from nbexec.sandbox.messages import Message
 
 from .test_cells import FakeSandbox, Framed, Script, ScriptedKernel, cell, display, stream
 
@@ -257,3 +259,120 @@ def test_save_writes_each_models_module_and_version_as_its_state_says() -> None:
     saved = models(nb)
     assert (saved["m1"]["model_module"], saved["m1"]["model_module_version"]) == ("@jupyter-widgets/controls", "2.0.0")
     assert (saved["m2"]["model_module"], saved["m2"]["model_name"]) == ("@jupyter-widgets/base", "LayoutModel")
+
+
+# -- the pieces, each value as it is (what a mutant of widgets.py would change) -----------------------------------
+
+def _message(kind: str, content: dict[str, Any], *frames: bytes | None, size: int | None = None,
+             complete: bool = True) -> Message:
+    raw = json.dumps(content).encode()
+    return Message("iopub", kind, "m", "p", len(raw) + sum(len(f or b"") for f in frames) if size is None else size,
+                   raw, complete, tuple(frames))
+
+
+def _state(models: int = 10, size: int = 100_000) -> widgets.WidgetState:
+    return widgets.WidgetState().limit(SandboxConfig(max_outputs=models, max_display=f"{size}"))
+
+
+def test_add_charges_the_message_and_the_base64_its_buffers_cost() -> None:
+    state = _state()
+    msg = _message("comm_open", opened("w1", paths=[["b"]]), b"\x00" * 30)
+    assert state.add(msg, 10_000) == msg.size + (40 - 30)  # 30 bytes are 40 in base64
+    assert state.buffers["w1"][("b",)] == {"data": base64.b64encode(b"\x00" * 30).decode(), "encoding": "base64",
+                                           "path": ["b"]}
+
+
+def test_a_message_of_exactly_the_room_left_is_kept() -> None:
+    state = _state()
+    msg = _message("comm_open", opened("w1"))
+    assert state.add(msg, msg.size) == msg.size and "w1" in state.models and not state.dropped
+
+
+def test_a_message_past_the_room_or_incomplete_is_charged_nothing_and_drops_the_state() -> None:
+    for msg, room in ((_message("comm_open", opened("w1")), 10), (_message("comm_open", {}, complete=False), 10**6)):
+        state = _state()
+        assert state.add(msg, room) == 0 and state.dropped.startswith("a comm_open message of ")
+        assert state.add(_message("comm_open", opened("w2")), 10**6) == 0  # given up: nothing more is charged
+
+
+def test_base64_past_the_room_drops_the_state_in_those_words() -> None:
+    state = _state()
+    msg = _message("comm_open", opened("w1", paths=[["b"]]), b"\x00" * 300)
+    assert state.add(msg, msg.size + 99) == msg.size  # the base64 costs 100 more: one byte too many
+    assert state.dropped == "the widget buffers, base64-encoded, came past the display allowance"
+    exact = _state()
+    assert exact.add(msg, msg.size + 100) == msg.size + 100 and not exact.dropped
+
+
+def test_a_state_of_exactly_the_byte_limit_is_kept() -> None:
+    probe = _state()
+    probe.add(_message("comm_open", opened("w1")), 10**6)
+    exact, short = _state(size=probe.kept), _state(size=probe.kept - 1)
+    exact.add(_message("comm_open", opened("w1")), 10**6)
+    short.add(_message("comm_open", opened("w1")), 10**6)
+    assert exact.kept == probe.kept and not exact.dropped
+    assert short.dropped == f"the widget state grew past {probe.kept - 1:,} bytes (the max_display limit)"
+
+
+def test_an_update_of_a_key_charges_only_what_it_adds() -> None:
+    state = _state()
+    state.add(_message("comm_open", opened("w1", {**SLIDER, "value": 1})), 10**6)
+    before = state.kept
+    state.add(_message("comm_msg", updated("w1", {"value": 2})), 10**6)
+    assert state.kept == before  # the same key, a value of the same length
+    state.add(_message("comm_msg", updated("w1", {"new": 1})), 10**6)
+    assert state.kept == before + len("new") + 1
+
+
+def test_a_message_that_is_not_an_update_of_a_model_seen_open_charges_only_itself() -> None:
+    state = _state()
+    msg = _message("comm_msg", updated("w9", {"value": 1}))
+    assert state.add(msg, 10**6) == msg.size and state.models == {}
+
+
+@pytest.mark.parametrize(("paths", "frames", "kept", "raw"), [
+    (None, (), [], 0), ([], (b"x",), [], 0),
+    ([["a"]], (b"xy", b"z"), [{"data": "eHk=", "encoding": "base64", "path": ["a"]}], 2),  # a frame more: unread
+    ([["a"], [0, "b"]], (b"xy", b"z"), [{"data": "eHk=", "encoding": "base64", "path": ["a"]},
+                                        {"data": "eg==", "encoding": "base64", "path": [0, "b"]}], 3),
+    ([["k"] * 64], (b"",), [{"data": "", "encoding": "base64", "path": ["k"] * 64}], 0),
+    ([["k" * widgets.MAX_NAME]], (b"",), [{"data": "", "encoding": "base64", "path": ["k" * widgets.MAX_NAME]}], 0),
+])
+def test_buffers_are_kept_as_nbclient_keeps_them(paths: Any, frames: tuple[bytes, ...], kept: list[Any],
+                                                 raw: int) -> None:
+    assert widgets._buffers(paths, frames) == (kept, raw)
+
+
+@pytest.mark.parametrize(("paths", "frames", "words"), [
+    ([["a"], ["b"]], (b"x",), "a widget message names more buffers than it carries"),
+    ("a", (b"x",), "a widget message names more buffers than it carries"),
+    ([[]], (b"x",), "a widget message with a buffer path that is not a short list of keys"),
+    ([["k"] * 65], (b"x",), "a widget message with a buffer path that is not a short list of keys"),
+    ([["k" * (widgets.MAX_NAME + 1)]], (b"x",), "a widget message with a buffer path that is not a short list of keys"),
+    ([[1.5]], (b"x",), "a widget message with a buffer path that is not a short list of keys"),
+    ([["a"]], (None,), "a widget message whose buffers came past the message size limit"),
+])
+def test_bad_buffers_are_refused_in_those_words(paths: Any, frames: tuple[bytes | None, ...], words: str) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        widgets._buffers(paths, frames)
+    assert str(refused.value) == words
+
+
+def test_a_name_is_a_string_of_at_most_max_name_characters() -> None:
+    assert widgets._name("n" * widgets.MAX_NAME, "model id") == "n" * widgets.MAX_NAME
+    assert widgets._name("", "version", empty=True) == ""
+    for value, empty, least in (("n" * (widgets.MAX_NAME + 1), False, 1), (5, True, 0), ("", False, 1)):
+        with pytest.raises(ProtocolError) as refused:
+            widgets._name(value, "model id", empty=empty)
+        assert str(refused.value) == (f"a widget message whose model id is not a string of {least} to "
+                                      f"{widgets.MAX_NAME} characters")
+
+
+def test_saving_no_models_into_a_notebook_without_widgets_leaves_it_so() -> None:
+    nb = v4.new_notebook()
+    _state().save(nb)
+    assert "widgets" not in nb.metadata
+    state = _state()
+    state.add(_message("comm_open", opened("w1", {"value": 1})), 10**6)  # no model name: nothing a viewer shows
+    state.save(nb)
+    assert "widgets" not in nb.metadata

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nbformat import NotebookNode, from_dict
@@ -34,7 +35,7 @@ from nbexec.sandbox.source import ContainerState, SandboxHandle
 from . import traces, widgets
 from .budget import Budget, CellState, Displays, OutputCallback, tags
 
-OOM_NEWS = 2.0  # seconds the engine is given to report an OOM kill after a SIGKILL exit (see _late_oom)
+OOM_NEWS = 2.0  # seconds the engine is given to report an OOM kill after a SIGKILL exit (see _check_sandbox)
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,8 @@ def _outcome(sandbox: SandboxHandle, run: Execution) -> CellOutcome:
 
 def _misbehaved(sandbox: SandboxHandle, exc: ProtocolError) -> CellOutcome:
     """The kernel broke the protocol: unless it simply died, stop the sandbox and say so."""
-    if sandbox.kernel_lost:  # the kernel went away: give Docker time to see the container stop
-        give_up = time.monotonic() + 3.0
-        while sandbox.state().running and time.monotonic() < give_up:
-            time.sleep(0.1)
-    if not sandbox.state().running:
+    # A kernel that went away: Docker is given time to see its container stop.
+    if not _state_until(sandbox, lambda state: not state.running, 3.0 if sandbox.kernel_lost else 0).running:
         died = _check_sandbox(sandbox)
         if died is not None:
             return died
@@ -120,7 +118,9 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
     """Return how the cell ended if the sandbox died; None while all is well."""
     container = sandbox.state()
     if not container.running and container.exit_code == 137 and not container.oom_killed:
-        container = _late_oom(sandbox, container)
+        # Under gVisor the engine may hear of an OOM kill a moment after the exit (its `oom` event after `die`):
+        # asked again before the death is put down to the code (the sandbox's state() reads that event).
+        container = _state_until(sandbox, lambda state: state.oom_killed, OOM_NEWS)
     if not container.running:
         if container.oom_killed:
             return CellOutcome(status="oom", message=(
@@ -136,15 +136,14 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
     return None
 
 
-def _late_oom(sandbox: SandboxHandle, container: ContainerState) -> ContainerState:
-    """A kernel killed by SIGKILL: under gVisor the engine may hear of the OOM kill a moment after the exit (its
-    `oom` event after `die`), so it is asked again for up to OOM_NEWS seconds before the death is put down to the
-    code. The sandbox's state() reads that event, not only the engine's OOMKilled flag, which misses it."""
-    give_up = time.monotonic() + OOM_NEWS
-    while not container.oom_killed and time.monotonic() < give_up:
+def _state_until(sandbox: SandboxHandle, done: Callable[[ContainerState], bool], seconds: float) -> ContainerState:
+    """The sandbox's state, asked every 0.1 s until ``done`` holds of it or ``seconds`` have passed."""
+    give_up = time.monotonic() + seconds
+    state = sandbox.state()
+    while not done(state) and time.monotonic() < give_up:
         time.sleep(0.1)
-        container = sandbox.state()
-    return container
+        state = sandbox.state()
+    return state
 
 
 # -- the cells of a run ----------------------------------------------------------------------------------
