@@ -12,7 +12,7 @@ original. The run happens in a scratch copy of the tree, so the work tree gets n
     scripts/mutants.py --tier ci         # a fixed-seed sample of the stable modules' mutants (tests/test_mutants.py)
     scripts/mutants.py --module zmtp     # one module's mutants (repeatable)
     scripts/mutants.py --keep            # keep the scratch folder (then `mutmut browse` or `mutmut show` there)
-    scripts/mutants.py --again DIR       # in a kept folder: take the tree's tests again, rerun what was not caught
+    scripts/mutants.py --again DIR       # in a kept folder: take the tree's tests again, run what was not caught (yet)
 
 Exits 1 when the stable modules' score (caught / (mutants - equivalent)) is under 90 %, and with --strict also
 when a survivor is neither caught nor listed as equivalent (the survivors left open are printed either way).
@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutations import ROOT, scratch_copy
+from mutations import ROOT, _tracked_files, scratch_copy
 
 EQUIVALENT = ROOT / "tests" / "mutants-equivalent.yaml"
 TARGET = 0.90
@@ -208,13 +208,29 @@ def report(scratch: Path, chosen: list[Mutant], *, strict: bool) -> int:
     return 0 if score >= TARGET and not (strict and unexplained) else 1
 
 
+def refresh(scratch: Path) -> None:
+    """Bring a kept folder up to the tree: its tests, settings and every file mutmut did not mutate (in the folder
+    and in mutmut's copy). A mutated file that has changed since makes its mutants stale: refused."""
+    mutated = {SCOPE[m][0] for m in SCOPE}
+    stale = [name for name in sorted(mutated) if (ROOT / name).read_bytes() != (scratch / name).read_bytes()]
+    if stale:
+        raise SystemExit(f"{', '.join(stale)} changed since the mutants in {scratch} were made: run afresh")
+    shutil.copytree(ROOT / "tests", scratch / "tests", dirs_exist_ok=True)
+    shutil.copy2(ROOT / "pyproject.toml", scratch / "pyproject.toml")
+    for name in _tracked_files(ROOT):
+        if name.startswith("nbexec/") and name not in mutated and (ROOT / name).is_file():
+            for folder in (scratch, scratch / "mutants"):
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, folder / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", choices=("ci", "all"), default="all")
     parser.add_argument("--module", action="append", choices=sorted(SCOPE), default=[])
     parser.add_argument("--children", type=int, default=2, help="mutants tested at once")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder and print where it is")
-    parser.add_argument("--again", type=Path, metavar="DIR", help="a kept scratch folder: new tests, rerun survivors")
+    parser.add_argument("--again", type=Path, metavar="DIR", help="a kept scratch folder: new tests, run the rest")
     parser.add_argument("--strict", action="store_true", help="also fail on a survivor not listed as equivalent")
     parser.add_argument("--report", type=Path, metavar="DIR", help="a kept scratch folder: only print its figures")
     args = parser.parse_args(argv)
@@ -225,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             chosen = mutants(scratch, modules)
         elif args.again:
-            # The tree's tests replace the folder's (mutmut copies them in again); the test map is made anew.
-            shutil.copytree(ROOT / "tests", scratch / "tests", dirs_exist_ok=True)
-            shutil.copy2(ROOT / "pyproject.toml", scratch / "pyproject.toml")
+            # The tree's tests and unmutated code replace the folder's (mutmut copies the tests in again); the test
+            # map is made anew.
+            refresh(scratch)
             (scratch / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-            left = [m.name for m in mutants(scratch, modules) if m.status in ("survived", "no tests")]
+            left = [m.name for m in mutants(scratch, modules) if m.status in NOT_CAUGHT]  # survivors, and the unrun
             if left:
                 mutmut(scratch, left, args.children)
             chosen = mutants(scratch, modules)

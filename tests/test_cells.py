@@ -275,21 +275,23 @@ def test_a_session_notebook_that_fits_exactly_is_left_whole() -> None:
 
 
 def test_the_oldest_outputs_go_first_each_leaving_its_marker_and_the_note_says_how_much() -> None:
-    nb = v4.new_notebook(cells=[v4.new_markdown_cell("m"), *_with_outputs(0, 300, 300, 300).cells])
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell("m"), *_with_outputs(0, 300, 301, 302, 303).cells])
     sizes = [_size(c) for c in nb.cells]
-    limit = sum(sizes) - sizes[2] - 1  # dropping the first output is not enough; the second is
+    limit = sum(sizes) - sizes[2] - 1  # dropping the first output is not enough; the second is, and then it stops
     shown = nb.cells[2].outputs[0]
     kept = nb.cells[4].outputs[0]
-    displays = {"d": [shown, kept], "e": [kept]}
-    note = budget.keep_recent(nb, 4, limit, displays)
+    displays = {"d": [shown, kept], "e": [kept], "f": [shown]}
+    note = budget.keep_recent(nb, 5, limit, displays)
     dropped = sizes[2] + sizes[3]
     assert note == (f"outputs of earlier cells ({dropped:,} bytes) were dropped from the session's notebook, which "
                     f"keeps its latest {limit:,} bytes of outputs")
     assert nb.cells[0].cell_type == "markdown" and "outputs" not in nb.cells[0]
     assert nb.cells[1].outputs == []  # a code cell with no outputs keeps none (no marker)
     assert [nb.cells[2].outputs, nb.cells[3].outputs] == [_marker(sizes[2], limit), _marker(sizes[3], limit)]
-    assert nb.cells[4].outputs == [kept]  # the run's own cells are never dropped
-    assert displays == {"d": [kept], "e": [kept]}
+    assert nb.cells[4].outputs == [kept]  # within the limit once the two oldest went
+    assert nb.cells[5].outputs[0]["text"] == "a" * 303  # the run's own cells are never dropped
+    assert displays == {"d": [kept], "e": [kept], "f": []}
+    assert [o is kept for o in displays["d"]] == [True]
 
 
 @pytest.mark.parametrize(("content", "bundle"), [
@@ -326,3 +328,99 @@ def test_a_display_id_is_a_string_in_transient_or_none(content: dict[str, Any], 
 ])
 def test_a_prefix_is_the_longest_start_whose_json_fits(text: str, room: int, kept: str) -> None:
     assert budget._prefix(text, room) == kept
+
+
+def _state(text: int = 10_000, display: int = 10_000, outputs: int = 10) -> budget.CellState:
+    return budget.CellState(v4.new_code_cell("x"), 0, budget.Budget(text=text, display=display, outputs=outputs), None)
+
+
+def _msg(kind: str, content: dict[str, Any]) -> Message:
+    raw = json.dumps(content).encode()
+    return Message("iopub", kind, "m", "p", len(raw), raw)
+
+
+def _texts(state: budget.CellState) -> list[str]:
+    state.finish()
+    return [o.get("text", "") for o in state.cell.outputs]
+
+
+def test_a_clear_that_waits_takes_the_outputs_only_when_the_next_one_comes() -> None:
+    state = _state()
+    state.add(_msg("stream", {"name": "stdout", "text": "a"}))
+    state.add(_msg("clear_output", {"wait": True}))
+    assert _texts(state) == ["a"]
+    state.add(_msg("stream", {"name": "stdout", "text": "b"}))
+    state.add(_msg("stream", {"name": "stdout", "text": "c"}))
+    assert _texts(state) == ["bc"]  # cleared once, before b: c is not taken by the same clear
+
+
+def test_a_clear_that_does_not_wait_takes_the_outputs_at_once_and_once() -> None:
+    state = _state()
+    state.add(_msg("stream", {"name": "stdout", "text": "a"}))
+    state.add(_msg("clear_output", {"wait": False}))
+    assert _texts(state) == []
+    state.add(_msg("stream", {"name": "stdout", "text": "b"}))
+    state.add(_msg("display_data", {"data": {"text/plain": "c"}, "metadata": {}}))
+    assert _texts(state) == ["b", ""]
+
+
+def _shown(state: budget.CellState, display_id: str, text: str) -> None:
+    content = {"data": {"text/plain": text}, "metadata": {}, "transient": {"display_id": display_id}}
+    state.add(_msg("display_data", content))
+
+
+def test_an_update_reaching_two_displays_costs_one_more_copy_and_their_text_twice() -> None:
+    state = _state()
+    _shown(state, "d", "old")
+    _shown(state, "d", "old")
+    _shown(state, "XXXX", "other")
+    before = (state.budget.display, state.budget.text)
+    update = _msg("update_display_data", {"data": {"text/plain": "newer"}, "metadata": {"m": 1},
+                                          "transient": {"display_id": "d"}})
+    state.add(update)
+    assert (state.budget.display, state.budget.text) == (before[0] - 2 * update.size, before[1] - 2 * len("newer"))
+    assert [(o["data"], o["metadata"]) for o in state.cell.outputs[:2]] == [({"text/plain": "newer"}, {"m": 1})] * 2
+    state.add(_msg("update_display_data", {"data": {"text/plain": "none"}, "metadata": {}}))  # no id: reaches none
+    assert state.cell.outputs[2]["data"] == {"text/plain": "other"}
+    assert state.budget.dropped == 0
+
+
+@pytest.mark.parametrize("by_text", [False, True], ids=["display", "text"])
+@pytest.mark.parametrize(("room", "dropped"), [(0, False), (-1, True)], ids=["exactly", "one-short"])
+def test_an_update_of_exactly_the_room_left_is_kept(by_text: bool, room: int, dropped: bool) -> None:
+    """Just enough of the display allowance (the message, and a copy for the second display), or of the text
+    allowance (its text for each display), or one byte short: then the update is dropped, counted as display."""
+    update = _msg("update_display_data", {"data": {"text/plain": "newer"}, "metadata": {},
+                                          "transient": {"display_id": "d"}})
+    state = _state()
+    _shown(state, "d", "old")
+    _shown(state, "d", "old")
+    if by_text:
+        state.budget.text = 2 * len("newer") + room
+    else:
+        state.budget.display = 2 * update.size + room
+    state.add(update)
+    if dropped:
+        assert (state.budget.dropped_display, state.budget.dropped_text) == (2 * update.size, 0)
+        assert state.cell.outputs[0]["data"] == {"text/plain": "old"}
+    else:
+        assert state.budget.dropped == 0 and state.cell.outputs[0]["data"] == {"text/plain": "newer"}
+
+
+@pytest.mark.parametrize(("kind", "count", "kept"), [
+    ("execute_result", 3, 3), ("execute_result", "3", None), ("execute_result", None, None)])
+def test_an_execute_result_keeps_its_count_when_it_is_a_number(kind: str, count: Any, kept: int | None) -> None:
+    state = _state()
+    state.add(_msg(kind, {"data": {"text/plain": "r"}, "metadata": {}, "execution_count": count}))
+    assert state.cell.outputs[0]["execution_count"] == kept
+    display = _state()
+    display.add(_msg("display_data", {"data": {"text/plain": "r"}, "metadata": {}, "execution_count": 3}))
+    assert "execution_count" not in display.cell.outputs[0]
+
+
+def test_a_display_whose_text_is_exactly_the_text_left_is_kept_and_one_more_is_dropped_as_text() -> None:
+    state = _state(text=4)
+    state.add(_msg("display_data", {"data": {"text/plain": "abcd"}, "metadata": {}}))
+    assert state.budget.text == 0 and state.budget.outputs == 9 and len(state.cell.outputs) == 1
+    state.add(_msg("display_data", {"data": {"text/plain": "e"}, "metadata": {}}))
+    assert (state.budget.dropped_text, state.budget.dropped_display, state.budget.dropped_outputs) == (1, 0, 1)

@@ -58,8 +58,9 @@ DATA_X = [("data-start", b""), ("data", b"x"), ("data-end", b"")]
     ([b"event: a\ndata: x\n\ndata: x\n\n"],
      [("event", b"a"), *DATA_X, ("dispatch", b"a"), *DATA_X, ("dispatch", b"message")]),  # a name is one event's
     ([b"event: " + b"n" * 32 + b"\n\n"], [("event", b"n" * 32), ("dispatch", b"")]),  # the longest name
+    ([b"data: x\n\n: c\n\n"], [*DATA_X, ("dispatch", b"message"), ("comment", b""), ("dispatch", b"")]),
 ], ids=["message", "no-data", "comment", "name-alone", "lf-first", "crlf-split", "space-next", "space-once",
-        "name-resets", "name-32"])
+        "name-resets", "name-32", "data-resets"])
 def test_the_framer_gives_each_piece_as_it_is(chunks: list[bytes], pieces: list[sse.Piece]) -> None:
     framer = sse.Framer(1000)
     assert [piece for chunk in chunks for piece in framer.feed(chunk)] == pieces

@@ -263,3 +263,7 @@ def test_the_extras_of_every_requirement_of_a_project_are_joined() -> None:
 def test_a_dependency_whose_marker_does_not_hold_is_passed_over_and_the_next_one_read() -> None:
     index = Index({"a": {"1": ("x ; python_version < '3'", "y ; extra == 'XXXX'", "b")}, "b": {"1": ()}})
     assert _resolve(index, "a") == [("a", "1"), ("b", "1")]
+
+
+def test_the_dependencies_of_a_wheel_that_fits_a_specifier_are_read() -> None:
+    assert _resolve(Index({"a": {"1": ("b",)}, "b": {"1": ()}}), "a>=1") == [("a", "1"), ("b", "1")]
