@@ -424,3 +424,79 @@ def test_a_display_whose_text_is_exactly_the_text_left_is_kept_and_one_more_is_d
     assert state.budget.text == 0 and state.budget.outputs == 9 and len(state.cell.outputs) == 1
     state.add(_msg("display_data", {"data": {"text/plain": "e"}, "metadata": {}}))
     assert (state.budget.dropped_text, state.budget.dropped_display, state.budget.dropped_outputs) == (1, 0, 1)
+
+
+def test_an_update_reaching_one_display_costs_only_its_message() -> None:
+    state = _state()
+    _shown(state, "d", "old")
+    before = state.budget.display
+    update = _msg("update_display_data", {"data": {"text/plain": "new"}, "metadata": {},
+                                          "transient": {"display_id": "d"}})
+    state.add(update)
+    assert state.budget.display == before - update.size
+
+
+def test_each_frame_streamed_past_is_counted() -> None:
+    state = _state()
+    state.drop_frame(10)
+    state.drop_frame(20)
+    assert (state.budget.dropped_frames, state.budget.dropped_display, state.budget.dropped_text) == (2, 30, 0)
+
+
+def test_each_kept_output_is_handed_on_with_its_cell_index() -> None:
+    seen: list[tuple[int, Any]] = []
+    state = budget.CellState(v4.new_code_cell("x"), 7, budget.Budget(text=100, display=10_000, outputs=10),
+                             lambda index, output: seen.append((index, output)))
+    state.add(_msg("display_data", {"data": {"text/plain": "d"}, "metadata": {}}))
+    state.add(_msg("stream", {"name": "stdout", "text": "a"}))
+    assert seen == [(7, state.cell.outputs[0]), (7, {"output_type": "stream", "name": "stdout", "text": "a"})]
+
+
+@pytest.mark.parametrize("content", [{"name": "stdout"}, {"text": "a"}, {"name": 1, "text": "a"}])
+def test_a_stream_without_a_string_name_and_text_is_refused_in_those_words(content: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        _state().add(_msg("stream", content))
+    assert str(refused.value) == "a stream message without a string name and text"
+
+
+def test_a_stream_of_exactly_the_text_left_is_kept_whole_and_the_outputs_are_counted() -> None:
+    state = _state(text=3, outputs=2)
+    state.add(_msg("stream", {"name": "stdout", "text": "abc"}))
+    assert _texts(state) == ["abc"] and state.budget.dropped == 0 and state.budget.outputs == 1
+    other = _state(outputs=2)
+    other.add(_msg("stream", {"name": "stdout", "text": "a"}))
+    other.add(_msg("stream", {"name": "stderr", "text": "b"}))
+    other.add(_msg("stream", {"name": "stdout", "text": "c"}))  # a third output past the limit of two
+    assert _texts(other)[:2] == ["a", "b"] and other.budget.outputs == 0
+    assert (other.budget.dropped_text, other.budget.dropped_outputs) == (1, 1)
+
+
+def test_an_error_past_the_first_is_kept_while_it_fits_and_charged() -> None:
+    error = _msg("error", {"ename": "E", "evalue": "v", "traceback": ["t"]})
+    state = _state(text=2 * error.size)
+    state.add(error)
+    state.add(error)  # exactly the text left
+    assert state.budget.text == 0 and [o["output_type"] for o in state.cell.outputs] == ["error", "error"]
+
+
+@pytest.mark.parametrize("content", [{"ename": 1}, {"evalue": None}, {"traceback": "t"}, {"traceback": [1]}])
+def test_an_error_of_the_wrong_shape_is_refused_in_those_words(content: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        budget._error_output(content)
+    assert str(refused.value) == "an error message whose ename, evalue or traceback has the wrong type"
+
+
+def test_an_error_without_fields_has_empty_ones() -> None:
+    assert budget._error_output({}) == {"output_type": "error", "ename": "", "evalue": "", "traceback": []}
+
+
+def test_an_error_that_could_not_be_kept_is_described_from_what_the_kernel_said() -> None:
+    from nbexec.sandbox.execution import Execution as Ran
+    from nbexec.sandbox.lasterror import LastError
+
+    said = Ran(status="error", error=LastError(True, "KeyError", "'k'", ("t1", "t2")))
+    assert budget._described(said) == {"ename": "KeyError", "evalue": "'k'", "traceback": ["t1", "t2"]}
+    unknown = "The code raised an exception, but its error message{} was larger than the whole output allowance " \
+              "and the kernel did not say what it was. Raise smaller errors, or raise max_output / max_display."
+    for run, size in ((Ran(status="error", errors_dropped=5000), " (5,000 bytes)"), (Ran(status="error"), "")):
+        assert budget._described(run) == {"ename": "UnknownError", "traceback": [], "evalue": unknown.format(size)}
