@@ -204,7 +204,8 @@ def test_the_node_relays_no_more_than_its_allowance(alices: tuple[httpx.Client, 
     print(f"\na run printing 20 MB relayed {len(relayed):,} bytes")
     assert len(relayed) < 2 * MiB, len(relayed)
     headers = [json.loads(line[2:]) for line in relayed.split(b"\n") if line.startswith(b"M {")]
-    assert len(headers) >= 1900 and sum(h["size"] for h in headers) > 19_000_000  # every message counted
+    # Every byte counted, however the kernel batched the 20 MB into messages (fewer, larger ones under load).
+    assert headers and sum(h["size"] for h in headers) > 19_000_000
     assert sum(h["length"] for h in headers) <= RELAY_CAP and not headers[-1]["complete"]
 
 
