@@ -208,8 +208,10 @@ def test_hostile_program_is_contained_in_each_language(case: str, language: str,
     assert (canary.stat().st_mtime_ns, hashlib.sha256(canary.read_bytes()).hexdigest()) == before
     assert "s3cret-canary" not in json.dumps(result.to_dict())
     assert listener.got(run.token) == b"", "the host listener received data from the sandbox"
-    # The host's disk: a fill of 1 GiB left at most about max_data there (other work on the machine is noise).
-    assert free_before - host_free() < FILL // 2, "the host's disk lost what the sandbox wrote"
+    # The host's disk: a fill of 1 GiB left at most about max_data there. Judged for the cases that write only: the
+    # parallel suite's other work (virtualenvs, image builds) moves the host's free space by hundreds of MB.
+    if case in ("fill-data", "write-rootfs", "output-flood"):
+        assert free_before - host_free() < FILL // 2, "the host's disk lost what the sandbox wrote"
     pool.wait_for_teardown()  # nothing the code started survives on the host once its sandbox is gone
     sandboxes = seen.ids()
     assert sandboxes, "the run's sandbox was not seen"
