@@ -120,7 +120,7 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
     if not container.running and container.exit_code == 137 and not container.oom_killed:
         # Under gVisor the engine may hear of an OOM kill a moment after the exit (its `oom` event after `die`):
         # asked again before the death is put down to the code (the sandbox's state() reads that event).
-        container = _state_until(sandbox, lambda state: state.oom_killed, OOM_NEWS)
+        container = _state_until(sandbox, lambda state: state.oom_killed, OOM_NEWS, container)
     if not container.running:
         if container.oom_killed:
             return CellOutcome(status="oom", message=(
@@ -136,10 +136,12 @@ def _check_sandbox(sandbox: SandboxHandle) -> CellOutcome | None:
     return None
 
 
-def _state_until(sandbox: SandboxHandle, done: Callable[[ContainerState], bool], seconds: float) -> ContainerState:
-    """The sandbox's state, asked every 0.1 s until ``done`` holds of it or ``seconds`` have passed."""
+def _state_until(sandbox: SandboxHandle, done: Callable[[ContainerState], bool], seconds: float,
+                 state: ContainerState | None = None) -> ContainerState:
+    """The sandbox's state, asked every 0.1 s until ``done`` holds of it or ``seconds`` have passed (``state``:
+    one just read, not asked again at once)."""
     give_up = time.monotonic() + seconds
-    state = sandbox.state()
+    state = sandbox.state() if state is None else state
     while not done(state) and time.monotonic() < give_up:
         time.sleep(0.1)
         state = sandbox.state()
