@@ -265,6 +265,21 @@ def test_screenshots_come_only_when_the_screen_changed(cold: nbexec.SandboxConfi
     assert pixel(the_screenshot(more), 240, 60) == (0, 0, 255)
 
 
+def test_an_interrupt_in_the_screenshot_hook_stays_out_of_the_cell(cold: nbexec.SandboxConfig) -> None:
+    """A second interrupt (a client that pressed twice) may land in nbexec's own post-cell hook: that skips the
+    picture and leaves the cell's output and outcome as they were (no "Error in callback" in its stdout)."""
+    interrupted = ("import nbexec_display\ndef interrupted(self):\n    raise KeyboardInterrupt\n"
+                   "nbexec_display.Screen.changed = interrupted\nprint('mine')")
+    with Session(on(cold, "runc")) as session:
+        opened = session.run(WINDOW)  # the X server runs: the hook looks at the screen after every cell
+        hooked = session.run(interrupted)
+        after = session.run("print('next')")
+    assert opened.ok and len(opened.images) == 1, opened.error
+    assert hooked.ok and hooked.error is None, hooked.error
+    assert (hooked.stdout, hooked.stderr, hooked.images) == ("mine\n", "", ()), (hooked.stdout, hooked.stderr)
+    assert after.ok and after.stdout == "next\n"
+
+
 def test_no_display_when_turned_off(cold: nbexec.SandboxConfig) -> None:
     code = ("import os, tkinter\nprint('DISPLAY' in os.environ)\ntry:\n    tkinter.Tk()\n"
             "except tkinter.TclError as exc:\n    print('refused:', exc)\n" + X_SERVER)

@@ -82,9 +82,17 @@ def test_kernel_death_marks_session_dead_and_files_survive_restart(config: nbexe
 def test_interrupt_from_another_thread(config: nbexec.SandboxConfig) -> None:
     with Session(config) as session:
         session.start()
-        # Interrupt once the cell has shown it runs (not after a fixed delay, which may come before it starts).
-        result = session.run("print('running', flush=True)\nimport time; time.sleep(30)",
-                             on_output=lambda *_: threading.Thread(target=session.interrupt).start())
+        # Interrupt once the cell has shown it runs (not after a fixed delay, which may come before it starts),
+        # and once only: a second one, sent on the error's output, is test_display's case of an interrupt that
+        # lands after the cell.
+        sent = threading.Event()
+
+        def interrupt_once(*_: object) -> None:
+            if not sent.is_set():
+                sent.set()
+                threading.Thread(target=session.interrupt).start()
+
+        result = session.run("print('running', flush=True)\nimport time; time.sleep(30)", on_output=interrupt_once)
         assert result.stdout == "running\n"
         assert result.error is not None and result.error.ename == "KeyboardInterrupt"
 

@@ -139,8 +139,8 @@ class Screen:
                 from IPython.display import Image, display
 
                 display(Image(data=png, format="png", metadata={"nbexec": {"screenshot": True}}))
-        except Exception:  # never an error in the user's cell for a picture it did not ask for
-            pass
+        except (Exception, KeyboardInterrupt):  # never an error in the user's cell for a picture it did not ask
+            pass  # for; an interrupt that lands here (a second one, after the cell) only skips the picture
 
     def changed(self):
         """The screen as PNG bytes when it shows something new; None when it is empty, unchanged or unreadable."""
