@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutations import ROOT, _tracked_files, scratch_copy
+from mutations import ROOT, tracked_files, scratch_copy
 
 EQUIVALENT = ROOT / "tests" / "mutants-equivalent.yaml"
 TARGET = 0.90
@@ -217,7 +217,7 @@ def refresh(scratch: Path) -> None:
         raise SystemExit(f"{', '.join(stale)} changed since the mutants in {scratch} were made: run afresh")
     shutil.copytree(ROOT / "tests", scratch / "tests", dirs_exist_ok=True)
     shutil.copy2(ROOT / "pyproject.toml", scratch / "pyproject.toml")
-    for name in _tracked_files(ROOT):
+    for name in tracked_files(ROOT):
         if name.startswith("nbexec/") and name not in mutated and (ROOT / name).is_file():
             for folder in (scratch, scratch / "mutants"):
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,7 @@ def stale(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
     return problems
 
 
-def _tracked_files(root: Path) -> list[str]:
+def tracked_files(root: Path) -> list[str]:
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, check=True,
                             capture_output=True).stdout.decode()
     return [name for name in listed.split("\0") if name]
@@ -115,7 +115,7 @@ def _tracked_files(root: Path) -> list[str]:
 
 def scratch_copy(root: Path) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="nbexec-mutant-"))
-    for name in _tracked_files(root):
+    for name in tracked_files(root):
         source = root / name
         if not source.is_file():
             continue

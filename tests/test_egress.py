@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import os
 import socket
 import ssl
 import subprocess
@@ -22,6 +21,7 @@ from nbexec import egress
 from nbexec.config import from_env
 from nbexec.egress.proxy import Limits, Proxy
 from nbexec.errors import ConfigError
+from nbexec.files.folders import socket_address
 from nbexec.sandbox.docker import daemon
 
 from .conftest import IMAGE
@@ -290,11 +290,8 @@ def _connect(path: Path) -> socket.socket:
     bytes (mutmut's copy of the suite runs inside the suite's own TMPDIR)."""
     client = socket.socket(socket.AF_UNIX)
     client.settimeout(10)
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        client.connect(f"/proc/self/fd/{folder}/{path.name}")
-    finally:
-        os.close(folder)
+    with socket_address(path) as address:
+        client.connect(address)
     return client
 
 

@@ -26,6 +26,7 @@ from nbexec.config import SandboxConfig
 from nbexec.engine.budget import MAX_ERROR, Budget, CellState
 from nbexec.engine.widgets import WidgetState
 from nbexec.errors import NbexecError, ProtocolError
+from nbexec.files.folders import socket_address
 from nbexec.notebook import outputs
 from nbexec.sandbox import kernel as kernel_protocol
 from nbexec.sandbox import zmtp
@@ -208,11 +209,8 @@ def raw_peer(path: Path, script: bytes) -> threading.Thread:
     """A listening unix socket that answers one connection with ``script``; it closes the connection at
     ``HANG_UP``, or else once the client has."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:  # through a descriptor of the folder: a long TMPDIR stays within the socket address limit
-        server.bind(f"/proc/self/fd/{folder}/{path.name}")
-    finally:
-        os.close(folder)
+    with socket_address(path) as address:  # a long TMPDIR stays within the socket address limit
+        server.bind(address)
     server.listen(1)
 
     def serve() -> None:

@@ -376,3 +376,41 @@ def test_saving_no_models_into_a_notebook_without_widgets_leaves_it_so() -> None
     state.add(_message("comm_open", opened("w1", {"value": 1})), 10**6)  # no model name: nothing a viewer shows
     state.save(nb)
     assert "widgets" not in nb.metadata
+
+
+def test_a_model_never_described_is_passed_over_and_the_next_one_kept() -> None:
+    state = _state()
+    state.add(_message("comm_open", opened("w0", {"value": 1})), 10**6)  # opened first, never described
+    state.add(_message("comm_open", opened("w1")), 10**6)
+    nb = v4.new_notebook()
+    state.save(nb)
+    assert list(models(nb)) == ["w1"]
+
+
+@pytest.mark.parametrize("held", [[], "widgets", 7, None, {"other/mime": {}}],
+                         ids=["a-list", "a-string", "a-number", "null", "another-mime"])
+def test_a_widgets_entry_of_any_shape_in_the_input_is_cleared_without_failing(held: Any) -> None:
+    """An input notebook's metadata.widgets is the input's (any JSON): a run without models, or one whose state
+    was dropped, leaves no widget state a viewer would load, and never fails on the shape."""
+    for dropped in (False, True):
+        nb = v4.new_notebook()
+        nb.metadata["widgets"] = held
+        state = _state()
+        if dropped:
+            state.add(_message("comm_open", {}, complete=False), 10**6)
+            assert state.dropped
+        state.save(nb)
+        kept = nb.metadata.get("widgets")
+        assert not (isinstance(kept, dict) and MIME in kept), kept
+        if dropped and isinstance(held, dict):
+            assert kept == held  # only the widget state is taken out
+
+
+def test_a_model_this_run_made_that_is_dropped_is_named_in_the_note() -> None:
+    state = _state()
+    state.add(_message("comm_open", opened("w1", {**SLIDER, "_model_module": "evil-module"})), 10**6)
+    nb = v4.new_notebook()
+    state.save(nb)
+    assert "widgets" not in nb.metadata
+    [note] = state.take_notes()
+    assert "'w1' ('IntSliderModel': its model module 'evil-module'" in note, note

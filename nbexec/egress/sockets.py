@@ -4,25 +4,19 @@ client with a reason, tell a client that hung up, end a connection."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import select
 import socket
 import time
 from pathlib import Path
 
+from nbexec.files.folders import socket_address
+
 
 def bind(listener: socket.socket, path: Path) -> None:
-    """Bind ``listener`` at ``path``, however long its folder's name: a Unix socket's address holds 107 bytes, so a
-    longer one is bound through a descriptor of its folder (/proc/self/fd/N/name; a long TMPDIR stays usable)."""
-    if len(os.fsencode(path)) < 100:
-        listener.bind(str(path))
-        return
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        listener.bind(f"/proc/self/fd/{folder}/{path.name}")
-    finally:
-        os.close(folder)
+    """Bind ``listener`` at ``path``, however long its folder's name (a long TMPDIR stays usable)."""
+    with socket_address(path) as address:
+        listener.bind(address)
 
 
 def read_head(client: socket.socket, limit: int, timeout: float) -> tuple[bytes, bytes]:

@@ -17,6 +17,7 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -200,3 +201,15 @@ def older_than(seconds: float) -> list[Path]:
                 if stat.S_ISDIR(st.st_mode) and st.st_mtime < cutoff:
                     found.append(Path(entry.path))
     return sorted(found)
+
+
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """The address to bind or connect the Unix socket at ``path`` by, however long its folder's name: an address
+    holds 107 bytes, so it goes through a descriptor of the folder (/proc/self/fd/N/name), which is short and never
+    re-resolves the folder. The descriptor is open for the block: bind or connect inside it."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{folder}/{path.name}" if os.path.isdir("/proc/self/fd") else str(path)
+    finally:
+        os.close(folder)

@@ -15,7 +15,6 @@ host announces ZMTP 3.0, so a libzmq peer speaks 3.0 to it: subscriptions are me
 from __future__ import annotations
 
 import math
-import os
 import select
 import socket
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbexec.errors import ProtocolError, SandboxError
+from nbexec.files.folders import socket_address
 
 # signature (0xff, 8 bytes of padding, 0x7f), version 3.0, mechanism, as-server 0, 31 bytes of filler
 GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes((3, 0)) + b"NULL".ljust(20, b"\0") + bytes(32)
@@ -75,28 +75,21 @@ class Connection:
         """Connect to the unix socket at ``path`` and complete the handshake within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        folder = -1
         try:
-            # A unix socket's path may not exceed 107 bytes, and TMPDIR can be long: connect through a
-            # descriptor of the folder (/proc/self/fd/N/name), which is short and never re-resolves the folder.
-            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            address = f"/proc/self/fd/{folder}/{path.name}" if os.path.isdir("/proc/self/fd") else str(path)
-            while True:  # the socket file appears at bind(), a moment before listen()
-                try:
-                    sock.connect(address)
-                    break
-                except (ConnectionRefusedError, FileNotFoundError) as exc:
-                    if time.monotonic() > deadline:
-                        raise SandboxError(f"the kernel does not accept connections on {path.name}") from exc
-                    time.sleep(0.005)
+            with socket_address(path) as address:  # TMPDIR can be long; a socket address holds 107 bytes
+                while True:  # the socket file appears at bind(), a moment before listen()
+                    try:
+                        sock.connect(address)
+                        break
+                    except (ConnectionRefusedError, FileNotFoundError) as exc:
+                        if time.monotonic() > deadline:
+                            raise SandboxError(f"the kernel does not accept connections on {path.name}") from exc
+                        time.sleep(0.005)
             connection = cls(sock, socket_type, max_message=max_message, max_frames=max_frames)
             connection._handshake(deadline)
         except BaseException:
             sock.close()
             raise
-        finally:
-            if folder >= 0:
-                os.close(folder)
         return connection
 
     def close(self) -> None:
