@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutations import ROOT, tracked_files, scratch_copy
+from mutations import ROOT, scratch_copy, tracked_files
 
 EQUIVALENT = ROOT / "tests" / "mutants-equivalent.yaml"
 TARGET = 0.90
