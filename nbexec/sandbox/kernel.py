@@ -313,11 +313,11 @@ class KernelClient:
         if not starts:
             raise ProtocolError(f"a message on {channel} has no <IDS|MSG> delimiter in its first "
                                 f"{_MAX_IDENTITIES + 1} frames")
-        start = starts[0]
-        if len(starts) > 1 and not self._signed(frames, start):
+        start, signed = starts[0], None  # None: not checked yet
+        if len(starts) > 1:
             # Routing frames may hold the delimiter's bytes (ipykernel 7 once echoed a stray <IDS|MSG> and
             # signature before a reply's own): the message starts at the delimiter whose signature holds.
-            start = next((s for s in starts[1:] if self._signed(frames, s)), start)
+            start, signed = next(((s, True) for s in starts if self._signed(frames, s)), (start, False))
         if len(frames) - start < 5:
             raise ProtocolError(f"a message on {channel} has {len(frames) - start} frames after its delimiter "
                                 "(need 5)")
@@ -328,7 +328,7 @@ class KernelClient:
         size = sum(sizes[start + 3:])
         complete = metadata is not None and content is not None  # buffers are not signed: need not be kept
         if complete:
-            if not self._signed(frames, start):
+            if not (self._signed(frames, start) if signed is None else signed):  # each candidate hashed once
                 raise ProtocolError(f"a message on {channel} is unsigned or its signature is wrong")
             self._remember(bytes(signature))
         parent = _object(parse(parent_header, "parent header"), "parent header")
