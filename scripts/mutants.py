@@ -208,17 +208,22 @@ def report(scratch: Path, chosen: list[Mutant], *, strict: bool) -> int:
     return 0 if score >= TARGET and not (strict and unexplained) else 1
 
 
-def refresh(scratch: Path) -> None:
+def refresh(scratch: Path, modules: list[str]) -> None:
     """Bring a kept folder up to the tree: its tests, settings and every file mutmut did not mutate (in the folder
-    and in mutmut's copy). A mutated file that has changed since makes its mutants stale: refused."""
+    and in mutmut's copy). A changed file of ``modules`` makes their mutants stale: refused. Another mutated file
+    that changed is copied in as it is now and its results are forgotten: mutmut makes its mutants anew, not run."""
     mutated = {SCOPE[m][0] for m in SCOPE}
-    stale = [name for name in sorted(mutated) if (ROOT / name).read_bytes() != (scratch / name).read_bytes()]
+    changed = {name for name in mutated if (ROOT / name).read_bytes() != (scratch / name).read_bytes()}
+    stale = sorted(changed & {SCOPE[m][0] for m in modules})
     if stale:
         raise SystemExit(f"{', '.join(stale)} changed since the mutants in {scratch} were made: run afresh")
+    for name in sorted(changed):
+        print(f"{name} changed: its mutants in this folder are made anew (not run yet)")
+        (scratch / "mutants" / f"{name}.meta").unlink(missing_ok=True)
     shutil.copytree(ROOT / "tests", scratch / "tests", dirs_exist_ok=True)
     shutil.copy2(ROOT / "pyproject.toml", scratch / "pyproject.toml")
     for name in tracked_files(ROOT):
-        if name.startswith("nbexec/") and name not in mutated and (ROOT / name).is_file():
+        if name.startswith("nbexec/") and (name not in mutated or name in changed) and (ROOT / name).is_file():
             for folder in (scratch, scratch / "mutants"):
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, folder / name)
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.again:
             # The tree's tests and unmutated code replace the folder's (mutmut copies the tests in again); the test
             # map is made anew.
-            refresh(scratch)
+            refresh(scratch, modules)
             (scratch / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
             left = [m.name for m in mutants(scratch, modules) if m.status in NOT_CAUGHT]  # survivors, and the unrun
             if left:
