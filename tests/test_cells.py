@@ -500,3 +500,99 @@ def test_an_error_that_could_not_be_kept_is_described_from_what_the_kernel_said(
               "and the kernel did not say what it was. Raise smaller errors, or raise max_output / max_display."
     for run, size in ((Ran(status="error", errors_dropped=5000), " (5,000 bytes)"), (Ran(status="error"), "")):
         assert budget._described(run) == {"ename": "UnknownError", "traceback": [], "evalue": unknown.format(size)}
+
+
+# -- each bound at its edge, each drop counted where it belongs (what a mutant of budget.py would change) ----------
+
+def _error(evalue: str = "v") -> Message:
+    return _msg("error", {"ename": "E", "evalue": evalue, "traceback": []})
+
+
+def test_the_marker_says_each_count_in_those_words() -> None:
+    marker = NotebookNode(output_type="stream", name="stderr", text="")
+    counts = budget.Budget(text=0, display=0, outputs=0, dropped_text=1234, dropped_display=5, markers=[marker])
+    counts.finish(1000, 10)
+    assert marker["text"] == "\n[nbexec: output truncated at the 1,000-byte limit; 1,239 bytes dropped]\n"
+    counts.dropped_outputs = 3
+    counts.finish(1000, 10)
+    assert marker["text"] == ("\n[nbexec: output truncated at the 1,000-byte limit; 1,239 bytes dropped; 3 outputs "
+                              "dropped past the 10-output limit]\n")
+    counts.dropped_frames = 2
+    counts.finish(1000, 10)
+    assert marker["text"] == ("\n[nbexec: output truncated at the 1,000-byte limit; 1,239 bytes dropped; 3 outputs "
+                              "dropped past the 10-output limit; 2 messages larger than the whole output allowance "
+                              "dropped]\n")
+
+
+@pytest.mark.parametrize(("metadata", "found"), [
+    (None, []), ({}, []), ({"tags": "raises-exception"}, []), ({"tags": None}, []),
+    ({"tags": ["raises-exception", 5, "skip-execution"]}, ["raises-exception", "skip-execution"]),
+])
+def test_tags_are_the_strings_of_a_tags_list(metadata: dict[str, Any] | None, found: list[str]) -> None:
+    cell = NotebookNode(cell_type="code", source="x", outputs=[])
+    if metadata is not None:
+        cell["metadata"] = metadata
+    assert budget.tags(cell) == found
+
+
+def test_widget_messages_cost_nothing_without_a_widget_state() -> None:
+    state = _state()
+    state.add(_msg("comm_open", {"comm_id": "w", "target_name": "jupyter.widget", "data": {}}))
+    assert (state.budget.display, state.budget.text, state.cell.outputs) == (10_000, 10_000, [])
+
+
+def test_a_stream_with_one_byte_of_room_keeps_one_character() -> None:
+    state = _state(text=1)
+    state.add(_msg("stream", {"name": "stdout", "text": "ab"}))
+    assert _texts(state)[0] == "a" and state.budget.dropped_text == 1
+
+
+def test_a_clear_output_of_exactly_the_room_left_clears() -> None:
+    state = _state()
+    state.add(_msg("stream", {"name": "stdout", "text": "gone"}))
+    clear = _msg("clear_output", {"wait": False})
+    state.budget.text = clear.size
+    state.add(clear)
+    assert state.cell.outputs == [] and state.budget.text == 0 and state.budget.dropped_text == 0
+
+
+def test_a_display_of_exactly_the_display_room_left_is_kept_and_charged() -> None:
+    shown = _msg("display_data", {"data": {"image/png": "cA=="}, "metadata": {}})
+    state = _state(display=shown.size)
+    state.add(shown)
+    assert len(state.cell.outputs) == 1 and state.budget.display == 0 and state.budget.dropped == 0
+
+
+def test_an_update_past_the_display_room_drops_bytes_not_an_output() -> None:
+    state = _state(display=10)
+    update = _msg("update_display_data", {"data": {"text/plain": "new"}, "metadata": {},
+                                          "transient": {"display_id": "d"}})
+    state.add(update)
+    dropped = state.budget
+    assert (dropped.dropped_display, dropped.dropped_text, dropped.dropped_outputs) == (update.size, 0, 0)
+
+
+def test_a_display_past_the_output_count_is_counted_as_display_bytes_and_one_output() -> None:
+    state = _state(outputs=0)
+    shown = _msg("display_data", {"data": {"image/png": "cA=="}, "metadata": {}})
+    state.add(shown)
+    assert (state.budget.dropped_display, state.budget.dropped_text, state.budget.dropped_outputs) == (shown.size, 0, 1)
+
+
+def test_a_second_error_of_exactly_the_text_room_left_is_kept() -> None:
+    state = _state()
+    state.add(_error("first"))
+    second = _error("second")
+    state.budget.text = second.size
+    state.add(second)
+    assert [o["evalue"] for o in state.cell.outputs] == ["first", "second"] and state.budget.dropped == 0
+
+
+def test_drops_of_text_add_up_and_a_frame_or_stream_dropped_is_no_output() -> None:
+    state = _state(text=0)
+    state.add(_msg("stream", {"name": "stdout", "text": "abc"}))
+    state.add(_msg("stream", {"name": "stdout", "text": "defgh"}))
+    state.drop_frame(7)
+    first, second = (len(json.dumps({"name": "stdout", "text": t})) for t in ("abc", "defgh"))
+    assert (state.budget.dropped_text, state.budget.dropped_display, state.budget.dropped_outputs) == (
+        first + second, 7, 0)

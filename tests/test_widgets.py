@@ -307,6 +307,7 @@ def test_base64_past_the_room_drops_the_state_in_those_words() -> None:
 def test_a_state_of_exactly_the_byte_limit_is_kept() -> None:
     probe = _state()
     probe.add(_message("comm_open", opened("w1")), 10**6)
+    assert probe.kept == sum(len(key) + len(json.dumps(value)) for key, value in SLIDER.items())  # from nothing
     exact, short = _state(size=probe.kept), _state(size=probe.kept - 1)
     exact.add(_message("comm_open", opened("w1")), 10**6)
     short.add(_message("comm_open", opened("w1")), 10**6)

@@ -51,7 +51,7 @@ class Budget:
     def dropped(self) -> int:
         return self.dropped_text + self.dropped_display
 
-    def finish(self, text_limit: int, output_limit: int = 0) -> None:
+    def finish(self, text_limit: int, output_limit: int) -> None:
         """Write the final counts into the truncation markers."""
         for marker in self.markers:
             marker["text"] = _marker_text(text_limit, self.dropped, output_limit, self.dropped_outputs)
@@ -60,7 +60,7 @@ class Budget:
                     f"; {self.dropped_frames:,} messages larger than the whole output allowance dropped]\n")
 
 
-def _marker_text(limit: int, dropped: int, output_limit: int = 0, dropped_outputs: int = 0) -> str:
+def _marker_text(limit: int, dropped: int, output_limit: int, dropped_outputs: int) -> str:
     text = f"\n[nbexec: output truncated at the {limit:,}-byte limit; {dropped:,} bytes dropped"
     if dropped_outputs:
         text += f"; {dropped_outputs:,} outputs dropped past the {output_limit:,}-output limit"
