@@ -584,10 +584,12 @@ def test_a_request_knows_how_its_body_is_framed() -> None:
     (b"5\r\nhello\r\n0\r\nX: " + b"v" * 4000 + b"\r\n" + (b"Y: " + b"v" * 4000 + b"\r\n") * 3 + b"Z: " + b"v" * 370
      + b"\r\n\r\n", b"", "a malformed trailer in a chunked body"),
     (b"0\r\nno colon\r\n\r\n", b"", "a malformed trailer in a chunked body"),
+    (b"0\r\nNoColon\r\n\r\n", b"", "a malformed trailer in a chunked body"),
     (b"0\r\nX: a\x01\r\n\r\n", b"", "a malformed trailer in a chunked body"),
+    (b"0\r\nX-Time: 10:30:00\r\n\r\n", b"0\r\n\r\n", None),
 ], ids=["size-line-4096", "size-line-4097", "16-digits", "17-digits", "upper-hex", "data-too-long",
         "bare-lf-after-data", "trailers-16k", "trailers-over-16k", "trailer-without-colon",
-        "trailer-control-character"])
+        "trailer-a-token-without-colon", "trailer-control-character", "trailer-value-with-colons"])
 def test_each_chunked_body_edge(body: bytes, sent: bytes, problem: str | None) -> None:
     chunked = request.Chunked()
     assert chunked.feed(body) == sent
