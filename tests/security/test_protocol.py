@@ -63,10 +63,6 @@ def frame_refused(result: ExecutionResult) -> None:
     assert result.truncated_bytes > 32 * 1024 * 1024
 
 
-def ok(result: ExecutionResult) -> None:
-    assert result.ok, result.error
-
-
 def cleared_past_the_allowance(result: ExecutionResult) -> None:
     """The flood crossed the text allowance (counted), the last clear took effect and what came after is kept."""
     assert result.ok, result.error
