@@ -296,12 +296,13 @@ def test_a_report_keeps_its_lines_without_their_line_ends_only() -> None:
     {}, {"user_expressions": []}, {"user_expressions": {lasterror.KEY: "x"}}, _asked(_quoted({"raised": True}), "x"),
     {"user_expressions": {lasterror.KEY: {"status": "ok", "data": []}}}, _asked(5), _asked("abc"), _asked("''"),
     _asked("'" + base64.b64encode(b"not json").decode() + "'"), _asked("'YWJj'"), _asked("'ab=c'"),
+    _asked("'=" + _quoted({"raised": False})[1:]),  # a report behind padding: base64 read strictly, refused
     _asked(_quoted([1])), _asked(_quoted({"raised": "yes"})), _asked(_quoted({"raised": True, "ename": "E"})),
     _asked(_quoted({"raised": True, "ename": "E", "evalue": 1, "traceback": []})),
     _asked(_quoted({"raised": True, "ename": "E", "evalue": "v", "traceback": "t"})),
 ], ids=["empty", "not-a-mapping", "not-an-answer", "not-ok", "data-not-a-mapping", "not-text", "not-quoted",
-        "empty-quoted", "not-json", "not-an-object-json", "bad-padding", "a-list", "raised-not-a-bool",
-        "no-value", "value-not-text", "traceback-not-a-list"])
+        "empty-quoted", "not-json", "not-an-object-json", "bad-padding", "leading-padding", "a-list",
+        "raised-not-a-bool", "no-value", "value-not-text", "traceback-not-a-list"])
 def test_a_malformed_answer_tells_nothing(reply: dict[str, object]) -> None:
     assert lasterror.read(reply) is None
 
@@ -530,6 +531,7 @@ CODING = "only one Transfer-Encoding: chunked, in HTTP/1.1, is relayed"
     (b"GET http://a/ HTTP/1.1\r\n: empty name", BAD_LINE),
     (b"POST http://a/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked", BOTH),
     (b"POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip", CODING),
+    (b"POST http://a/ HTTP/1.1\r\nTransfer-Encoding: Xchunked", CODING),
     (b"POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked", CODING),
     (b"POST http://a/ HTTP/1.0\r\nTransfer-Encoding: chunked", CODING),
     (b"POST http://a/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1", "more than one Content-Length"),
@@ -558,6 +560,12 @@ def test_each_refused_head_says_why(head: bytes, reason: str) -> None:
     (b"POST http://a.example/ HTTP/1.1\r\nContent-Length: " + b"9" * 18,
      request.Request("POST", "a.example", 80, b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: "
                                              + b"9" * 18 + b"\r\nConnection: close\r\n\r\n", 10**18 - 1)),
+    (b"GET http://a.example:1/ HTTP/1.1\r\nConnection: X-A,X-B\r\nX-A: 1\r\nX-B: 2\r\nReferer: http://b/c:d",
+     request.Request("GET", "a.example", 1, b"GET / HTTP/1.1\r\nHost: a.example:1\r\nReferer: http://b/c:d\r\n"
+                                           b"Connection: close\r\n\r\n", 0)),
+    (b"GET http://@a.example/ HTTP/1.1",  # an empty user part: no credentials, and not in the Host either
+     request.Request("GET", "a.example", 80, b"GET / HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n", 0)),
+    (b"CONNECT [a.example:443 HTTP/1.1", request.Request("CONNECT", "[a.example", 443)),  # judged as it is
 ])
 def test_a_judged_head_is_rebuilt_for_the_upstream(head: bytes, expected: request.Request) -> None:
     assert request.parse(head) == expected
@@ -587,9 +595,11 @@ def test_a_request_knows_how_its_body_is_framed() -> None:
     (b"0\r\nNoColon\r\n\r\n", b"", "a malformed trailer in a chunked body"),
     (b"0\r\nX: a\x01\r\n\r\n", b"", "a malformed trailer in a chunked body"),
     (b"0\r\nX-Time: 10:30:00\r\n\r\n", b"0\r\n\r\n", None),
+    (b"0\r\nX: a\rb\r\n\r\n", b"", "a bare CR or LF in a chunked body"),
 ], ids=["size-line-4096", "size-line-4097", "16-digits", "17-digits", "upper-hex", "data-too-long",
         "bare-lf-after-data", "trailers-16k", "trailers-over-16k", "trailer-without-colon",
-        "trailer-a-token-without-colon", "trailer-control-character", "trailer-value-with-colons"])
+        "trailer-a-token-without-colon", "trailer-control-character", "trailer-value-with-colons",
+        "trailer-bare-cr"])
 def test_each_chunked_body_edge(body: bytes, sent: bytes, problem: str | None) -> None:
     chunked = request.Chunked()
     assert chunked.feed(body) == sent
