@@ -31,8 +31,9 @@ def host_rule(text: str) -> tuple[str, tuple[int, ...] | None]:
     host, port = entry, ""
     if entry.startswith("["):
         host, _, tail = entry[1:].partition("]")
-        if tail and not tail.startswith(":"):
-            raise ConfigError(f"allowed_hosts entry {text!r}: write an IPv6 address as [addr] or [addr]:port")
+        if (tail and not tail.startswith(":")) or not isinstance(ip_address(host.strip()), ipaddress.IPv6Address):
+            raise ConfigError(f"allowed_hosts entry {text!r}: write an IPv6 address as [addr] or [addr]:port "
+                              "(brackets hold an IPv6 address only)")
         port = tail[1:]
     elif entry.count(":") == 1:
         host, port = entry.split(":")

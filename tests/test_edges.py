@@ -642,16 +642,6 @@ def test_judgement_reasons_are_exact() -> None:
     assert rules.judge(bad, 443) == ([], f"{bad[:100]!r} is not a host name or an address")
 
 
-@pytest.mark.parametrize("answer", [["2606:4700::1111%1"], ["2606:4700::1111%a%b"], ["fe80::1%eth0"]])
-def test_a_zone_is_cut_off_before_an_address_is_judged(answer: list[str]) -> None:
-    rules = egress.Allowlist([egress.parse_rule("x.example")], lambda name, port: answer)
-    reached, reason = rules.judge("x.example", 443)
-    if answer[0].startswith("fe80"):
-        assert reached == [] and reason is not None and "a link-local address" in reason
-    else:
-        assert (reached, reason) == (answer, None)
-
-
 # -- error trimming ---------------------------------------------------------------------------------------------------
 
 def test_an_error_name_is_kept_up_to_1024_bytes() -> None:

@@ -85,10 +85,24 @@ def test_rules_parse(entry: str, host: str, ports: tuple[int, ...] | None) -> No
 
 
 @pytest.mark.parametrize("entry", ["exa mple.com", "example.com:http", "example.com:70000", "*.1.2.3.4", "-x.com",
-                                   "[::1]x"])
+                                   "[::1]x", "[api.example.com]", "[1.2.3.4]:80", "[*.example.org]:443", "[]:80"])
 def test_bad_rules_are_config_errors(entry: str) -> None:
     with pytest.raises(ConfigError):
         egress.parse_rule(entry)
+
+
+def test_brackets_hold_an_ipv6_address_only() -> None:
+    with pytest.raises(ConfigError, match="brackets hold an IPv6 address only"):
+        egress.parse_rule("[api.example.com]:443")
+    assert egress.parse_rule("[fe80::1%eth0]:80") == egress.Rule("fe80::1%eth0", (80,))
+
+
+def test_a_rule_is_written_as_the_grammar_reads_it() -> None:
+    assert egress.describe_change(["[::1]:8080", "a.example"], ["*.b.example:*"]) == (
+        "allow [::1]:8080, a.example:80,a.example:443; deny *.b.example:*")
+    for entry in ("[::1]:8080", "a.example", "*.b.example:*", "127.0.0.1:9", "[2001:db8::1]:*"):
+        for part in str(egress.parse_rule(entry)).split(","):
+            assert str(egress.parse_rule(part)) == part  # each part parses back to itself
 
 
 @pytest.mark.parametrize(("address", "problem"), [
@@ -132,6 +146,76 @@ def test_judgement(host: str, port: int, verdict: str) -> None:
                                         "meta.example.org": ["169.254.169.254"]}))
     addresses, reason = rules.judge(host, port)
     assert verdict in (reason or addresses[0]), (addresses, reason)
+
+
+@pytest.mark.parametrize(("address", "verdict"), [
+    ("fe80::1%eth0", "a link-local address (cloud metadata)"),  # the zone is read with its address
+    ("::ffff:127.0.0.1%2", "a loopback address (inside an IPv6 address)"),
+    ("8.8.8.8%x", "an unparseable address"),  # an IPv4 address has no zone: refused, not judged as 8.8.8.8
+    ("8.8.8.8%x%y", "an unparseable address"),
+    ("fe80::1%a%b", "an unparseable address"),  # two zones: no address, whatever its start says
+    ("2606:4700::1111%a%b", "an unparseable address"),
+    ("2001:4860:4860::8888%1", None),
+])
+def test_each_address_a_name_resolves_to_is_judged_whole(address: str, verdict: str | None) -> None:
+    rules = egress.Allowlist.of(["api.example.com:443"])
+    rules.resolver = _resolver({"api.example.com": ["93.184.216.34", address]})
+    addresses, reason = rules.judge("api.example.com", 443)
+    if verdict is None:
+        assert (addresses, reason) == (["93.184.216.34", address], None)
+    else:
+        assert addresses == [] and reason == (f"api.example.com resolves to {address}, {verdict}; such addresses are "
+                                              "reached only when allowed_hosts lists the address itself")
+
+
+def test_a_change_allows_what_it_allows_and_keeps_the_resolver() -> None:
+    table = {"a.example.com": ["93.184.216.34"], "b.example.org": ["93.184.216.35"]}
+    first = egress.Allowlist([egress.parse_rule("*.example.com")], _resolver(table))
+    changed = first.changed(["b.example.org:443"], ["a.example.com:443"])
+    assert changed.judge("b.example.org", 443) == (["93.184.216.35"], None)
+    assert changed.judge("a.example.com", 443) == ([], "a.example.com:443 is not on the allowlist (allowed_hosts)")
+    assert changed.judge("a.example.com", 80) == (["93.184.216.34"], None)  # the deny named 443 only
+    again = changed.changed(["a.example.com:443"], [])  # a rule given again moves to the end: the newest decides
+    assert again.judge("a.example.com", 443) == (["93.184.216.34"], None)
+    assert [str(rule) for rule in again.rules] == ["*.example.com:80,*.example.com:443", "b.example.org:443",
+                                                   "a.example.com:443"]
+    assert again.verdicts == (True, True, True)
+
+
+def test_a_sandbox_holds_at_most_max_rules_rules() -> None:
+    names = [f"h{i}.example:443" for i in range(egress.MAX_RULES + 1)]
+    full = egress.Allowlist.of(names[:1]).changed(names[1:egress.MAX_RULES], [])
+    assert len(full.rules) == egress.MAX_RULES  # exactly the cap: kept
+    with pytest.raises(ConfigError) as refused:
+        full.changed([names[-1]], [])
+    assert str(refused.value) == (f"a sandbox holds at most {egress.MAX_RULES} allowlist rules (its first ones and "
+                                  "every change)")
+    kept = full.to_json()
+    assert len(egress.Allowlist.from_json(kept, names, widen=False).rules) == egress.MAX_RULES
+    with pytest.raises(ConfigError, match=f"not a list of at most {egress.MAX_RULES} rules"):
+        egress.Allowlist.from_json([*kept, kept[0]], names, widen=True)
+
+
+def test_kept_rules_of_every_kind_come_back_as_they_were() -> None:
+    first = ["api.example.com", "*.example.org:*", "127.0.0.1:8080", "[::1]:9000"]
+    rules = egress.Allowlist.of(first).changed(["x.example.org:443"], ["api.example.com:80"])
+    again = egress.Allowlist.from_json(json.loads(json.dumps(rules.to_json())), first, widen=False)
+    assert (again.rules, again.verdicts) == (rules.rules, rules.verdicts)
+
+
+def test_a_kept_rule_past_the_first_ones_is_named_in_its_refusal() -> None:
+    host = f"{'a' * 60}.{'b' * 60}.example"  # 129 characters: the refusal shows the first 100
+    with pytest.raises(ConfigError) as refused:
+        egress.Allowlist.from_json([{"host": host, "ports": [443], "allow": True}], ["other.example"], widen=False)
+    assert str(refused.value) == f"the kept allowlist reaches past the hosts the sandbox started with ({host[:100]})"
+
+
+def test_rules_and_verdicts_that_do_not_pair_up_are_refused_not_paired_wrongly() -> None:
+    rules = [egress.parse_rule("a.example:443"), egress.parse_rule("b.example:443")]
+    for verdicts in ([False], [True, False, True], []):
+        with pytest.raises(ValueError, match=f"2 rules and {len(verdicts)} verdicts"):
+            egress.Allowlist(rules, verdicts=verdicts)
+    assert egress.Allowlist(rules).verdicts == (True, True)  # no verdicts: every rule allows
 
 
 def test_allows_judges_the_name_as_asked_before_any_lookup() -> None:

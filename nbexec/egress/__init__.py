@@ -123,6 +123,8 @@ class Allowlist:
                  verdicts: Sequence[bool] | None = None) -> None:
         self.rules = tuple(rules)
         self.verdicts = tuple(verdicts) if verdicts is not None else (True,) * len(self.rules)
+        if len(self.verdicts) != len(self.rules):  # a verdict paired with the wrong rule would decide for it
+            raise ValueError(f"{len(self.rules)} rules and {len(self.verdicts)} verdicts do not pair up")
         self.resolver = resolver
 
     @classmethod
@@ -195,7 +197,7 @@ class Allowlist:
         except OSError as exc:
             return [], f"{normal} does not resolve on the host ({exc.strerror or exc})"
         for text in addresses:
-            address = ip_address(text.split("%", 1)[0])
+            address = ip_address(text)  # an IPv6 zone (%eth0) is parsed with it; an IPv4 address has none
             problem = "an unparseable address" if address is None else address_problem(address)
             if problem is not None:
                 return [], (f"{normal} resolves to {text}, {problem}; such addresses are reached only when "

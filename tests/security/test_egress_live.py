@@ -91,6 +91,7 @@ def _answer(sock: socket.socket) -> bytes:
     ("*.example.com", "*.b.example.com", True),
     ("*.example.com", "example.com", False),
     ("*.example.com", "evilexample.com", False),
+    ("api.example.com", "zpi.example.com", False),  # a name covers itself only, not the names ending like it
     ("*.example.com:*", "x.example.com:*", True),
     ("x.example.com:443", "x.example.com:*", False),
     ("127.0.0.1:*", "127.0.0.1:8080", True),
