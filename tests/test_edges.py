@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import struct
 import subprocess
 import termios
@@ -25,7 +26,7 @@ from nbexec.errors import ConfigError, FileTransferError, ProtocolError
 from nbexec.files import folders
 from nbexec.notebook import outputs
 from nbexec.sandbox import kernel as kernel_protocol
-from nbexec.sandbox import zmtp
+from nbexec.sandbox import messages, zmtp
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.messages import MAX_DEPTH, Message, parse
 from nbexec.sandbox.remote import files as node_files
@@ -399,6 +400,37 @@ def message(kind: str, content: object) -> Message:
     return Message("iopub", kind, "m", "p", len(raw), raw)
 
 
+def _asks(*payload: object, **content: object) -> Message:
+    return message("execute_reply", {"status": "ok", "payload": list(payload), **content})
+
+
+@pytest.mark.parametrize(("reply", "asked"), [
+    (_asks(), None),
+    (_asks({"source": "ask_exit", "keepkernel": False}), ""),  # exit(): SystemExit shows nothing
+    (_asks({"source": "ask_exit"}), ""),
+    (_asks({"source": "ask_exit", "keepkernel": None}), ""),
+    (_asks({"source": "ask_exit", "keepkernel": True}), "True"),
+    (_asks({"source": "ask_exit", "keepkernel": 0}), "0"),  # 0 is not False: shown as the code passed it
+    (_asks({"source": "ask_exit", "keepkernel": "k" * 300}), "k" * 200),
+    (_asks(*({"source": "ask_exit", "keepkernel": word} for word in ("first", "middle", "last"))), "last"),
+    (_asks({"source": "page", "data": {"text/plain": "ask_exit"}}), None),  # the words alone ask for nothing
+    (_asks({"source": "ASK_EXIT", "keepkernel": 1}), None),
+    (_asks("ask_exit", {"source": "ask_exit", "keepkernel": 2}), "2"),  # a payload that is not an object: skipped
+    (message("execute_reply", {"status": "ok", "payload": None, "note": "ask_exit"}), None),
+    (message("execute_reply", {"status": "ok", "payload": {"source": "ask_exit"}}), None),
+    (message("execute_reply", ["ask_exit"]), None),  # content that is not an object: a reply nbexec cannot read
+    (Message("shell", "execute_reply", "m", "p", 9, b'"ask_exit', True), None),
+])
+def test_exit_is_read_from_the_reply_s_ask_exit_payload_only(reply: Message, asked: str | None) -> None:
+    assert messages.exit_asked(reply, 4096) == asked
+
+
+def test_exit_is_not_read_from_a_reply_past_its_limit() -> None:
+    reply = _asks({"source": "ask_exit", "keepkernel": "x" * 100})
+    assert messages.exit_asked(reply, len(reply.raw_content)) == "x" * 100
+    assert messages.exit_asked(reply, len(reply.raw_content) - 1) is None
+
+
 @pytest.mark.parametrize(("state", "idle"), [("idle", True), ("busy", False), ("IDLE", False), (None, False)])
 def test_dispatch_ends_the_cell_at_idle_only(state: str | None, idle: bool) -> None:
     run = Execution()
@@ -607,6 +639,73 @@ def test_a_env_that_cannot_be_read_or_is_not_ours_says_so(tmp_path: Path, monkey
         with pytest.raises(ConfigError, match="is owned by uid 1"):
             envfile.load(tmp_path)
 
+
+
+def test_each_refusal_of_a_env_says_what_to_do_in_full(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    env.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError) as refused:
+        envfile.load(tmp_path)
+    assert str(refused.value) == (f"{env} is a link; nbexec loads only a .env that is a file of its own (copy the "
+                                  "settings into it, or run nbexec from another folder)")
+    env.unlink()
+    env.write_text("A=1\n")
+    os.chmod(env, 0o602)
+    with pytest.raises(ConfigError) as refused:
+        envfile.load(tmp_path)
+    assert str(refused.value) == (f"{env} is writable by everyone; nbexec reads only a .env that is yours and "
+                                  "writable by you alone (fix it with chown/chmod g-w,o-w, or remove it)")
+    os.chmod(env, 0o600)
+    os.link(env, tmp_path / "second-name")
+    with pytest.raises(ConfigError) as refused:
+        envfile.load(tmp_path)
+    assert str(refused.value) == (f"{env} has 2 names (a hard link): nbexec loads only a .env that is a file of its "
+                                  "own, not a link to another (copy it, or run nbexec from another folder)")
+    (tmp_path / "second-name").unlink()
+    os.chmod(tmp_path, 0o757)
+    with pytest.raises(ConfigError) as refused:
+        envfile.load(tmp_path)
+    assert str(refused.value) == (f"{env} lies in a folder writable by everyone; nbexec loads a .env only from a "
+                                  f"folder that is yours and writable by you alone (chmod g-w,o-w {tmp_path}), or "
+                                  "run nbexec from another folder")
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / folders.MARK).write_text("")
+    with pytest.raises(ConfigError) as refused:
+        envfile.load(tmp_path)
+    assert str(refused.value) == (f"{env} lies in an nbexec output folder ({tmp_path.resolve()}): files there may "
+                                  "come from a sandbox, so nbexec never loads them. Keep your settings elsewhere, "
+                                  "or run nbexec from another folder")
+
+
+def test_a_env_folder_that_is_not_a_folder_is_refused_as_one(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("A=1\n")  # opened as a folder: ENOTDIR, before any .env is looked for
+    with pytest.raises(ConfigError) as refused:
+        envfile.load(tmp_path / "plain")
+    assert str(refused.value) == f"cannot open the folder {tmp_path / 'plain'}: Not a directory"
+
+
+def _stat(mode: int, gid: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 1, 1, 1, os.getuid(), gid, 4, 0, 0, 0))
+
+
+def test_a_group_may_write_a_env_only_when_it_is_the_users_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import grp
+    import pwd
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    groups = {os.getgid(): grp.struct_group((user, "x", os.getgid(), [])),
+              4242: grp.struct_group((user, "x", 4242, [])),  # named after the user, but not the user's group
+              4343: grp.struct_group(("staff", "x", 4343, []))}
+    monkeypatch.setattr(grp, "getgrgid", groups.__getitem__)
+    assert envfile._control_problem(_stat(0o600, 4343)) == ""  # not writable by its group: whose group is moot
+    assert envfile._control_problem(_stat(0o660, os.getgid())) == ""
+    assert envfile._control_problem(_stat(0o660, 4242)) == "writable by group 4242"
+    assert envfile._control_problem(_stat(0o660, 4343)) == "writable by group 4343"
+    for members, private in (([user], True), (["other"], False), ([user, "other"], False)):
+        groups[os.getgid()] = grp.struct_group((user, "x", os.getgid(), members))
+        assert envfile._private_group(os.getgid()) is private, members
+    groups[os.getgid()] = grp.struct_group(("staff", "x", os.getgid(), []))
+    assert not envfile._private_group(os.getgid())  # the user's group, named otherwise: shared
 
 # -- names a node gives --------------------------------------------------------------------------------------------
 

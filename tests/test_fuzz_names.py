@@ -305,6 +305,11 @@ file_names = st.lists(st.sampled_from(["a", "b.csv", "", ".", "..", "...", "é",
     ("/mnt/data/a/b.csv", (b"a", b"b.csv")), ("\\mnt\\data\\c", (b"c",)),
     ("/etc/x", "'/etc/x' is outside /mnt/data: give a name relative to it, like 'x'"),
     ("\\etc\\x", "is outside /mnt/data"), ("/mnt/database", "is outside /mnt/data"), ("/", "is outside /mnt/data"),
+    # the suggestion is the name's last part, a trailing slash and all; with no last part, data.csv
+    ("/etc/x/", "'/etc/x/' is outside /mnt/data: give a name relative to it, like 'x'"),
+    ("/tmp/notesX//", "'/tmp/notesX//' is outside /mnt/data: give a name relative to it, like 'notesX'"),
+    ("/", "'/' is outside /mnt/data: give a name relative to it, like 'data.csv'"),
+    ("/mnt/database", "'/mnt/database' is outside /mnt/data: give a name relative to it, like 'database'"),
     ("/mnt/data", "is not a plain relative name"), ("/mnt/data/../x", "is not a plain relative name")])
 def test_relative_names_in_each_shape(name: str, parts: tuple[bytes, ...] | str) -> None:
     if isinstance(parts, tuple):
