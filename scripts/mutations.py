@@ -128,16 +128,30 @@ def scratch_copy(root: Path) -> Path:
     return scratch
 
 
+def _prepared(root: Path) -> tuple[Path, dict[str, str]]:
+    """A scratch copy of ``root`` and the environment its tests run in."""
+    scratch = scratch_copy(root)
+    # The copy's TMPDIR is reachable by others as /tmp is: the host's pip runs as an unprivileged user and makes
+    # its folder there (in a private scratch every host-pip test failed, whatever the mutation).
+    scratch.chmod(0o711)
+    (scratch / ".tmp").mkdir()
+    (scratch / ".tmp").chmod(0o1777)
+    env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(scratch / ".tmp")}
+    return scratch, env
+
+
+def _discard(scratch: Path) -> None:
+    _unmount_under(scratch)  # a mutant may leave a sandbox's data filesystem mounted: never delete through it
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome:
     """Apply one mutation to a scratch copy and run its tests there."""
     started = time.monotonic()
-    scratch = scratch_copy(root)
+    scratch, env = _prepared(root)
     try:
         target = scratch / mutation.file
         target.write_text(target.read_text().replace(mutation.find, mutation.replace, 1))
-        (scratch / ".tmp").mkdir()
-        env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1",
-               "TMPDIR": str(scratch / ".tmp")}
         command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "",
                    *mutation.tests]
         try:
@@ -151,8 +165,23 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
         tail = " | ".join(lines[-3:]) if verdict == "broken" else lines[-1]
         return Outcome(mutation, verdict, time.monotonic() - started, f"pytest exit {done.returncode}: {tail}")
     finally:
-        _unmount_under(scratch)  # a mutant may leave a sandbox's data filesystem mounted: never delete through it
-        shutil.rmtree(scratch, ignore_errors=True)
+        _discard(scratch)
+
+
+def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT) -> list[str]:
+    """Run the tests of ``chosen`` once, unmutated, in a scratch copy prepared as for a mutant; the ids of the
+    ones that do not pass. A test that fails there would count any mutation it judges as killed."""
+    tests = list(dict.fromkeys(test for m in chosen for test in m.tests))
+    scratch, env = _prepared(root)
+    try:
+        command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m", "", *tests]
+        done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        _discard(scratch)
+    failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)
+    if done.returncode != 0 and not failing:
+        failing = [f"pytest exit {done.returncode}: {(done.stdout + done.stderr).strip()[-500:]}"]
+    return failing
 
 
 def _unmount_under(root: Path) -> None:
@@ -160,6 +189,17 @@ def _unmount_under(root: Path) -> None:
         points = [line.split(" ")[4].encode().decode("unicode_escape") for line in table]
     for point in sorted((p for p in points if p.startswith(f"{root}/")), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
+def _report_control(chosen: list[Mutation], *, timeout: float) -> int:
+    started = time.monotonic()
+    failing = control(chosen, timeout=timeout)
+    for test in failing:
+        named = [m.id for m in chosen if test in m.tests or any(test.startswith(f"{t}[") for t in m.tests)]
+        print(f"  fails unmutated: {test} (judges {', '.join(named) or 'a mutation through its file'})")
+    print(f"control: the tests of {len(chosen)} mutations, unmutated, in {time.monotonic() - started:.0f} s: "
+          f"{'all pass' if not failing else f'{len(failing)} do not pass'}")
+    return 1 if failing else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one mutation's tests")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--shapes", action="store_true", help="list each guarantee with its shapes and exit")
+    parser.add_argument("--control", action="store_true",
+                        help="run the chosen mutations' tests once without any mutation: each must pass")
     args = parser.parse_args(argv)
     if args.shapes:
         for entry in read():
@@ -194,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown mutation ids: {sorted(unknown)}", file=sys.stderr)
         return 2
     started = time.monotonic()
+    if args.control:
+        return _report_control(chosen, timeout=args.timeout * 4)
     outcomes = []
     for index, mutation in enumerate(chosen, 1):
         outcome = run_one(mutation, timeout=args.timeout)

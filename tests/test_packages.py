@@ -21,7 +21,7 @@ from nbexec import packages
 from nbexec.errors import PackageError
 from nbexec.packages import wheelhouse
 
-from .conftest import IMAGE
+from .conftest import IMAGE, settle
 from .pyindex import Index
 
 TARGET = wheelhouse.Target(python="3.11", machine="x86_64", glibc="2.36")
@@ -132,6 +132,48 @@ def test_a_download_past_the_byte_cap_is_stopped_and_nothing_is_kept(index: Inde
         _resolve(["nbexec-big"], source)
     assert os.listdir(tmp_path / "cache" / "blobs") == []
     assert os.listdir(tmp_path / "cache" / "resolved") == []
+
+
+def _children() -> set[int]:
+    """This process's child processes (pip runs as one)."""
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as listed:
+            found.update(int(pid) for pid in listed.read().split())
+    return found
+
+
+@pytest.mark.parametrize("failure", ["byte-cap", "count-cap", "unknown-project", "deadline"])
+def test_a_resolution_that_fails_leaves_nothing_behind(index: Index, tmp_path: Path, failure: str) -> None:
+    """Whatever ends a resolution early (a cap, pip's own failure, the deadline while the index is still answering),
+    it leaves no descriptor, scratch folder, cached part or process behind on the host."""
+    source = wheelhouse.Source(index=index.url, max_bytes=50_000 if failure == "byte-cap" else 10**7,
+                               max_count=1 if failure == "count-cap" else 10, cache=tmp_path / "cache")
+    wanted = {"byte-cap": "nbexec-big", "count-cap": "nbexec-tiny", "unknown-project": "nbexec-nowhere",
+              "deadline": "nbexec-slow"}[failure]
+    if failure == "deadline":
+        index.add("nbexec-slow", "1.0", "X = 1\n")
+        reached, released = index.hold("nbexec-slow")
+    descriptors, children = len(os.listdir("/proc/self/fd")), _children()
+    started = time.monotonic()
+    try:
+        with pytest.raises(PackageError):
+            wheelhouse.resolve([wanted], ANY, TARGET, wheelhouse.Budget(source), deadline=started + 5)
+    finally:
+        if failure == "deadline":
+            assert reached.is_set(), "pip never asked the index: the deadline was not what ended it"
+            released.set()  # the index's handler answers the request pip left; its connection closes
+            del index.held["nbexec-slow"]
+    settle(lambda: len(os.listdir("/proc/self/fd")) == descriptors and _children() <= children, 10)
+    assert len(os.listdir("/proc/self/fd")) == descriptors, "the resolution left descriptors open"
+    assert _children() <= children, "pip is still running"
+    assert [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("nbexec-pip-")] == []
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
+    assert os.listdir(tmp_path / "cache" / "resolved") == []  # no resolution is recorded
+    for blob in (tmp_path / "cache" / "blobs").iterdir():  # a wheel fetched whole before the cap is cached whole
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name, "a part of a download was kept"
+    if failure != "count-cap":  # only the count cap comes after a whole download
+        assert os.listdir(tmp_path / "cache" / "blobs") == []
 
 
 def test_too_many_distributions_are_refused(index: Index, tmp_path: Path) -> None:

@@ -144,6 +144,24 @@ def test_a_session_acquires_once(spans: InMemorySpanExporter, cleanup_ledger: No
     assert dict(before["nbexec.acquire"][0].attributes or {}) == {"nbexec.purpose": "session"}
 
 
+def test_a_session_started_before_its_runs_acquires_in_a_trace_of_its_own(spans: InMemorySpanExporter,
+                                                                          cleanup_ledger: None) -> None:
+    """`with Session(...)` (or start()) acquires before any run: that acquisition is one span of its own, never
+    in a run's tree, and the first run's tree holds no acquisition."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60)
+    with nbexec.Session(config) as session:
+        acquired = spans.get_finished_spans()
+        spans.clear()
+        result = session.run("print(1)")
+        ran = spans.get_finished_spans()
+    assert [(s.name, s.parent) for s in acquired] == [("nbexec.acquire", None)], [s.name for s in acquired]
+    assert dict(acquired[0].attributes or {}) == {"nbexec.purpose": "session"}
+    root, children = _tree(ran)
+    assert "nbexec.acquire" not in children and dict(root.attributes or {})["nbexec.execution_id"] == (
+        result.execution_id)
+    assert root.context.trace_id != acquired[0].context.trace_id
+
+
 def test_a_remote_run_gives_the_library_side_spans(spans: InMemorySpanExporter, docker_ready: None,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from nbexec.sandbox.remote import source as remote

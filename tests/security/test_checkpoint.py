@@ -388,17 +388,23 @@ import os, zmq
 _bind = zmq.Socket.bind
 def bind(self, address):
     if address.endswith('/kernel-1') and any(f.startswith('wake-') for f in os.listdir('/run/nbexec')):
-        os.symlink(@BAIT@, '/run/nbexec/kernel-1')  # restored: the host is about to connect here
+        @PLANT@('/run/nbexec/kernel-1')  # restored: the host is about to connect here
         return None
     return _bind(self, address)
 zmq.Socket.bind = bind
 """
+PLANTS = {"link": "(lambda at: os.symlink(@BAIT@, at))", "directory": "os.mkdir", "fifo": "os.mkfifo"}
+# How each is refused: gVisor keeps a fifo made in the host's folder to itself (the host never sees one there), so
+# the host waits for the socket until the startup time runs out.
+REFUSED = {"link": "not its socket", "directory": "not its socket", "fifo": "did not bind its sockets again"}
 
 
-def test_a_link_planted_for_the_host_to_follow_refuses_the_wake(runsc: nbexec.SandboxConfig, tmp_path: Path,
-                                                                sandboxes: list[Sandbox]) -> None:
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_anything_but_a_socket_planted_for_the_host_refuses_the_wake(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                     sandboxes: list[Sandbox], plant: str) -> None:
     """The woken kernel's code runs while its socket folder is open: it plants a link where the shell socket
-    goes, to a socket of the host. The host never connects to it, and the wake is refused."""
+    goes, to a socket of the host (or a folder, or a fifo). The host never connects to it, and the wake is
+    refused."""
     bait_path = Path(tempfile.mkdtemp(prefix="nbexec-bait-")) / "bait.sock"  # short: a unix socket's path limit
     bait = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     bait.bind(str(bait_path))
@@ -406,12 +412,12 @@ def test_a_link_planted_for_the_host_to_follow_refuses_the_wake(runsc: nbexec.Sa
     bait.setblocking(False)
     sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
     sandboxes.append(sandbox)
-    run(sandbox, PLANT.replace("@BAIT@", repr(str(bait_path))))
+    run(sandbox, PLANT.replace("@PLANT@", PLANTS[plant]).replace("@BAIT@", repr(str(bait_path))))
     folder = private_folder(tmp_path)
     record = LocalSource().hibernate(sandbox, folder)
     assert record is not None
-    with pytest.raises(SandboxError, match="not its socket"):
-        sandboxes.append(LocalSource().wake(runsc, record, folder))
+    with pytest.raises(SandboxError, match=REFUSED[plant]):
+        sandboxes.append(LocalSource().wake(runsc.replace(startup_timeout=15), record, folder))
     with pytest.raises(BlockingIOError):
         bait.accept()  # nobody connected to the host's socket
     bait.close()

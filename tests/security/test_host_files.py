@@ -317,6 +317,8 @@ def _file(method: str, rest: str, query: dict[str, list[str]], body: bytes) -> s
     512 MiB; a run's files lie in their listing ("exact" fills max_data, "late" would pass it)."""
     name = rest.rsplit("/", 1)[1]
     _, said, sent = RUN_FILES.get(name, (0, 512 * MiB if name == "sized" else 1, 512 * MiB))
+    if name == "understated":  # says 1 byte, and a Content-Length of what it sends: 512 MiB
+        return seamnode.Reply(200, seamnode.zeros(sent), {"X-Nbexec-Size": "1", "Content-Length": str(sent)}, False)
     return seamnode.Reply(200, seamnode.zeros(sent), {"X-Nbexec-Size": str(said)})
 
 
@@ -365,7 +367,8 @@ def small_remote(hostile_node: seamnode.SeamNode, tmp_path: Path) -> Iterator[tu
         yield session, out
 
 
-@pytest.mark.parametrize("name", ["sized", "chunked"], ids=["content-length-over-the-cap", "no-length"])
+@pytest.mark.parametrize("name", ["sized", "chunked", "understated"],
+                         ids=["content-length-over-the-cap", "no-length", "size-understated-with-a-length"])
 def test_a_hostile_nodes_download_stops_at_max_data(small_remote: tuple[Any, Path], name: str) -> None:
     session, _ = small_remote
     with cost() as here, pytest.raises(FileTransferError, match="larger than"):

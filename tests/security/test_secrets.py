@@ -10,6 +10,7 @@ each service that accepts bearer tokens is started with short ones (it must refu
 from __future__ import annotations
 
 import grp
+import http.client
 import json
 import os
 import re
@@ -377,6 +378,35 @@ def test_every_service_refuses_short_bearer_tokens(tmp_path: Path, command: list
     output = (tmp_path / "log").read_text()
     assert proc.returncode == 2, output
     assert re.search(r"16\+? characters", output), output
+
+
+def test_empty_items_of_a_token_list_are_no_token(tmp_path: Path) -> None:
+    """`,a,, ,b,` lists two tokens: the empty items are not tokens a caller could send (an empty bearer, a comma,
+    a space) and do not stop the service as short ones would."""
+    other = "other-token-" + "o" * 24
+    port = _free_port()
+    environ = {k: v for k, v in os.environ.items() if k not in ("NBEXEC_API_TOKENS", "NBEXEC_NODE_TOKEN")}
+    environ.update(NBEXEC_IMAGE=IMAGE, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path), NBEXEC_POOL_SIZE="0",
+                   NBEXEC_API_TOKENS=f",{GOOD_TOKEN},, ,{other},")
+    with (tmp_path / "log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "nbexec.cli", "serve", "--host", "127.0.0.1", "--port",
+                                 str(port)], env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        wait_until(lambda: proc.poll() is not None or _listening(port), 60, "the service neither started nor ended")
+        assert proc.poll() is None, (tmp_path / "log").read_text()
+        answers = {}
+        for value in ("Bearer ", "Bearer ,", "Bearer  ", "Bearer", f"Bearer {GOOD_TOKEN}", f"Bearer {other}"):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)  # sends the header as written
+            try:
+                connection.request("GET", "/v1/capacity", headers={"Authorization": value})
+                answers[value] = connection.getresponse().status
+            finally:
+                connection.close()
+        assert answers == {"Bearer ": 401, "Bearer ,": 401, "Bearer  ": 401, "Bearer": 401,
+                           f"Bearer {GOOD_TOKEN}": 200, f"Bearer {other}": 200}, answers
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 @pytest.mark.parametrize("tokens", [(b"short-token",), (GOOD_TOKEN.encode(), b"x" * 15), ("\u00e4" * 8).encode()],
