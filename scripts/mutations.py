@@ -176,6 +176,8 @@ def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT) -> lis
     try:
         command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m", "", *tests]
         done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [f"the tests ran past {timeout:g} s"]
     finally:
         _discard(scratch)
     failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)

@@ -21,7 +21,7 @@ from nbexec import packages
 from nbexec.errors import PackageError
 from nbexec.packages import wheelhouse
 
-from .conftest import IMAGE, settle
+from .conftest import IMAGE, own_children, settle
 from .pyindex import Index
 
 TARGET = wheelhouse.Target(python="3.11", machine="x86_64", glibc="2.36")
@@ -134,15 +134,6 @@ def test_a_download_past_the_byte_cap_is_stopped_and_nothing_is_kept(index: Inde
     assert os.listdir(tmp_path / "cache" / "resolved") == []
 
 
-def _children() -> set[int]:
-    """This process's child processes (pip runs as one)."""
-    found: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as listed:
-            found.update(int(pid) for pid in listed.read().split())
-    return found
-
-
 @pytest.mark.parametrize("failure", ["byte-cap", "count-cap", "unknown-project", "deadline"])
 def test_a_resolution_that_fails_leaves_nothing_behind(index: Index, tmp_path: Path, failure: str) -> None:
     """Whatever ends a resolution early (a cap, pip's own failure, the deadline while the index is still answering),
@@ -154,7 +145,7 @@ def test_a_resolution_that_fails_leaves_nothing_behind(index: Index, tmp_path: P
     if failure == "deadline":
         index.add("nbexec-slow", "1.0", "X = 1\n")
         reached, released = index.hold("nbexec-slow")
-    descriptors, children = len(os.listdir("/proc/self/fd")), _children()
+    descriptors, children = len(os.listdir("/proc/self/fd")), set(own_children())
     started = time.monotonic()
     try:
         with pytest.raises(PackageError):
@@ -164,9 +155,9 @@ def test_a_resolution_that_fails_leaves_nothing_behind(index: Index, tmp_path: P
             assert reached.is_set(), "pip never asked the index: the deadline was not what ended it"
             released.set()  # the index's handler answers the request pip left; its connection closes
             del index.held["nbexec-slow"]
-    settle(lambda: len(os.listdir("/proc/self/fd")) == descriptors and _children() <= children, 10)
+    settle(lambda: len(os.listdir("/proc/self/fd")) == descriptors and set(own_children()) <= children, 10)
     assert len(os.listdir("/proc/self/fd")) == descriptors, "the resolution left descriptors open"
-    assert _children() <= children, "pip is still running"
+    assert set(own_children()) <= children, "pip is still running"
     assert [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("nbexec-pip-")] == []
     assert os.listdir(tmp_path / "cache" / "tmp") == []
     assert os.listdir(tmp_path / "cache" / "resolved") == []  # no resolution is recorded
