@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from hypothesis import settings
 import nbexec
 from nbexec.errors import ImageNotFoundError
 from nbexec.files.folders import work_root
-from nbexec.sandbox.docker import daemon, datafs, kernels, pool
+from nbexec.sandbox.docker import daemon, datafs, image, kernels, pool
 from nbexec.sandbox.docker.container import Sandbox
 from nbexec.sandbox.docker.workdir import remove_tree
 
@@ -229,6 +230,35 @@ def docker_ready() -> None:
     except docker.errors.ImageNotFound:
         pytest.fail(f"these tests need the runtime image {IMAGE}: run `nbexec image build` "
                     "(or `nbexec image build --debootstrap` without a registry)", pytrace=False)
+
+
+@contextlib.contextmanager
+def checkout_image(base: str, files: tuple[str, ...], steps: str, purpose: str) -> Iterator[str]:
+    """``base`` with ``files`` of this checkout's environments/jupyter put in by ``steps`` (Dockerfile lines, run as
+    root; the build context holds the files). The images the suite runs are built once per machine, so a change to
+    a script they carry (a mutation of the register among them) reaches a test only through such an overlay.
+    Tagged by content and by this worker (another worker's teardown never removes the image a test here runs);
+    removed at the end."""
+    client = daemon.connect()
+    overlay = f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nUSER 0:0\n{steps.strip()}\nUSER 1000:1000\n"
+    digest = hashlib.sha256(overlay.encode() + client.images.get(base).id.encode())
+    with tempfile.TemporaryDirectory(prefix="nbexec-overlay-") as context:
+        for name in files:
+            content = (image.context_dir() / name).read_bytes()
+            (Path(context) / name).write_bytes(content)
+            digest.update(name.encode() + content)
+        (Path(context) / "Dockerfile").write_text(overlay)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        tag = f"nbexec-jupyter:{purpose}-{worker}-{digest.hexdigest()[:12]}"
+        for chunk in client.api.build(path=context, tag=tag, buildargs={"BASE_IMAGE": base}, rm=True,
+                                      forcerm=True, decode=True, pull=False):
+            if "error" in chunk:
+                pytest.fail(f"the {purpose} overlay of {base} did not build: {chunk['error']}", pytrace=False)
+    try:
+        yield tag
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(tag, noprune=False)
 
 
 @pytest.fixture(scope="session")

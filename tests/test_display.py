@@ -10,9 +10,7 @@ checkout's Dockerfile), so a change to them is tested without rebuilding that im
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import socket
 import struct
 import zlib
@@ -20,14 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker.errors
 import pytest
 
 import nbexec
 from nbexec import Session, execute_notebook
-from nbexec.sandbox.docker import daemon, image, pool
+from nbexec.sandbox.docker import daemon, pool
 
-from .conftest import IMAGE, own_containers, wait_until
+from .conftest import IMAGE, checkout_image, own_containers, wait_until
 
 RUNTIMES = ("runc", "runsc")
 
@@ -129,40 +126,22 @@ def pixel(path: str, x: int, y: int) -> tuple[int, int, int]:
 
 
 # The display's steps of environments/jupyter/Dockerfile, on top of the image under test.
-OVERLAY = """\
-ARG BASE_IMAGE
-FROM ${BASE_IMAGE}
-USER 0:0
+STEPS = """\
 COPY nbexec_display.py nbexec_display.pth /opt/nbexec/display/
-COPY kernel_launcher.py /opt/nbexec/kernel_launcher.py
+COPY kernel_launcher.py iopub_nodrop.py /opt/nbexec/
 COPY nbexec-kernel /usr/local/bin/nbexec-kernel
 RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
  && install -m 0644 /opt/nbexec/display/nbexec_display.pth "$site"/ \\
  && chmod 0755 /usr/local/bin/nbexec-kernel && python -m compileall -q /opt/nbexec/display
-USER 1000:1000
 """
-SCRIPTS = ("nbexec_display.py", "nbexec_display.pth", "kernel_launcher.py", "nbexec-kernel")
+SCRIPTS = ("nbexec_display.py", "nbexec_display.pth", "kernel_launcher.py", "iopub_nodrop.py", "nbexec-kernel")
 
 
 @pytest.fixture(scope="session")
-def display_image(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def display_image(docker_ready: None) -> Iterator[str]:
     """The image under test with this checkout's display scripts; removed at the end of the session."""
-    context = tmp_path_factory.mktemp("display-image")
-    digest = hashlib.sha256(OVERLAY.encode() + daemon.connect().images.get(IMAGE).id.encode())
-    for name in SCRIPTS:
-        content = (image.context_dir() / name).read_bytes()
-        (context / name).write_bytes(content)
-        digest.update(name.encode() + content)
-    (context / "Dockerfile").write_text(OVERLAY)
-    tag = f"nbexec-jupyter:display-test-{digest.hexdigest()[:12]}"
-    client = daemon.connect()
-    for chunk in client.api.build(path=str(context), tag=tag, buildargs={"BASE_IMAGE": IMAGE}, rm=True,
-                                  forcerm=True, decode=True, pull=False):
-        if "error" in chunk:
-            pytest.fail(f"the display overlay of {IMAGE} did not build: {chunk['error']}", pytrace=False)
-    yield tag
-    with contextlib.suppress(docker.errors.APIError):
-        client.images.remove(tag, noprune=False)
+    with checkout_image(IMAGE, SCRIPTS, STEPS, "display-test") as tag:
+        yield tag
 
 
 @pytest.fixture
@@ -215,7 +194,7 @@ def test_matplotlib_draws_through_tkagg(cold: nbexec.SandboxConfig, runtime: str
 def test_no_x_server_until_a_window_is_opened(cold: nbexec.SandboxConfig) -> None:
     with Session(on(cold, "runc")) as session:
         idle = session.run("import numpy, json, subprocess\n" + X_SERVER)
-        cgroup = _cgroup_processes()
+        cgroup = _cgroup_processes(_own_container(cold.image).id)
         drawn = session.run(WINDOW + X_SERVER)
     assert idle.ok and drawn.ok, (idle.error, drawn.error)
     assert "x servers [] :0 False" in idle.stdout, idle.stdout
@@ -228,7 +207,7 @@ def test_no_x_server_until_a_window_is_opened(cold: nbexec.SandboxConfig) -> Non
 def test_the_x_server_is_the_sandbox_users_with_no_tcp_port(cold: nbexec.SandboxConfig, runtime: str) -> None:
     with Session(on(cold, runtime).replace(network=True)) as session:
         result = session.run(WINDOW + X_SERVER)
-        container = _own_container()
+        container = _own_container(cold.image)
         # From the host (runc; runsc's processes live in its own kernel): the X server's process in the sandbox's
         # cgroup and its uid, and its TCP ports dialled on the sandbox's bridge address.
         outside = {pid: (line, _uid(pid)) for pid, line in _cgroup_processes(container.id).items()
@@ -246,7 +225,7 @@ def test_the_x_server_is_the_sandbox_users_with_no_tcp_port(cold: nbexec.Sandbox
 def test_the_x_server_is_gone_with_the_sandbox(cold: nbexec.SandboxConfig) -> None:
     with Session(on(cold, "runc")) as session:
         assert session.run(WINDOW).ok
-        container = _own_container()
+        container = _own_container(cold.image)
         servers = [pid for pid, line in _cgroup_processes(container.id).items() if line.startswith("Xvfb ")]
         assert len(servers) == 1
     pool.wait_for_teardown()
@@ -292,16 +271,17 @@ def test_no_display_when_turned_off(cold: nbexec.SandboxConfig) -> None:
 # -- helpers: what the host sees -----------------------------------------------------------------------------
 
 
-def _own_container() -> Any:
-    names = own_containers(include_pool=True)
-    assert len(names) == 1, names
-    return daemon.connect().containers.get(names[0])
+def _own_container(image: str) -> Any:
+    """This test's sandbox: the one container of this process on ``image`` (the display overlay; other tests of
+    this worker may keep sandboxes of other images, a warm pool among them)."""
+    found = daemon.connect().containers.list(all=True, ignore_removed=True, filters={
+        "label": f"{daemon.LABEL_OWNER}={daemon.owner()}", "ancestor": image})
+    assert len(found) == 1, [c.name for c in found]
+    return found[0]
 
 
-def _cgroup_processes(container_id: str | None = None) -> dict[int, str]:
+def _cgroup_processes(container_id: str) -> dict[int, str]:
     """pid -> command line of every process in the sandbox's pids cgroup, read on the host."""
-    if container_id is None:
-        container_id = _own_container().id
     for folder in (Path("/sys/fs/cgroup/pids/docker") / container_id,
                    Path("/sys/fs/cgroup/system.slice") / f"docker-{container_id}.scope"):
         if folder.is_dir():

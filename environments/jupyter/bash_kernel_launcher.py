@@ -29,6 +29,8 @@ pexpect.spawn = _Spawn  # bash_kernel.kernel calls pexpect.spawn(...) when the k
 from bash_kernel.kernel import BashKernel  # noqa: E402
 from ipykernel.kernelapp import IPKernelApp  # noqa: E402
 
+import iopub_nodrop  # noqa: E402, F401  (the iopub socket waits for the host instead of dropping)
+
 
 
 class _Kernel(BashKernel):

@@ -77,8 +77,17 @@ def run_cell(sandbox: SandboxHandle, cell: NotebookNode, index: int, *, deadline
     cell.execution_count = outcome.execution_count
     if run is not None and run.timing:
         cell.metadata["execution"] = dict(run.timing)  # nbclient's per-cell timing keys
+    if run is not None and run.late_unread:
+        cell.metadata.setdefault("nbexec", {})["output_unread"] = True
     cell.metadata.setdefault("nbexec", {})["duration_s"] = round(outcome.duration_s, 6)
     return outcome
+
+
+def unread_notes(nb: NotebookNode, first_index: int) -> list[str]:
+    """What the cells from ``first_index`` on were still printing when the host stopped reading (``run_cell``)."""
+    return [f"cell {index} was still printing when its run ended (a timer or a background task?): what it printed "
+            "later is not in this result" for index, cell in enumerate(nb.cells)
+            if index >= first_index and cell.get("metadata", {}).get("nbexec", {}).get("output_unread")]
 
 
 def _asked_to_exit(state: CellState, outcome: CellOutcome, value: str) -> CellOutcome:

@@ -360,9 +360,9 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                 and not sandbox.state().running:
             self._dead_reason = error.evalue
         return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
-                           started=started, timings=timings,
-                           notes=(*self._widgets.take_notes(), *((kept,) if kept else ()), *exit_notes),
-                           exit_cell=exit_cell)
+                           started=started, timings=timings, exit_cell=exit_cell,
+                           notes=(*self._widgets.take_notes(), *((kept,) if kept else ()), *exit_notes,
+                                  *cells.unread_notes(self.notebook, index)))
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None

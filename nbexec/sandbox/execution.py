@@ -28,6 +28,7 @@ class Execution:
     errors_dropped: int = 0  # bytes of error messages past the frame limit (read past unkept)
     error: LastError | None = None
     exit_value: str | None = None  # the cell called exit()/quit(): its argument as SystemExit would show it
+    late_unread: bool = False  # output still came after idle when the host stopped reading (kernel.MAX_SETTLE)
 
     def stamp(self, key: str) -> None:
         self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()

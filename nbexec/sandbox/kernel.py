@@ -43,7 +43,8 @@ _POLL = 0.25  # seconds between checks of the deadline while a cell is silent
 _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
 _REPLY_AFTER_IDLE = 5.0  # seconds to wait for the shell reply once iopub is idle (the reply says how the cell ended)
-MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernels with a ``settle``)
+MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernels with a ``settle``)...
+_BACKLOG = 10  # ...then only while each ``settle`` brings this many: a queue draining (hundreds), not a timer
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
 COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
@@ -186,13 +187,8 @@ class KernelClient:
                 if not alive():
                     run.status = "gone"
                     return run
-        # Outputs published after idle (Deno's iopub drain runs apart), for at most MAX_SETTLE seconds in all:
-        # code that keeps printing from a timer (setInterval) must not hold the run open past its limit.
-        settled = min(deadline, time.monotonic() + MAX_SETTLE)
-        while self.settle and time.monotonic() < settled and (
-                msg := self.recv("iopub", min(self.settle, max(0.0, settled - time.monotonic())), parent=msg_id)
-        ) is not None:
-            dispatch(msg, run, on_output)
+        if self.settle:
+            self._settle(msg_id, run, on_output, deadline)
         if replied is None:
             with contextlib.suppress(ProtocolError):  # a bad reply tells nothing: the kernel is asked below
                 self._reply(msg_id, run, max(_IDLE_AFTER_REPLY, min(_REPLY_AFTER_IDLE, deadline - time.monotonic())))
@@ -272,6 +268,24 @@ class KernelClient:
         kill()
         run.stop = "killed"
         return run
+
+    def _settle(self, msg_id: str, run: Execution, on_output: Callable[[Message], None], deadline: float) -> None:
+        """Outputs published after idle (Deno's drain runs apart from its status), until ``settle`` s of silence; past
+        MAX_SETTLE s only a backlog (a queue filled while the host read slowly), so a timer cannot hold the run open;
+        never past ``deadline``. Stopped while output still came, the run says so (``late_unread``)."""
+        settled = min(deadline, (now := time.monotonic()) + MAX_SETTLE)
+        window, count = now + self.settle, 0  # messages read in each window of ``settle`` seconds
+        while (now := time.monotonic()) < deadline:
+            if now >= window:
+                if now >= settled and count < _BACKLOG:
+                    break  # past the bound, few messages a window: a timer printing, not a queue draining
+                window, count = now + self.settle, 0
+            msg = self.recv("iopub", min(self.settle, deadline - now), parent=msg_id)
+            if msg is None:
+                return  # silence
+            dispatch(msg, run, on_output)
+            count += 1
+        run.late_unread = True
 
     # -- the one receive path ---------------------------------------------------------------------
 

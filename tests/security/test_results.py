@@ -8,12 +8,14 @@ host, the host's peak memory. tests/security/test_results_tables.py drives the s
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +34,10 @@ from nbexec.files import transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.integrations import toolcall, tools
 from nbexec.notebook import outputs
-from nbexec.sandbox import lasterror
+from nbexec.sandbox import lasterror, zmtp
 
 from ..cluster import NODE_TOKEN, Server, node, wait_ready
-from ..conftest import IMAGE
+from ..conftest import IMAGE, checkout_image
 from .test_mcp import _client, _start_http, _stop_and_clean, _text
 
 MIB = 1024 * 1024
@@ -99,6 +101,65 @@ def test_a_sessions_later_runs_stay_honest(quick: nbexec.SandboxConfig) -> None:
         small = session.run("raise ValueError('small')")
         assert not small.ok and small.error is not None and small.error.ename == "ValueError"
         failed_honestly(session.run(HUGE))
+
+
+# Each line flushed alone: one iopub message per line, many more than a kernel's send queue (1,000) holds. Deno
+# queues them all and publishes its idle first: its flood is long enough that the host, reading about 15,000
+# lines a second here, is still reading it well past the second it reads after idle.
+FLOOD_LINES = {"python": 20_000, "bash": 20_000, "r": 20_000, "deno": 100_000}
+FLOOD = {  # per language: a line per message, then "after"
+    "python": "for i in range({n}):\n    print(i, flush=True)\nprint('after')",
+    "bash": "for i in $(seq 0 {last}); do echo $i; done; echo after",
+    "r": "for (i in 0:{last}) {{ cat(i, '\\n', sep = ''); flush(stdout()) }}; cat('after\\n')",
+    "deno": "for (let i = 0; i < {n}; i++) console.log(String(i)); console.log('after')",
+}
+
+
+# The kernels' launchers of this checkout on the kernels image (Python, R, Deno, Bash), so a change to them is
+# judged here (the register mutates them).
+LAUNCHERS = ("kernel_launcher.py", "iopub_nodrop.py", "bash_kernel_launcher.py", "nbexec-kernel-r")
+LAUNCHER_STEPS = """\
+COPY kernel_launcher.py iopub_nodrop.py bash_kernel_launcher.py /opt/nbexec/
+COPY nbexec-kernel-r /usr/local/bin/nbexec-kernel-r
+RUN chmod 0755 /usr/local/bin/nbexec-kernel-r && chmod 0644 /opt/nbexec/*.py
+"""
+
+
+@pytest.fixture(scope="module")
+def launchers_image(kernels_image: str) -> Iterator[str]:
+    with checkout_image(kernels_image, LAUNCHERS, LAUNCHER_STEPS, "launchers-test") as tag:
+        yield tag
+
+
+@pytest.mark.parametrize("language", sorted(FLOOD))
+def test_a_host_that_reads_slowly_loses_no_output(quick: nbexec.SandboxConfig, launchers_image: str,
+                                                   monkeypatch: pytest.MonkeyPatch, language: str) -> None:
+    """The host stops reading the kernel's output for 5 s while the code prints 20,000 lines (Deno 100,000), as a
+    loaded host does: the kernel waits for it, and every line arrives, in order, with nothing counted as dropped
+    and no note of output left unread (a kernel whose iopub socket drops past its queue loses thousands of them
+    without a word)."""
+    config = dataclasses.replace(quick, language=language, image=launchers_image)
+    count = FLOOD_LINES[language]
+    code = FLOOD[language].format(n=count, last=count - 1)
+    fill, stalled = zmtp.Connection._fill, []
+
+    def slow_fill(self: zmtp.Connection, timeout: float) -> bool:
+        if self.socket_type == "SUB" and armed and not stalled:
+            stalled.append(time.monotonic())
+            time.sleep(5)
+        return fill(self, timeout)
+
+    armed = False
+    monkeypatch.setattr(zmtp.Connection, "_fill", slow_fill)
+    with nbexec.Session(config) as session:
+        assert session.run("true" if language == "bash" else "1").ok
+        armed = True
+        result = session.run(code)
+    assert stalled, "the host never stalled: the test proves nothing"
+    lines = result.stdout.splitlines()
+    assert result.ok and result.truncated_bytes == 0, (result.error, result.truncated_bytes)
+    assert lines == [str(i) for i in range(count)] + ["after"], (len(lines), lines[-3:], result.stderr[-500:])
+    assert not any("still printing" in note for note in result.notes), result.notes
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ import httpx
 import pytest
 
 import nbexec
+from nbexec.sandbox.execution import Execution
+from nbexec.sandbox.remote import frames
 from nbexec.sandbox.remote import source as remote
 
 from .. import cluster, seamnode
@@ -291,6 +293,7 @@ HOSTILE_RUNS = {
                                            "size": 2, "complete": True, "content": 2, "buffers": []}, b"{}")
                       + seamnode.end(), b""),
     "malformed-end": (seamnode.end(status="fine"), b""),
+    "malformed-late-unread": (seamnode.end(late_unread="no"), b""),
     "content-of-a-dropped-message": (seamnode.frame("M", {"type": "stream", "channel": "iopub", "id": "m",
                                                           "parent": "p", "size": 900, "complete": False,
                                                           "content": 900, "buffers": []}, LIES.encode()), b""),
@@ -324,6 +327,27 @@ def test_a_stream_that_ends_without_its_end_is_a_lost_node(hostile: seamnode.Sea
     with nbexec.Session(_config(), output_dir=tmp_path / "session") as session, \
             pytest.raises(nbexec.SessionLostError, match="hostile"):
         session.run("print('hi')")
+
+
+def test_how_a_run_ended_crosses_the_seam_whole() -> None:
+    """Every field a node's end frame carries (the error counts it carries are not taken: the client counts the
+    error messages it read itself)."""
+    ended = Execution(status="error", execution_count=3, stop="", timing={"iopub.status.idle": "t"}, reply="error",
+                      exit_value="7", late_unread=True)
+    assert frames.load_execution(json.loads(json.dumps(frames.dump_execution(ended)))) == ended
+
+
+@pytest.mark.parametrize("said", [True, False, None])
+def test_a_nodes_word_that_output_was_left_unread_reaches_the_result(hostile: seamnode.SeamNode, tmp_path: Path,
+                                                                    said: bool | None) -> None:
+    """The node stopped reading a cell's late output (a timer still printing): the result's notes say so, and
+    only then (a node that does not send the field, an older one, said nothing)."""
+    fields = {} if said is None else {"late_unread": said}
+    hostile.answers["/run"] = _run_stream(seamnode.begin() + seamnode.stream_message("hi\n") + seamnode.end(**fields))
+    result = nbexec.execute_notebook("print('hi')", config=_config(), output_dir=tmp_path / "out")
+    assert result.ok and result.stdout == "hi\n", result.error
+    assert [n for n in result.notes if "still printing" in n] == (["cell 0 was still printing when its run ended "
+        "(a timer or a background task?): what it printed later is not in this result"] if said else [])
 
 
 ERROR = json.dumps({"ename": "KeyError", "evalue": "'k'", "traceback": ["KeyError: 'k'"]}).encode()

@@ -87,7 +87,7 @@ def dump_execution(run: Execution) -> dict[str, Any]:
             "reply": run.reply, "errors_read": run.errors_read, "errors_dropped": run.errors_dropped,
             "error": None if error is None else {"raised": error.raised, "ename": error.ename,
                                                  "evalue": error.evalue, "traceback": list(error.traceback)},
-            "exit_value": run.exit_value}
+            "exit_value": run.exit_value, "late_unread": run.late_unread}
 
 
 @dataclass
@@ -254,10 +254,12 @@ def load_execution(data: Any) -> Execution:
             or data.get("reply") not in ("", "ok", "error") or not (count is None or _count(count)) \
             or not isinstance(timing, dict) or len(timing) > MAX_TIMING \
             or not all(isinstance(k, str) and isinstance(v, str) and len(k) + len(v) < 256 for k, v in timing.items()) \
-            or not (exit_value is None or (isinstance(exit_value, str) and len(exit_value) <= 200)):
+            or not (exit_value is None or (isinstance(exit_value, str) and len(exit_value) <= 200)) \
+            or not isinstance(data.get("late_unread", False), bool):
         raise FrameError("the run's end has a field of the wrong shape")
     return Execution(status=data["status"], execution_count=count, stop=data["stop"], timing=dict(timing),
-                     reply=data["reply"], error=_last_error(error), exit_value=exit_value)
+                     reply=data["reply"], error=_last_error(error), exit_value=exit_value,
+                     late_unread=data.get("late_unread", False))
 
 
 def _last_error(error: Any) -> LastError | None:
