@@ -13,6 +13,7 @@ unguarded) or broken (the tests could not run: the register is wrong).
     scripts/mutations.py --tier ci            # the mutations marked for every CI run
     scripts/mutations.py --only network-on    # some mutations by id (repeatable)
     scripts/mutations.py --shapes             # each guarantee with the shapes its tests cover
+    scripts/mutations.py --control --workers 3  # every mutation's tests, unmutated: each must pass
 """
 
 from __future__ import annotations
@@ -168,21 +169,30 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
         _discard(scratch)
 
 
-def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT) -> list[str]:
+def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT, workers: int = 1) -> list[str]:
     """Run the tests of ``chosen`` once, unmutated, in a scratch copy prepared as for a mutant; the ids of the
-    ones that do not pass. A test that fails there would count any mutation it judges as killed."""
+    ones that do not pass. A test that fails there would count any mutation it judges as killed. With
+    ``workers`` > 1 they are spread over that many processes, the ``alone`` tests after, by themselves (as
+    scripts/test.sh runs them)."""
     tests = list(dict.fromkeys(test for m in chosen for test in m.tests))
     scratch, env = _prepared(root)
+    base = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+    parts = ([[*base, "-n", str(workers), "--dist", "worksteal", "-m", "not alone", *tests],
+              [*base, "-p", "no:xdist", "-m", "alone", *tests]] if workers > 1 else [[*base, "-m", "", *tests]])
+    failing: list[str] = []
+    end = time.monotonic() + timeout
     try:
-        command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m", "", *tests]
-        done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
+        for command in parts:
+            done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True,
+                                  timeout=max(1.0, end - time.monotonic()))
+            found = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)
+            if done.returncode not in (0, 5) and not found:  # 5: no test of this part
+                found = [f"pytest exit {done.returncode}: {(done.stdout + done.stderr).strip()[-500:]}"]
+            failing += found
     except subprocess.TimeoutExpired:
-        return [f"the tests ran past {timeout:g} s"]
+        return [*failing, f"the tests ran past {timeout:g} s"]
     finally:
         _discard(scratch)
-    failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)
-    if done.returncode != 0 and not failing:
-        failing = [f"pytest exit {done.returncode}: {(done.stdout + done.stderr).strip()[-500:]}"]
     return failing
 
 
@@ -193,9 +203,9 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
-def _report_control(chosen: list[Mutation], *, timeout: float) -> int:
+def _report_control(chosen: list[Mutation], *, timeout: float, workers: int) -> int:
     started = time.monotonic()
-    failing = control(chosen, timeout=timeout)
+    failing = control(chosen, timeout=timeout, workers=workers)
     for test in failing:
         named = [m.id for m in chosen if test in m.tests or any(test.startswith(f"{t}[") for t in m.tests)]
         print(f"  fails unmutated: {test} (judges {', '.join(named) or 'a mutation through its file'})")
@@ -214,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", action="store_true", help="list each guarantee with its shapes and exit")
     parser.add_argument("--control", action="store_true",
                         help="run the chosen mutations' tests once without any mutation: each must pass")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="with --control: spread the tests over N processes (the alone tests run after)")
     args = parser.parse_args(argv)
     if args.shapes:
         for entry in read():
@@ -239,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     if args.control:
-        return _report_control(chosen, timeout=args.timeout * 4)
+        return _report_control(chosen, timeout=args.timeout * 4, workers=args.workers)
     outcomes = []
     for index, mutation in enumerate(chosen, 1):
         outcome = run_one(mutation, timeout=args.timeout)

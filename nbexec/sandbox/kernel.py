@@ -45,6 +45,7 @@ _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply
 _REPLY_AFTER_IDLE = 5.0  # seconds to wait for the shell reply once iopub is idle (the reply says how the cell ended)
 MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernels with a ``settle``)...
 _BACKLOG = 10  # ...then only while each ``settle`` brings this many: a queue draining (hundreds), not a timer
+_DRAIN_QUIET = 1.0  # seconds of silence that end a queue's drain (the kernel may be off the CPU for a while)
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
 COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
@@ -95,9 +96,7 @@ class KernelClient:
         header = {"msg_id": msg_id, "msg_type": msg_type, "username": "nbexec", "session": self._session,
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "5.4"}
         parts = [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
-        digest = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in parts:
-            digest.update(part)
+        digest = hmac.new(self._key, b"".join(parts), hashlib.sha256)  # the parts signed in order
         connection = self._channel(channel)
         try:
             connection.send([_DELIMITER, digest.hexdigest().encode("ascii"), *parts], SEND_TIMEOUT)
@@ -270,18 +269,19 @@ class KernelClient:
         return run
 
     def _settle(self, msg_id: str, run: Execution, on_output: Callable[[Message], None], deadline: float) -> None:
-        """Outputs published after idle (Deno's drain runs apart from its status), until ``settle`` s of silence; past
-        MAX_SETTLE s only a backlog (a queue filled while the host read slowly), so a timer cannot hold the run open;
-        never past ``deadline``. Stopped while output still came, the run says so (``late_unread``)."""
+        """Outputs published after idle (Deno's drain runs apart from its status) until silence; past MAX_SETTLE s only
+        a queue draining, so a timer cannot hold the run open. Cut while output still came: ``late_unread``."""
         settled = min(deadline, (now := time.monotonic()) + MAX_SETTLE)
-        window, count = now + self.settle, 0  # messages read in each window of ``settle`` seconds
+        window, count, draining = now + self.settle, 0, False  # messages read in each window of ``settle`` s
         while (now := time.monotonic()) < deadline:
-            if now >= window:
-                if now >= settled and count < _BACKLOG:
-                    break  # past the bound, few messages a window: a timer printing, not a queue draining
+            msg = None
+            if now >= window:  # hundreds a window: a queue draining; a few: a timer, unless one waits (host away)
+                draining = count >= _BACKLOG
+                if now >= settled and not draining and (msg := self.recv("iopub", 0, parent=msg_id)) is None:
+                    break
                 window, count = now + self.settle, 0
-            msg = self.recv("iopub", min(self.settle, deadline - now), parent=msg_id)
-            if msg is None:
+            quiet = _DRAIN_QUIET if draining or count >= _BACKLOG else self.settle
+            if msg is None and (msg := self.recv("iopub", min(quiet, deadline - now), parent=msg_id)) is None:
                 return  # silence
             dispatch(msg, run, on_output)
             count += 1
