@@ -13,12 +13,14 @@ unguarded) or broken (the tests could not run: the register is wrong).
     scripts/mutations.py --tier ci            # the mutations marked for every CI run
     scripts/mutations.py --only network-on    # some mutations by id (repeatable)
     scripts/mutations.py --shapes             # each guarantee with the shapes its tests cover
+    scripts/mutations.py --workers 3          # three mutations at a time (those with `alone` tests after)
     scripts/mutations.py --control --workers 3  # every mutation's tests, unmutated: each must pass
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -196,6 +198,21 @@ def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT, worker
     return failing
 
 
+def _alone_tests(chosen: list[Mutation], root: Path = ROOT) -> set[str]:
+    """The collected ids among the tests of ``chosen`` that are marked ``alone``."""
+    tests = list(dict.fromkeys(test for m in chosen for test in m.tests))
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "-m", "alone", *tests], cwd=root, capture_output=True, text=True)
+    if done.returncode not in (0, 5):
+        raise SystemExit(f"could not collect the register's tests: {(done.stdout + done.stderr)[-500:]}")
+    return {line.strip() for line in done.stdout.splitlines() if "::" in line}
+
+
+def _covers(test: str, collected: str) -> bool:
+    """``test`` (a path, a test or a parametrized case, as the register names it) selects ``collected``."""
+    return collected == test or collected.startswith((f"{test}[", f"{test}::"))
+
+
 def _unmount_under(root: Path) -> None:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
         points = [line.split(" ")[4].encode().decode("unicode_escape") for line in table]
@@ -225,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true",
                         help="run the chosen mutations' tests once without any mutation: each must pass")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="with --control: spread the tests over N processes (the alone tests run after)")
+                        help="run N mutations at a time (with --control: N test processes); the alone tests after")
     args = parser.parse_args(argv)
     if args.shapes:
         for entry in read():
@@ -252,12 +269,28 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.control:
         return _report_control(chosen, timeout=args.timeout * 4, workers=args.workers)
-    outcomes = []
-    for index, mutation in enumerate(chosen, 1):
-        outcome = run_one(mutation, timeout=args.timeout)
+    return _run_all(chosen, timeout=args.timeout, workers=args.workers, started=started)
+
+
+def _run_all(chosen: list[Mutation], *, timeout: float, workers: int, started: float) -> int:
+    """Run ``chosen``, ``workers`` at a time (those whose tests are marked alone after, one by one); 0 when every
+    mutant was killed."""
+    outcomes: list[Outcome] = []
+
+    def report(outcome: Outcome) -> None:
         outcomes.append(outcome)
-        print(f"[{index}/{len(chosen)}] {outcome.verdict:8} {mutation.id:28} {outcome.seconds:6.1f}s  "
-              f"{outcome.detail}", flush=True)
+        print(f"[{len(outcomes)}/{len(chosen)}] {outcome.verdict:8} {outcome.mutation.id:28} "
+              f"{outcome.seconds:6.1f}s  {outcome.detail}", flush=True)
+
+    alone = _alone_tests(chosen) if workers > 1 else set()
+    lonely = [m for m in chosen if any(_covers(test, found) for test in m.tests for found in alone)]
+    shared = [m for m in chosen if m not in lonely]
+    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+        for done in concurrent.futures.as_completed(
+                [pool.submit(run_one, m, timeout=timeout) for m in shared]):
+            report(done.result())
+    for mutation in lonely:  # tests marked alone (an engine restart) never share the machine
+        report(run_one(mutation, timeout=timeout))
     counts = {v: sum(o.verdict == v for o in outcomes) for v in ("killed", "survived", "broken")}
     print(f"\n{len(outcomes)} mutants: {counts['killed']} killed, {counts['survived']} survived, "
           f"{counts['broken']} broken, in {time.monotonic() - started:.0f} s")

@@ -237,8 +237,8 @@ def checkout_image(base: str, files: tuple[str, ...], steps: str, purpose: str) 
     """``base`` with ``files`` of this checkout's environments/jupyter put in by ``steps`` (Dockerfile lines, run as
     root; the build context holds the files). The images the suite runs are built once per machine, so a change to
     a script they carry (a mutation of the register among them) reaches a test only through such an overlay.
-    Tagged by content and by this worker (another worker's teardown never removes the image a test here runs);
-    removed at the end."""
+    Tagged by content and by this process (another worker's or another run's teardown never removes the image a
+    test here runs); removed at the end."""
     client = daemon.connect()
     overlay = f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nUSER 0:0\n{steps.strip()}\nUSER 1000:1000\n"
     digest = hashlib.sha256(overlay.encode() + client.images.get(base).id.encode())
@@ -248,8 +248,7 @@ def checkout_image(base: str, files: tuple[str, ...], steps: str, purpose: str) 
             (Path(context) / name).write_bytes(content)
             digest.update(name.encode() + content)
         (Path(context) / "Dockerfile").write_text(overlay)
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        tag = f"nbexec-jupyter:{purpose}-{worker}-{digest.hexdigest()[:12]}"
+        tag = f"nbexec-jupyter:{purpose}-{os.getpid()}-{digest.hexdigest()[:12]}"
         for chunk in client.api.build(path=context, tag=tag, buildargs={"BASE_IMAGE": base}, rm=True,
                                       forcerm=True, decode=True, pull=False):
             if "error" in chunk:
