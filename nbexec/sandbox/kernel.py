@@ -44,7 +44,7 @@ _LIVENESS_EVERY = 1.0  # seconds between asking whether the sandbox still runs
 _IDLE_AFTER_REPLY = 1.0  # seconds to wait for iopub's idle once the shell reply is in (a full PUB queue drops it)
 _REPLY_AFTER_IDLE = 5.0  # seconds to wait for the shell reply once iopub is idle (the reply says how the cell ended)
 MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernels with a ``settle``)...
-_BACKLOG = 10  # ...then only while each ``settle`` brings this many: a queue draining (hundreds), not a timer
+_WINDOW, _BACKLOG = 0.25, 25  # ...then only while a window brings this many: a queue draining, not a timer
 _DRAIN_QUIET = 1.0  # seconds of silence that end a queue's drain (the kernel may be off the CPU for a while)
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
 OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
@@ -272,15 +272,15 @@ class KernelClient:
         """Outputs published after idle (Deno's drain runs apart from its status) until silence; past MAX_SETTLE s only
         a queue draining, so a timer cannot hold the run open. Cut while output still came: ``late_unread``."""
         settled = min(deadline, (now := time.monotonic()) + MAX_SETTLE)
-        window, count, draining = now + self.settle, 0, False  # messages read in each window of ``settle`` s
+        window, count, lulls = now + _WINDOW, 0, -1  # messages read in this window; windows in a row with few
         while (now := time.monotonic()) < deadline:
             msg = None
             if now >= window:  # hundreds a window: a queue draining; a few: a timer, unless one waits (host away)
-                draining = count >= _BACKLOG
-                if now >= settled and not draining and (msg := self.recv("iopub", 0, parent=msg_id)) is None:
+                lulls = 0 if count >= _BACKLOG else max(lulls, 0) + 1
+                if now >= settled and lulls >= 2 and (msg := self.recv("iopub", 0, parent=msg_id)) is None:
                     break
-                window, count = now + self.settle, 0
-            quiet = _DRAIN_QUIET if draining or count >= _BACKLOG else self.settle
+                window, count = now + _WINDOW, 0
+            quiet = _DRAIN_QUIET if lulls == 0 or count >= _BACKLOG else self.settle
             if msg is None and (msg := self.recv("iopub", min(quiet, deadline - now), parent=msg_id)) is None:
                 return  # silence
             dispatch(msg, run, on_output)
