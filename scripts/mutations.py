@@ -171,12 +171,17 @@ def run_one(mutation: Mutation, *, timeout: float, root: Path = ROOT) -> Outcome
         _discard(scratch)
 
 
+def _tests_of(chosen: list[Mutation]) -> list[str]:
+    """The tests the mutations ``chosen`` name, each once, in order."""
+    return list(dict.fromkeys(test for m in chosen for test in m.tests))
+
+
 def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT, workers: int = 1) -> list[str]:
     """Run the tests of ``chosen`` once, unmutated, in a scratch copy prepared as for a mutant; the ids of the
     ones that do not pass. A test that fails there would count any mutation it judges as killed. With
     ``workers`` > 1 they are spread over that many processes, the ``alone`` tests after, by themselves (as
     scripts/test.sh runs them)."""
-    tests = list(dict.fromkeys(test for m in chosen for test in m.tests))
+    tests = _tests_of(chosen)
     scratch, env = _prepared(root)
     base = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
     parts = ([[*base, "-n", str(workers), "--dist", "worksteal", "-m", "not alone", *tests],
@@ -200,7 +205,7 @@ def control(chosen: list[Mutation], *, timeout: float, root: Path = ROOT, worker
 
 def _alone_tests(chosen: list[Mutation], root: Path = ROOT) -> set[str]:
     """The collected ids among the tests of ``chosen`` that are marked ``alone``."""
-    tests = list(dict.fromkeys(test for m in chosen for test in m.tests))
+    tests = _tests_of(chosen)
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "-p", "no:xdist", "-m", "alone", *tests], cwd=root, capture_output=True, text=True)
     if done.returncode not in (0, 5):

@@ -10,7 +10,8 @@ Start-up CPU is paid by every sandbox (benchmarks/profile.py): ipykernel imports
 modules). Both stay importable by the user's code: debugpy is hidden only while ipykernel decides that there is
 no debugger, and jupyter_client's `__init__` runs in full the first time anything else asks for one of its names.
 Its iopub socket waits for the host instead of dropping what passes its queue (iopub_nodrop). It also hands the
-kernel's shell to `nbexec_display`, which shows a window left open at the end of a cell, and with NBEXEC_XVFB=1 starts the X server now, in the background, instead of at the first GUI import.
+kernel's shell to `nbexec_display`, which shows a window left open at the end of a cell, and with NBEXEC_XVFB=1
+starts the X server now, in the background, instead of at the first GUI import.
 This runs inside the sandbox and is not trusted by the host: it only keeps the sandbox itself alive and cheap.
 """
 
