@@ -49,12 +49,21 @@ class Server:
         LONG_LIVED_CHILDREN.add(self.process.pid)
         return self
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
+    def kill(self, sig: int = signal.SIGKILL, within: float = 60) -> None:
+        """Send ``sig`` and wait ``within`` seconds for the process to end; one that does not is killed (so it
+        leaves nothing to the next test) and reported."""
         assert self.process is not None
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(sig)
-        self.process.wait(timeout=60)
-        LONG_LIVED_CHILDREN.discard(self.process.pid)
+        try:
+            self.process.wait(timeout=within)
+        except subprocess.TimeoutExpired as hung:
+            self.process.kill()
+            self.process.wait(timeout=60)
+            raise AssertionError(f"{self.name} had not exited {within:.0f} s after signal {sig} "
+                                 f"(log: {self.log})") from hung
+        finally:
+            LONG_LIVED_CHILDREN.discard(self.process.pid)
 
     def ready(self, token: str = NODE_TOKEN) -> bool:
         try:
@@ -67,6 +76,20 @@ class Server:
         found = daemon.connect().containers.list(all=True, sparse=True,
                                                  filters={"label": f"{daemon.LABEL_NODE}={self.name}"})
         return [(c.attrs.get("Names") or ["/"])[0] for c in found]
+
+
+def stop(*servers: Server) -> None:
+    """SIGTERM to each server still running, each given its minute; then the first that did not exit is reported
+    (after the others were stopped, so one hung server leaves nothing running)."""
+    failures: list[AssertionError] = []
+    for server in servers:
+        if server.process is not None and server.process.poll() is None:
+            try:
+                server.kill(signal.SIGTERM)
+            except AssertionError as failure:
+                failures.append(failure)
+    if failures:
+        raise failures[0]
 
 
 def node(index: int, tmp: Path, *, running: int = 8, sessions: int = 16, timeout: int = 60,

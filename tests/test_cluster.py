@@ -24,7 +24,7 @@ import pytest
 
 import nbexec
 
-from .cluster import CLIENT_TOKEN, NODE_TOKEN, OTHER_TOKEN, ROOT, Server, all_up, client, node, router, wait_ready
+from .cluster import CLIENT_TOKEN, NODE_TOKEN, OTHER_TOKEN, ROOT, Server, all_up, client, node, router, stop, wait_ready
 from .conftest import wait_until
 
 # Prints a dot a second, so a stream is never quiet for the clients' 10 s read timeout.
@@ -43,9 +43,7 @@ def cluster(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
         wait_until(lambda: all_up(front, 3), 60, "the router never saw three nodes up", interval=0.2)
         yield {"nodes": nodes, "router": front}
     finally:
-        for server in [front, *nodes]:
-            if server.process is not None and server.process.poll() is None:
-                server.kill(signal.SIGTERM)
+        stop(front, *nodes)
         for server in nodes:
             wait_until(lambda s=server: not s.containers(), 60, f"{server.name} left containers behind")
 

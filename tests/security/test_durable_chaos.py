@@ -24,7 +24,7 @@ from nbexec import Session
 from nbexec.sandbox.docker import daemon
 from nbexec.sandbox.docker.workdir import remove_tree
 
-from ..cluster import NODE_TOKEN, OTHER_TOKEN, Server, all_up, client, node, router, wait_ready
+from ..cluster import NODE_TOKEN, OTHER_TOKEN, Server, all_up, client, node, router, stop, wait_ready
 from ..conftest import wait_until
 from .test_durable import claimed_containers, claimed_workdirs
 
@@ -44,9 +44,7 @@ def durable_node(docker_ready: None, tmp_path: Path) -> Iterator[dict[str, Any]]
         wait_until(lambda: all_up(front, 1), 60, "the router never saw the node up", interval=0.2)
         yield {"node": member, "router": front, "state": state}
     finally:
-        for server in (front, member):
-            if server.process is not None and server.process.poll() is None:
-                server.kill(signal.SIGTERM)
+        stop(front, member)
         for container in claimed_containers(state):
             container.remove(force=True)
         for workdir in claimed_workdirs(state):
@@ -204,9 +202,7 @@ def test_sessions_sleep_and_wake_under_load_on_a_node(docker_ready: None, tmp_pa
             for session in ids:
                 assert http.delete(f"/v1/sessions/{session}").status_code == 204
     finally:
-        for server in (front, member):
-            if server.process is not None and server.process.poll() is None:
-                server.kill(signal.SIGTERM)
+        stop(front, member)
         wait_until(lambda: not member.containers(), 60, "the node left containers behind")
 
 
@@ -244,9 +240,7 @@ def test_node_lost_for_good_session_restored_on_another(docker_ready: None, tmp_
             assert again.json()["stdout"] == "42 moved\n" and again.json()["restored"] == "replay"
             assert http.delete(f"/v1/sessions/{restored.json()['id']}").status_code == 204
     finally:
-        for server in (front, *members):
-            if server.process is not None and server.process.poll() is None:
-                server.kill(signal.SIGTERM)
+        stop(front, *members)
         client_ = daemon.connect()
         for member in members:  # the dead node's session container: its process is gone, swept by name
             for name in member.containers():

@@ -6,7 +6,6 @@ interrupt refused as for an id that does not exist (404), an idle session or an 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ..cluster import CLIENT_TOKEN, NODE_TOKEN, OTHER_TOKEN, Server, client, node, nodes_up, router, wait_ready
+from ..cluster import CLIENT_TOKEN, NODE_TOKEN, OTHER_TOKEN, Server, client, node, nodes_up, router, stop, wait_ready
 from ..conftest import wait_until
 
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\nprint('never')"
@@ -34,9 +33,7 @@ def pair(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw its node up", interval=0.2)
         yield member, front
     finally:
-        for server in (front, member):
-            if server.process is not None and server.process.poll() is None:
-                server.kill(signal.SIGTERM)
+        stop(front, member)
         wait_until(lambda: not member.containers(), 60, f"{member.name} left containers behind")
 
 

@@ -8,6 +8,7 @@ process's peak memory (/proc/<pid>/status), a request that is refused, a run tha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import http.client
@@ -23,6 +24,7 @@ import httpx
 import pytest
 
 import nbexec
+from nbexec.service.fleet import Fleet, members
 
 from ..azurite import free_port
 from ..cluster import (
@@ -35,6 +37,7 @@ from ..cluster import (
     nodes_up,
     router,
     router_at,
+    stop,
     wait_ready,
 )
 from ..conftest import wait_until
@@ -46,12 +49,6 @@ PNG = ("from IPython.display import Image, display\nimport base64\ndisplay(Image
 CAPS = {"NBEXEC_MAX_OUTPUT": "1m", "NBEXEC_MAX_DISPLAY": "2m", "NBEXEC_MAX_DATA": "4m"}  # the hostile routers'
 EVENT_CAP = 2 * (1 + 2) * MiB + MiB  # what these caps let one event from a node be: 2 x (output + display) + 1 MiB
 GROWTH_LIMIT = 32 * MiB  # the router's peak memory may grow this much at most under any hostile answer
-
-
-def _stop(*servers: Server) -> None:
-    for server in servers:
-        if server.process is not None and server.process.poll() is None:
-            server.kill(signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +63,7 @@ def pair(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw its node up", interval=0.2)
         yield member, front
     finally:
-        _stop(front, member)
+        stop(front, member)
         wait_until(lambda: not member.containers(), 60, f"{member.name} left containers behind")
 
 
@@ -321,7 +318,7 @@ def test_one_client_holds_at_most_its_calls_through_the_router() -> None:
             wait_until(lambda: a.get(f"/v1/sessions/{sid}").status_code == 200, 30,
                        "A's calls were not counted off when A left them")
     finally:
-        _stop(front)
+        stop(front)
         fake.close()
 
 
@@ -382,7 +379,7 @@ def test_readyz_says_ready_without_topology(pair: tuple[Server, Server]) -> None
         down = httpx.get(f"{lonely.url}/readyz", timeout=5)
         assert down.status_code == 503 and down.json() == {"ready": False}, down.text
     finally:
-        _stop(lonely)
+        stop(lonely)
     assert httpx.get(f"{front.url}/v1/nodes", timeout=5).status_code == 401
     with client(front, CLIENT_TOKEN) as tenant, client(front, NODE_TOKEN) as operator:
         assert tenant.get("/v1/nodes").status_code == 401  # a client is not the operator
@@ -422,7 +419,7 @@ def test_a_node_cannot_take_another_nodes_sessions_by_its_name(pair: tuple[Serve
             finally:
                 http.delete(f"/v1/sessions/{sid}")
     finally:
-        _stop(front)
+        stop(front)
         liar.close()
 
 
@@ -443,7 +440,7 @@ def hostile() -> Iterator[tuple[FakeNode, Server]]:
         wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
         yield fake, front
     finally:
-        _stop(front)
+        stop(front)
         fake.close()
 
 
@@ -601,3 +598,52 @@ def test_a_route_the_router_never_heard_of_is_forwarded_with_its_checks(hostile:
         assert b.post(f"/v1/sessions/{sid}/brand-new-route").status_code == 404  # not B's: never sent on
         assert b.post(f"/v1/sessions/{sid}/x/%2e%2e/brand-new-route").status_code in (400, 404)
         assert len(fake.seen) == before
+
+
+# -- a router stops whatever its nodes do -------------------------------------------------------------------------
+
+def test_a_router_exits_on_sigterm_whatever_its_nodes_do() -> None:
+    """SIGTERM stops a router within seconds while one of its nodes is lost (every connection refused) and another
+    holds a client's run open and then sends its capacity without end: no node keeps the router's process alive
+    (a router in front of a lost node once outlived its SIGTERM by twenty minutes)."""
+    fake = FakeNode(token=NODE_TOKEN, behaviour=Behaviour(run="hold")).start()
+    lost = f"lost=http://127.0.0.1:{free_port()}"  # nothing listens there
+    front = router_at([f"fake={fake.url}", lost], env=CAPS).start()
+    try:
+        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
+        with _stream_held(front, CLIENT_TOKEN):
+            fake.behaviour.capacity = "endless-json"
+            probes = len([s for s in fake.seen if s.path == "/v1/capacity"])
+            wait_until(lambda: len([s for s in fake.seen if s.path == "/v1/capacity"]) > probes, 30,
+                       "the router never probed the endless node")
+            front.kill(signal.SIGTERM, within=20)  # fails (and kills it) if the router lives on
+    finally:
+        stop(front)
+        fake.close()
+
+
+def test_the_routers_health_checks_end_even_when_a_cancellation_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router's shutdown cancels a node's health check at the moment a probe of a lost node has just failed:
+    on Python 3.11, ``asyncio.wait_for`` returns that probe's outcome and the cancellation is lost. The check must
+    end anyway (one that lives on keeps the router's process from exiting after SIGTERM). Real probes over real
+    sockets to a port where nothing listens; only the moment of the shutdown is chosen."""
+    fleet = Fleet(members((f"lost=http://127.0.0.1:{free_port()}",)), NODE_TOKEN)
+    read, closing = Fleet._read_capacity, []
+
+    async def read_then_close(self: Fleet, name: str) -> bytes:
+        try:
+            return await read(self, name)
+        finally:  # the shutdown's cancel lands before wait_for's caller has resumed
+            if self._tasks and not closing:
+                closing.append(asyncio.create_task(self.close()))
+
+    async def main() -> tuple[bool, list[bool]]:
+        await fleet.start()  # its first probe runs before any check: no shutdown yet
+        while not closing:
+            await asyncio.sleep(0.01)
+        done, _ = await asyncio.wait(closing, timeout=15)
+        return bool(done), [task.done() for task in fleet._tasks]
+
+    monkeypatch.setattr(Fleet, "_read_capacity", read_then_close)
+    closed, checks = asyncio.run(main())
+    assert closed and all(checks), f"the shutdown did not end the health checks: closed={closed}, checks={checks}"
