@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from nbexec.sandbox.docker import daemon
+from nbexec.sandbox.docker.workdir import remove_tree
 
 from .azurite import free_port
 from .conftest import LONG_LIVED_CHILDREN, wait_until
@@ -121,8 +122,11 @@ def running_node(tag: str, env: dict[str, str], *, running: int = 8, sessions: i
         wait_ready([server])
         yield server
     finally:
-        server.kill(signal.SIGTERM)
-        wait_until(lambda: not server.containers(), 60, f"the node {server.name} left containers behind")
+        try:
+            server.kill(signal.SIGTERM)
+            wait_until(lambda: not server.containers(), 60, f"the node {server.name} left containers behind")
+        finally:
+            remove_tree(tmp)  # its TMPDIR in /tmp (what a leak leaves there was judged by the tests)
 
 
 def router(nodes: list[Server], port: int | None = None) -> Server:

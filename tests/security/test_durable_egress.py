@@ -24,6 +24,7 @@ import nbexec
 from nbexec import Session, egress
 from nbexec.errors import ConfigError, SandboxError
 from nbexec.sandbox.docker import egress as docker_egress
+from nbexec.sandbox.docker.workdir import remove_tree
 
 from ..conftest import IMAGE
 from .test_durable import CHILDREN, claimed_containers, state_dir  # noqa: F401  (the fixture)
@@ -45,6 +46,7 @@ def short_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("TMPDIR", str(folder))
     monkeypatch.setattr(tempfile, "tempdir", None)
     yield folder
+    remove_tree(folder)
 
 
 def fetch(port: int, path: str) -> str:

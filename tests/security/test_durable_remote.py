@@ -76,7 +76,7 @@ def test_a_remote_session_sleeps_and_wakes_through_the_one_engine(member: cluste
         assert session.hibernate()
         assert session.status == "asleep"
         if runtime == "runsc":  # the memory is on the node, in a private folder; no container runs
-            assert node_containers(member) == []
+            assert node_containers(member) == [], probe_said(member)
             memory = [p for p in kept_on_node(member) if "-memory-" in p.name]
             assert len(memory) == 1 and (memory[0].stat().st_mode & 0o777) == 0o700, memory
         else:  # stopped where it is: no process, no memory
@@ -92,6 +92,12 @@ def test_a_remote_session_sleeps_and_wakes_through_the_one_engine(member: cluste
         assert not [p for p in kept_on_node(member) if "-memory-" in p.name]  # removed once woken
 
 
+def probe_said(member: cluster.Server) -> str:
+    """What the node said about its runtime's checkpoints (its log's word when its probe failed)."""
+    said = [line for line in member.log.read_text(errors="replace").splitlines() if "cannot keep memory" in line]
+    return "\n".join(said) or "the node's log says nothing of its checkpoint probe"
+
+
 def test_a_remote_session_closed_asleep_leaves_nothing_on_the_node(member: cluster.Server,
                                                                    on_node: nbexec.SandboxConfig) -> None:
     before = kept_on_node(member)
@@ -99,7 +105,7 @@ def test_a_remote_session_closed_asleep_leaves_nothing_on_the_node(member: clust
     assert session.run("x = 1").ok
     assert session.hibernate()
     if runtime_of(member) == "runsc":  # its memory is kept on the node until the session goes
-        assert [p for p in kept_on_node(member) if "-memory-" in p.name]
+        assert [p for p in kept_on_node(member) if "-memory-" in p.name], probe_said(member)
     session.close()
     wait_until(lambda: node_containers(member) == [], 60, "the sleeping sandbox's container was left")
     assert kept_on_node(member) == before, "its working folder or its memory was left on the node"

@@ -18,11 +18,10 @@ socket but the IOPub pipe's, a unix socket bound on a host mount such as /mnt/da
 kernel a fresh HMAC key and session id and reseeds ``random`` (and numpy's global generator), so the sandboxes
 made from one image by `from_template` (a template, a fork) never share them.
 
-A checkpoint is hostile data on its way back: it is copied into ``folder`` private (0700/0600), each file's sha256
-and size is kept in the record, and ``wake`` copies only regular files (no links, nothing added nor missing)
-through descriptors, hashing what it copies, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all, and hands them
-to runsc alone. Whether a runtime can do any of this is found out by `supported` (a probe, cached per runtime per
-process): under runc (CRIU fails on this kernel's vDSO) it says no and ``hibernate`` returns None untouched.
+A checkpoint is hostile data on its way back: copied into ``folder`` private (0700/0600), each file's sha256 and
+size kept in the record; ``wake`` copies only regular files (no links, nothing added nor missing) through
+descriptors, hashing them, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all, and hands them to runsc alone.
+`supported` probes whether a runtime can (under runc CRIU fails on this kernel's vDSO: ``hibernate`` returns None).
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ RECORD_VERSION = 1
 _restoring = threading.Lock()  # two restores of one template in this process never share containerd's copy
 _SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
 _CHUNK = 1 << 20
-_probed: dict[str, tuple[bool, float]] = {}  # runtime -> (the answer, when it was found)
+_probed: dict[str, tuple[bool, float, str]] = {}  # runtime -> (the answer, when it was found, why not)
 _probe_lock = threading.Lock()
 PROBE_AGAIN = 900.0  # seconds after which a "no" is asked again (it may have met an engine restarting)
 
@@ -114,20 +113,27 @@ class Blocked(SandboxError):
 
 def supported(config: SandboxConfig) -> bool:
     """Whether sandboxes of ``runtime`` keep their memory through hibernate/wake here: found out once per runtime
-    per process by doing it to a tiny sandbox and reading a variable back (never assumed from the runtime's name); a
-    "no" is asked again after PROBE_AGAIN seconds, since a probe that met the engine restarting says no too."""
+    per process by doing it to a tiny sandbox and reading a variable back (never assumed from the runtime's name).
+    A "no" is asked once more at once (a loaded or restarting engine can fail a probe) and after PROBE_AGAIN s."""
     key = config.runtime or ""
     with _probe_lock:
-        known, when = _probed.get(key, (False, -PROBE_AGAIN))
+        known, when, why = _probed.get(key, (False, -PROBE_AGAIN, ""))
         if not known and time.monotonic() - when >= PROBE_AGAIN:  # a "yes" is kept for good
-            known = _probe(config.replace(memory="256m", max_data="16m", network=False, input_dir=None,
-                                          warm_imports=(), pool_size=0))
-            _probed[key] = (known, time.monotonic())
+            small = config.replace(memory="256m", max_data="16m", network=False, input_dir=None, warm_imports=(),
+                                   pool_size=0)
+            if why := _probe(small) and _probe(small):
+                log.warning("sandboxes of runtime %s cannot keep memory through a stop: %s", key or "default", why)
+            known, _probed[key] = not why, (not why, time.monotonic(), why)
         return known
 
 
-def _probe(config: SandboxConfig) -> bool:
-    runtime = config.runtime
+def why_not(config: SandboxConfig) -> str:
+    """Why the last probe of ``config``'s runtime said no ("" if it said yes or was never asked)."""
+    return _probed.get(config.runtime or "", (False, 0.0, ""))[2]
+
+
+def _probe(config: SandboxConfig) -> str:
+    """"" when a sandbox of ``config`` kept a variable through checkpoint and restore, else why not."""
     with tempfile.TemporaryDirectory(prefix="nbexec-probe-") as folder:
         sandbox = pool.start_sandbox(config, role="probe", warm_up=False)
         woken: Sandbox | None = None
@@ -138,10 +144,9 @@ def _probe(config: SandboxConfig) -> bool:
             woken = restore(config, record, Path(folder))
             reply = woken.run_hidden("pass", config.startup_timeout, expressions={"m": "__nbexec_probe"})
             value = ((reply or {}).get("user_expressions", {}).get("m") or {}).get("data", {}).get("text/plain")
-            return value == repr(marker)
-        except Exception as exc:  # the runtime cannot: hibernate returns None from now on
-            log.info("sandboxes of runtime %s cannot keep memory through a stop: %s", runtime or "default", exc)
-            return False
+            return "" if value == repr(marker) else f"the restored sandbox read back {str(value)[:80]!r}"
+        except Exception as exc:  # the runtime cannot: hibernate returns None
+            return f"{type(exc).__name__}: {exc}"[:500]
         finally:
             (woken or sandbox).destroy()  # one working folder: the woken sandbox's, when there is one
 
