@@ -27,6 +27,8 @@ from nbexec.errors import SandboxError
 from nbexec.sandbox.docker import checkpoint, daemon, pool
 from nbexec.sandbox.docker.container import Sandbox
 from nbexec.sandbox.docker.local import LocalSource
+from nbexec.sandbox.kernel import KernelClient
+from nbexec.sandbox.messages import Message
 
 from ..conftest import IMAGE, own_containers
 from ..test_runtimes import UNDER_RUNSC
@@ -116,6 +118,34 @@ def test_state_survives_several_hibernate_wake_cycles(runsc: nbexec.SandboxConfi
         folder = private_folder(tmp_path / f"cycle{cycle}")
         record = source.hibernate(woken, folder)
         assert record is not None
+
+
+def test_a_host_that_reads_the_agents_reply_late_still_checkpoints(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                     sandboxes: list[Sandbox],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel lets go of its sockets 0.3 s after it answers the host's request to prepare; a loaded host reads
+    that answer later (here 1 s): it checkpoints all the same, and the sandbox wakes with its state (CI saw "the
+    kernel closed its SUB connection" when the host read on after the answer)."""
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, STATE)
+    recv, late = KernelClient.recv, []
+
+    def read_late(self: KernelClient, channel: str, timeout: float, *, parent: str | None = None) -> Message | None:
+        message = recv(self, channel, timeout, parent=parent)
+        if channel == "shell" and message is not None and parent is not None:
+            late.append(parent)
+            time.sleep(1)
+        return message
+
+    monkeypatch.setattr(KernelClient, "recv", read_late)
+    record = LocalSource().hibernate(sandbox, folder := private_folder(tmp_path))
+    monkeypatch.undo()
+    assert late, "the host never read a reply late: the test proves nothing"
+    assert record is not None, f"not checkpointed: {checkpoint.why_not(runsc)}"
+    woken = LocalSource().wake(runsc, record, folder)
+    sandboxes.append(woken)
+    assert run(woken, "print(x)") == "41\n"
 
 
 def containerd_copies() -> set[Path]:

@@ -153,8 +153,7 @@ def _probe(config: SandboxConfig) -> str:
 
 def hibernate(sandbox: Sandbox, folder: Path) -> dict[str, Any] | None:
     """Checkpoint ``sandbox`` into ``folder`` and remove its container; its record, or None (untouched) when its
-    runtime cannot keep memory, it reaches the host's egress proxy, or its code holds a socket gVisor cannot save
-    (a TCP or UDP socket, a unix socket on a host mount): a checkpoint that fails kills the container."""
+    runtime cannot keep memory, it reaches the host's egress proxy, or it holds a socket gVisor cannot save."""
     if sandbox.config.network == "allowlist" or not sandbox.language.is_python or not supported(sandbox.config):
         return None
     image = sandbox.config.memory_bytes + CHECKPOINT_SLACK  # DiskSpaceError before the kernel is asked anything
@@ -175,7 +174,8 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     and remove the container (its working folder, /mnt/data with it, stays where it is)."""
     config = sandbox.config
     wake = f"wake-{secrets.token_hex(8)}"
-    reply = sandbox.run_hidden(_AGENT.replace("@WAKE@", repr(f"/run/nbexec/{wake}")), config.startup_timeout)
+    agent = _AGENT.replace("@WAKE@", repr(f"/run/nbexec/{wake}"))  # lets go of the sockets 0.3 s after its reply:
+    reply = sandbox.run_hidden(agent, config.startup_timeout, drain=False)  # a host that reads it late reads no more
     if reply is not None and str(reply.get("evalue", "")).startswith("nbexec-checkpoint-blocked"):
         raise Blocked(f"the sandbox holds sockets gVisor cannot save ({str(reply['evalue'])[27:200]})")
     if reply is None or reply.get("status") != "ok":
