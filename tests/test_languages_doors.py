@@ -264,14 +264,24 @@ def test_a_language_one_node_lacks_runs_on_another_that_has_it(bash_default_node
                                                               bash_node: cluster.Server,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Python on a bash-only node and a Python node: the first refuses it, the second runs it, and the refusal does
-    not put the first out of rotation (bash still runs there)."""
+    not put the first out of rotation (bash still runs there). The bash-only node is asked first each time (the
+    order by capacity alone may never ask it, and then proves nothing)."""
     monkeypatch.setenv("NBEXEC_NODES", f"{bash_default_node.url},{bash_node.url}")
     monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
+    candidates, asked_first = remote_source.Cluster.candidates, []
+
+    def refusing_node_first(self: remote_source.Cluster) -> list[Any]:
+        order = sorted(candidates(self), key=lambda client: client.url != bash_default_node.url)
+        asked_first.append(order[0].url)
+        return order
+
+    monkeypatch.setattr(remote_source.Cluster, "candidates", refusing_node_first)
     remote_source.forget_all()
     try:
         for _ in range(3):
             ran = nbexec.execute_notebook(PYTHON_SAYS, config=_config(source="remote"))
             assert ran.ok and ran.text.strip() == "python 3", ran
+        assert asked_first == [bash_default_node.url] * 3, asked_first
         health = remote_source.RemoteSource.from_env().cluster.health
         assert all(h.failures == 0 for h in health.values()), "a refusal marked a node as failing"
     finally:
