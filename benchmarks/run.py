@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 import nbformat
 
 import nbexec
+from nbexec.files.folders import output_root
 from nbexec.sandbox.docker import daemon, pool
 
 WORKLOADS = {
@@ -259,6 +261,17 @@ def main() -> None:
     parser.add_argument("--runtimes", nargs="+", default=["runc"], help="runtimes for the throughput and cold rows")
     args = parser.parse_args()
     daemon.connect()
+    # nbexec keeps each run's output folder for its caller; the benchmark's are removed when it ends.
+    outputs = output_root()
+    kept = set(outputs.iterdir())
+    try:
+        measure(args)
+    finally:
+        for folder in set(outputs.iterdir()) - kept:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace) -> None:
     print(f"load average at start: {os.getloadavg()}", file=sys.stderr)
     latency_rows = latency(args) if "latency" not in args.skip else []
     pool.shutdown()

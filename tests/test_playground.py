@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from .browser import chromium
 from .conftest import wait_until
 from .security.test_service import TOKEN_A, Served, assert_nothing_left, start_serve, stop
 
-CHROMIUM = "/usr/bin/chromium"
-DRIVER = "/usr/bin/chromedriver"
 FINISHED = ("done", "error", "failed", "stopped")
 MAIN = """import matplotlib.pyplot as plt
 
@@ -45,24 +44,8 @@ def served(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    missing = [path for path in (CHROMIUM, DRIVER) if not shutil.which(path)]
-    if missing:
-        pytest.fail(f"the playground test needs Debian's Chromium and its driver ({', '.join(missing)} missing): "
-                    "run scripts/setup.sh --test, or apt-get install chromium chromium-driver", pytrace=False)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1250",
-                     "--no-proxy-server", "--disable-gpu"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
-    try:
+    with chromium("--window-size=1100,1250") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _text(driver: Any, selector: str) -> str:

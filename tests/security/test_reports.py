@@ -16,8 +16,6 @@ import base64
 import html
 import http.server
 import json
-import os
-import shutil
 import socketserver
 import threading
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from typing import Any
 import nbformat
 import pytest
 
+from ..browser import chromium
 from ..conftest import settle, wait_until
 from ..test_cli import nbexec as run_cli
 
@@ -37,8 +36,6 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 PINNED = {"@jupyter-widgets/base": {"1.0.0", "1.1.0", "1.2.0", "2.0.0"},
           "@jupyter-widgets/controls": {"1.0.0", "1.1.0", "1.2.0", "1.4.0", "1.5.0", "2.0.0"},
           "@jupyter-widgets/output": {"1.0.0"}}
-CHROMIUM = "/usr/bin/chromium"
-DRIVER = "/usr/bin/chromedriver"
 PNG = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")).decode()
@@ -90,36 +87,14 @@ def recorder() -> Iterator[Recorder]:
         server.server_close()
 
 
-def _browser() -> Any:
-    missing = [path for path in (CHROMIUM, DRIVER) if not shutil.which(path)]
-    if missing:
-        pytest.fail(f"these tests need Debian's Chromium and its driver ({', '.join(missing)} missing): run "
-                    "scripts/setup.sh --test, or apt-get install chromium chromium-driver", pytrace=False)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--no-proxy-server", "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--disable-default-apps", "--no-first-run", "--disable-extensions",
-                     "--window-size=1100,1250",
-                     # Any name resolves nowhere: nothing leaves the machine, and an attempt still shows in the log.
-                     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    # The browser's profile and its sockets go to /tmp: under a long TMPDIR (the mutation runner's scratch copies)
-    # a socket address would overflow and Chromium would not start.
-    return webdriver.Chrome(options=options, service=Service(DRIVER, env={**os.environ, "TMPDIR": "/tmp"}))
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    driver = _browser()
-    try:
+    with chromium("--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-default-apps", "--no-first-run", "--disable-extensions", "--window-size=1100,1250",
+                  # Any name resolves nowhere: nothing leaves the machine, and an attempt still shows in the log.
+                  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                  logs=("performance", "browser")) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _requests(driver: Any) -> list[str]:
