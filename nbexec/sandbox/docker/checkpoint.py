@@ -4,8 +4,8 @@ What blocks a plain ``docker checkpoint``: gVisor cannot save a socket backed by
 ZeroMQ sockets are exactly that (ipc:// files made through runsc's ``--host-uds=create`` in /run/nbexec), and it
 cannot save a listening TCP socket of its own netstack either (ipykernel's IOPub pipe for forked children binds
 tcp://127.0.0.1). Both fail the checkpoint *and kill the container*. So the host first asks the kernel to let go:
-``_AGENT`` (run silently in the kernel, like the warm imports) starts a thread that, once the reply went out,
-unbinds the IOPub pipe and then the five ipc sockets, and waits for a wake file; the host drops its connections,
+`agent` (run silently in the kernel) starts a thread that, once the host says it has read the reply, unbinds the
+IOPub pipe and then the five ipc sockets, and waits for a wake file; the host drops its connections, says so,
 waits until the five socket files are gone, and checkpoints. Restored in a NEW container (a restored container
 cannot be checkpointed again: containerd's task gets stuck), the same thread sees the wake file and binds the same
 addresses again; the host reconnects with the key it kept. The agent runs on the sandbox's side, so it is trusted
@@ -46,7 +46,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
 
-from . import daemon, leftovers, pool
+from . import agent, daemon, leftovers, pool
 from .container import Sandbox
 from .options import KERNEL_PORTS, Place, connection_info, container_options
 from .workdir import claim_of
@@ -62,50 +62,6 @@ _CHUNK = 1 << 20
 _probed: dict[str, tuple[bool, float, str]] = {}  # runtime -> (the answer, when it was found, why not)
 _probe_lock = threading.Lock()
 PROBE_AGAIN = 900.0  # seconds after which a "no" is asked again (it may have met an engine restarting)
-
-# Runs in the kernel (see the module docstring). @WAKE@ is the file whose appearance means "restored".
-_AGENT = """
-def __nbexec_agent(wake):
-    import os, threading, time, zmq
-    from ipykernel.kernelapp import IPKernelApp
-    app = IPKernelApp.instance()
-    pipe = getattr(app.iopub_thread, '_pipe_in', None)
-    port = getattr(app.iopub_thread, '_pipe_port', None)
-    socks = [app.shell_socket, app.control_socket, app.iopub_thread.socket, app.stdin_socket, app.heartbeat.socket]
-    ends = [s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks]
-    blockers = []  # sockets gVisor cannot save: any TCP/UDP but the pipe's listener, unix ones on host mounts
-    for table in ('tcp', 'tcp6', 'udp', 'udp6'):
-        for line in open(f'/proc/net/{table}').read().splitlines()[1:]:
-            if not (table == 'tcp' and line.split()[1] == f'0100007F:{port or 0:04X}'):
-                blockers.append(table + ' ' + line.split()[1])
-    for line in open('/proc/net/unix').read().splitlines()[1:]:
-        path = line.split()[7] if len(line.split()) > 7 else ''
-        if path.startswith(('/mnt/', '/run/nbexec/')) and path[:-1] != '/run/nbexec/kernel-':
-            blockers.append('unix ' + path)
-    if blockers:
-        raise RuntimeError('nbexec-checkpoint-blocked: ' + ', '.join(blockers[:8]))
-    def run():
-        time.sleep(0.3)  # the reply to this cell goes out first
-        if pipe is not None and port:
-            pipe.socket.unbind(f'tcp://127.0.0.1:{port}')
-        for s, e in zip(socks, ends):
-            s.unbind(e)
-        while not os.path.exists(wake):
-            time.sleep(0.005)
-        fresh = __import__('json').load(open(wake))  # this sandbox's own key and ids, never the image's
-        app.session.session, app.session.key = fresh['session'], fresh['key'].encode()
-        __import__('random').seed()
-        if 'numpy' in __import__('sys').modules:
-            __import__('numpy').random.seed()
-        if pipe is not None and port:
-            pipe.socket.bind(f'tcp://127.0.0.1:{port}')
-        for s, e in zip(socks, ends):
-            s.bind(e)
-    threading.Thread(target=run, name='nbexec-checkpoint', daemon=True).start()
-__nbexec_agent(@WAKE@)
-del __nbexec_agent
-"""
-
 
 class Blocked(SandboxError):
     """The kernel holds sockets gVisor cannot save (a server of the code's on localhost...): nothing was done."""
@@ -123,7 +79,8 @@ def supported(config: SandboxConfig) -> bool:
                                    pool_size=0)
             if why := _probe(small) and _probe(small):
                 log.warning("sandboxes of runtime %s cannot keep memory through a stop: %s", key or "default", why)
-            known, _probed[key] = not why, (not why, time.monotonic(), why)
+            known = not why
+            _probed[key] = (known, time.monotonic(), why)
         return known
 
 
@@ -173,9 +130,9 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     """Quiesce the kernel, checkpoint the container into Docker's data root, copy it into ``folder`` privately,
     and remove the container (its working folder, /mnt/data with it, stays where it is)."""
     config = sandbox.config
-    wake = f"wake-{secrets.token_hex(8)}"
-    agent = _AGENT.replace("@WAKE@", repr(f"/run/nbexec/{wake}"))  # lets go of the sockets 0.3 s after its reply:
-    reply = sandbox.run_hidden(agent, config.startup_timeout, drain=False)  # a host that reads it late reads no more
+    wake, go = agent.names(secrets.token_hex(8))
+    code = agent.code(wake, go, patience=config.startup_timeout + 10)  # it outwaits the host's wait for its reply
+    reply = sandbox.run_hidden(code, config.startup_timeout, drain=False)  # nothing is read after the reply
     if reply is not None and str(reply.get("evalue", "")).startswith("nbexec-checkpoint-blocked"):
         raise Blocked(f"the sandbox holds sockets gVisor cannot save ({str(reply['evalue'])[27:200]})")
     if reply is None or reply.get("status") != "ok":
@@ -183,6 +140,7 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     if sandbox.client is not None:
         sandbox.client.close()
         sandbox.client = None
+    _say(sandbox.runtime_dir, go)  # the reply was read: the kernel may let go of its sockets
     _wait(lambda: not any(_answers(sandbox.runtime_dir / name) for name in _SOCKETS), config.startup_timeout,
           "the sandbox's kernel did not let go of its sockets")
     if sandbox.freezer is not None:
@@ -361,12 +319,21 @@ def _open_runtime(runtime_dir: Path, wake: str, content: bytes) -> None:
     try:
         for name in os.listdir(fd):
             os.unlink(name, dir_fd=fd)
-        out = os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=fd)
+    finally:
+        os.close(fd)
+    _say(runtime_dir, wake, content)
+    os.chmod(runtime_dir, 0o777)
+
+
+def _say(runtime_dir: Path, name: str, content: bytes = b"") -> None:
+    """Write the new file ``name`` (read-only) into the runtime folder, which the sandbox cannot write."""
+    fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=fd)
         with os.fdopen(out, "wb") as written:
             written.write(content)
     finally:
         os.close(fd)
-    os.chmod(runtime_dir, 0o777)
 
 
 def _answers(path: Path) -> bool:
