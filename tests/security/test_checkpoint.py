@@ -179,6 +179,29 @@ def test_a_kernel_whose_checkpoint_the_host_gave_up_on_runs_on_with_its_state(ru
     assert run(sandbox, "x += 1; print(x)") == "42\n", "the kernel let go of its sockets after its patience"
 
 
+@pytest.mark.parametrize("planted", ["file", "link", "dangling"])
+def test_a_name_planted_where_the_host_says_go_refuses_the_checkpoint(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                                      sandboxes: list[Sandbox], planted: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox that can write its runtime folder (nbexec not running as root) and learned the checkpoint's names
+    could plant the host's "go" first: a file, a link to a file, a link to nothing. The host neither follows it
+    (nothing made or changed where it points) nor fails with a bare OSError: the checkpoint is refused with
+    SandboxError, and the session then sleeps by replay."""
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    kept, absent = tmp_path / "kept", tmp_path / "absent"
+    kept.write_text("kept")
+    monkeypatch.setattr(checkpoint.secrets, "token_hex", lambda n: "0" * 2 * n)
+    name = sandbox.runtime_dir / "go-0000000000000000"
+    if planted == "file":
+        name.write_text("planted")
+    else:
+        name.symlink_to(kept if planted == "link" else absent)
+    with pytest.raises(SandboxError):  # a name that exists may make the kernel let go before it answers
+        checkpoint.checkpoint(sandbox, private_folder(tmp_path))
+    assert kept.read_text() == "kept" and not absent.exists()
+
+
 def containerd_copies() -> set[Path]:
     """containerd's ctrd-checkpoint* scratch folders, found on our own (its environment, seen through its root)."""
     found: set[Path] = set()

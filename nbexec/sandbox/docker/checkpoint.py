@@ -140,7 +140,10 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     if sandbox.client is not None:
         sandbox.client.close()
         sandbox.client = None
-    _say(sandbox.runtime_dir, go)  # the reply was read: the kernel may let go of its sockets
+    try:
+        _say(sandbox.runtime_dir, go)  # the reply was read: the kernel may let go of its sockets
+    except OSError as exc:  # a name already there: only a sandbox that could write the folder put it there
+        raise SandboxError(f"could not tell the kernel to let go in its runtime folder: {exc.strerror}") from exc
     _wait(lambda: not any(_answers(sandbox.runtime_dir / name) for name in _SOCKETS), config.startup_timeout,
           "the sandbox's kernel did not let go of its sockets")
     if sandbox.freezer is not None:
