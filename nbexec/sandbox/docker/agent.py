@@ -3,10 +3,11 @@
 Run silently in the kernel (like the warm imports) by `checkpoint.checkpoint`. It refuses, before anything
 changes, when the code holds sockets gVisor could not save (see `checkpoint`). Otherwise it starts a thread and
 returns; its reply is the host's answer. The thread lets go of the sockets only when the host says it has read that
-reply, by a file (``go``) the host makes in the runtime folder (the sandbox cannot write there): no timer, so
-neither a slow host nor a starved kernel loses the reply. A host that gave up never makes it, and after
-``patience`` seconds the thread ends and the kernel runs on with its sockets, as if nothing was asked. Restored,
-the thread waits for ``wake`` (its fresh key and session id) and binds the same addresses again.
+reply, by a file (``go``) the host makes in the runtime folder (which the sandbox cannot write when nbexec runs as
+root; a name it planted there refuses the checkpoint): no timer, so neither a slow host nor a starved kernel loses
+the reply. A host that gave up never makes it, and after ``patience`` seconds the thread ends and the kernel runs
+on with its sockets, as if nothing was asked. Restored, the thread waits for ``wake`` (its fresh key and session
+id) and binds the same addresses again.
 """
 
 from __future__ import annotations
