@@ -191,8 +191,9 @@ def test_a_name_planted_where_the_host_says_go_refuses_the_checkpoint(runsc: nbe
     sandboxes.append(sandbox)
     kept, absent = tmp_path / "kept", tmp_path / "absent"
     kept.write_text("kept")
-    monkeypatch.setattr(checkpoint.secrets, "token_hex", lambda n: "0" * 2 * n)
-    name = sandbox.runtime_dir / "go-0000000000000000"
+    names = checkpoint.agent.names
+    monkeypatch.setattr(checkpoint.agent, "names", lambda token: names("0" * 16))  # the names it learned
+    name = sandbox.runtime_dir / names("0" * 16)[1]
     if planted == "file":
         name.write_text("planted")
     else:
