@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from .conftest import IMAGE
@@ -98,12 +100,20 @@ def test_cleanup_removes_orphans(docker_ready: None, tmp_path: Path) -> None:
     from nbexec.sandbox.docker import daemon
 
     client = daemon.connect()
+    # A node name of its own: every other nbexec process here (each one sweeps dead owners' containers as it
+    # starts, and the tests run in parallel) counts the orphan as another node's and leaves it to this cleanup.
+    node = f"orphans-{os.urandom(4).hex()}"
     orphan = client.containers.create(IMAGE, command=["sleep", "60"], labels={
-        daemon.LABEL: "1", daemon.LABEL_OWNER: f"{daemon.owner().split(':')[0]}:999999999", daemon.LABEL_ROLE: "pool"})
-    done = nbexec("cleanup", cwd=tmp_path)
-    assert done.returncode == 0
-    assert orphan.name in done.stdout
-    assert not client.containers.list(all=True, sparse=True, filters={"id": orphan.id})
+        daemon.LABEL: "1", daemon.LABEL_NODE: node, daemon.LABEL_OWNER: f"{node}:999999999",
+        daemon.LABEL_ROLE: "pool"})
+    try:
+        done = nbexec("cleanup", cwd=tmp_path, env={"NBEXEC_NODE_NAME": node})
+        assert done.returncode == 0, done.stderr
+        assert orphan.name in done.stdout
+        assert not client.containers.list(all=True, sparse=True, filters={"id": orphan.id})
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            orphan.remove(force=True)
 
 
 def test_ctrl_c_leaves_nothing(docker_ready: None, tmp_path: Path) -> None:
