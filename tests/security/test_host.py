@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec.sandbox.docker import daemon
+from nbexec.sandbox.docker import daemon, pool
 
 from ..conftest import IMAGE
 
@@ -72,10 +72,15 @@ def shared_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPat
     tmp_path_factory.getbasetemp()  # pytest's own folder stays where it was
     base = Path(tempfile.mkdtemp(prefix="nbexec-host-test-", dir="/tmp"))
     base.chmod(0o1777)
+    previous = tempfile.tempdir
     monkeypatch.setattr(tempfile, "tempdir", str(base))
     try:
         yield base
     finally:
+        # Sandboxes are removed in the background, in folders under this one: let them finish here, and let what
+        # runs after (the leak ledger's checks) make its folders in the real temporary folder, not in this one.
+        pool.wait_for_teardown()
+        tempfile.tempdir = previous
         shutil.rmtree(base, ignore_errors=True)
 
 
