@@ -144,15 +144,15 @@ class KernelClient:
         while self.recv("iopub", 0.005) is not None or self.recv("shell", 0) is not None:
             pass
 
-    def run_silent(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                   drain: bool = True) -> dict[str, Any] | None:
+    def run_silent(self, code: str, timeout: float, *,
+                   expressions: dict[str, str] | None = None) -> dict[str, Any] | None:
         """Run ``code`` silently, outside the history (``expressions``: user_expressions evaluated after it); the
-        reply's content, or None after ``timeout`` seconds. The busy and idle it published are dropped (``drain``;
-        not when the code closes the kernel's sockets), so the next cell starts clean."""
+        reply's content, or None after ``timeout`` seconds. The busy and idle it published are dropped, so the
+        next cell starts clean."""
         msg_id = self.execute(code, silent=True, store_history=False, stop_on_error=False, expressions=expressions)
         reply = self.recv("shell", timeout, parent=msg_id)
         content = reply.content(MAX_CONTROL) if reply is not None else None
-        while drain and self.recv("iopub", 0.01) is not None:
+        while self.recv("iopub", 0.01) is not None:
             pass
         return content
 

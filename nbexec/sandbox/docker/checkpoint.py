@@ -132,7 +132,7 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
     config = sandbox.config
     wake, go = agent.names(secrets.token_hex(8))
     code = agent.code(wake, go, patience=config.startup_timeout + 10)  # it outwaits the host's wait for its reply
-    reply = sandbox.run_hidden(code, config.startup_timeout, drain=False)  # nothing is read after the reply
+    reply = sandbox.run_hidden(code, config.startup_timeout)
     if reply is not None and str(reply.get("evalue", "")).startswith("nbexec-checkpoint-blocked"):
         raise Blocked(f"the sandbox holds sockets gVisor cannot save ({str(reply['evalue'])[27:200]})")
     if reply is None or reply.get("status") != "ok":

@@ -272,11 +272,11 @@ class Sandbox(Sleeper):
             log.warning("warm imports failed in the sandbox: %.200r", reply.get("evalue"))
 
     def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                   drain: bool = True) -> dict[str, Any] | None:
+                   ) -> dict[str, Any] | None:
         """Run ``code`` outside the notebook (silent, no history): its execute_reply content, or None after
-        ``timeout`` seconds (the cell is then interrupted). ``drain``: see `KernelClient.run_silent`."""
+        ``timeout`` seconds (the cell is then interrupted)."""
         assert self.client is not None
-        reply = self.client.run_silent(code, timeout, expressions=expressions, drain=drain)
+        reply = self.client.run_silent(code, timeout, expressions=expressions)
         if reply is None:
             self.interrupt()
         return reply
