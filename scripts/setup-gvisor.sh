@@ -4,13 +4,13 @@
 # Idempotent; needs root. Existing keys of /etc/docker/daemon.json are kept; only runtimes.runsc is set (and
 # runtimes.crun with --crun), and "experimental": true, which `docker checkpoint` needs (durable sessions keep a
 # gVisor sandbox's memory through it: nbexec/sandbox/docker/checkpoint.py). The engine is reloaded with SIGHUP, which
-# keeps running containers running; but a reload does not turn experimental on: that takes an engine restart, which
-# this script does only with --restart (CI, which owns its engine); otherwise it says so, and hibernated sessions
-# replay instead. Afterwards `nbexec doctor --runtimes` starts a test container with each runtime.
+# keeps running containers running; but a reload does not add the checkpoint routes (`docker info` then says
+# ExperimentalBuild: true while the route answers 501): that takes an engine restart, which this script does only
+# with --restart (CI, which owns its engine); otherwise it says so, and hibernated sessions replay instead. Afterwards `nbexec doctor --runtimes` starts a test container with each runtime.
 #
 #   sudo scripts/setup-gvisor.sh             # runsc only
 #   sudo scripts/setup-gvisor.sh --crun      # also install crun and register it (it may still refuse some hosts)
-#   sudo scripts/setup-gvisor.sh --restart   # restart the engine when experimental is not on yet
+#   sudo scripts/setup-gvisor.sh --restart   # restart the engine when it cannot checkpoint yet
 set -euo pipefail
 
 DAEMON_JSON=${DAEMON_JSON:-/etc/docker/daemon.json}
@@ -102,7 +102,38 @@ if ! engine_matches; then
         exit 1
     fi
 fi
-if [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != true ]; then
+# Whether the running engine serves `docker checkpoint`, asked of the route itself. Never judged from `docker info`:
+# after a reload its ExperimentalBuild says true, but the engine adds the checkpoint routes only when it starts, and
+# answers 501 until a restart. 404 (no such container) means the route is there.
+engine_checkpoints() {
+    python3 - <<'PY'
+import http.client, os, socket, sys
+
+host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+class Unix(http.client.HTTPConnection):
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(10)
+        self.sock.connect(host[len("unix://"):])
+
+
+if host.startswith("unix://"):
+    conn = Unix("localhost", timeout=10)
+elif host.startswith("tcp://"):
+    conn = http.client.HTTPConnection(host[len("tcp://"):], timeout=10)
+else:
+    sys.exit(2)
+try:
+    conn.request("GET", "/containers/nbexec-checkpoint-route-probe/checkpoints")
+    status = conn.getresponse().status
+except OSError:
+    sys.exit(2)
+sys.exit(0 if status in (200, 404) else 1)
+PY
+}
+if ! engine_checkpoints; then
     if [ "$RESTART" = 1 ]; then
         if ! { systemctl restart docker 2>/dev/null || service docker restart 2>/dev/null; }; then
             # No init system (a container, or scripts/setup.sh started dockerd by hand): stop it, start it again.
@@ -112,15 +143,17 @@ if [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" != true ]; t
             nohup setsid dockerd >>/var/log/nbexec-dockerd.log 2>&1 &
         fi
         for _ in $(seq 1 120); do
-            [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = true ] && break
+            engine_checkpoints && break
             sleep 0.5
         done
-        [ "$(docker info --format '{{.ExperimentalBuild}}' 2>/dev/null)" = true ] || {
-            echo "setup-gvisor.sh: the engine did not come back with \"experimental\": true; see its log" >&2; exit 1; }
+        engine_checkpoints || {
+            echo "setup-gvisor.sh: the engine came back without its checkpoint routes (\"experimental\": true in" \
+                 "$DAEMON_JSON); see its log" >&2; exit 1; }
     else
-        echo "setup-gvisor.sh: $DAEMON_JSON sets \"experimental\": true, but the running engine took no restart:" \
-             "restart it (systemctl restart docker) so hibernated gVisor sessions keep their memory (until then they" \
-             "replay)" >&2
+        echo "setup-gvisor.sh: the running engine cannot checkpoint (its checkpoint route answers 501: $DAEMON_JSON" \
+             "sets \"experimental\": true, which the engine reads only when it starts): restart it (systemctl restart" \
+             "docker, or run this script with --restart) so hibernated gVisor sessions keep their memory (until then" \
+             "they replay)" >&2
     fi
 fi
 echo "Docker runtimes: $(docker info --format '{{range $name, $_ := .Runtimes}}{{$name}} {{end}}')"

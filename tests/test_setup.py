@@ -13,9 +13,11 @@ from __future__ import annotations
 import datetime
 import http.server
 import ipaddress
+import json
 import os
 import re
 import shutil
+import socketserver
 import ssl
 import subprocess
 import threading
@@ -159,3 +161,78 @@ def test_no_debootstrap_is_installed_when_a_base_image_is_there(docker_ready: No
     assert len(builds) == 1, made
     if not image.exists("python:3.12-slim"):  # built on the base that is there, made once before
         assert "--debootstrap" in builds[0].split()
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """A Docker engine right after a reload: `docker info` says ExperimentalBuild and lists the runtimes of
+    daemon.json, while the checkpoint route answers ``checkpoint_status`` (501 until a real restart)."""
+
+    checkpoint_status = 501
+    daemon_json = Path()
+
+    def _reply(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Api-Version", "1.45")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_HEAD(self) -> None:  # the name http.server calls (the CLI pings with HEAD)
+        self._reply(200, "OK")
+
+    def do_GET(self) -> None:  # the name http.server calls
+        if self.path.endswith("/_ping"):
+            self._reply(200, "OK")
+        elif self.path.endswith("/checkpoints"):
+            self._reply(self.checkpoint_status, {"message": "This experimental feature is disabled by default."})
+        elif self.path.endswith("/info"):
+            runtimes = json.loads(self.daemon_json.read_text()).get("runtimes", {})
+            self._reply(200, {"ExperimentalBuild": True, "Runtimes": runtimes})
+        else:
+            self._reply(404, {"message": "page not found"})
+
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's names
+        pass
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def get_request(self) -> tuple[Any, Any]:  # http.server wants a (host, port) client address
+        request, _ = super().get_request()
+        return request, ("local", 0)
+
+
+@pytest.mark.parametrize("route", [501, 404], ids=["reloaded-only", "restarted"])
+def test_gvisor_setup_asks_the_engine_whether_it_can_checkpoint(tmp_path: Path, route: int) -> None:
+    """After a reload the engine says ExperimentalBuild yet has no checkpoint route: setup-gvisor.sh must ask
+    the route (501: say to restart), never trust `docker info`. Run against a fake engine on a socket of the test's
+    own, with a stand-in runsc on PATH, so nothing is installed and the machine's engine is never touched."""
+    if os.geteuid() != 0:
+        pytest.skip("setup-gvisor.sh runs as root only")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "runsc").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "runsc").chmod(0o755)
+    daemon_json = tmp_path / "daemon.json"
+    handler = type("Engine", (_Engine,), {"checkpoint_status": route, "daemon_json": daemon_json})
+    server = _UnixServer(str(tmp_path / "docker.sock"), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DAEMON_JSON": str(daemon_json),
+               "DOCKER_HOST": f"unix://{tmp_path / 'docker.sock'}"}
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "setup-gvisor.sh")], env=env, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(daemon_json.read_text())["experimental"] is True
+    if route == 501:
+        assert "cannot checkpoint" in done.stderr and "--restart" in done.stderr, done.stderr
+    else:
+        assert "cannot checkpoint" not in done.stderr, done.stderr

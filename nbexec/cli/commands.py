@@ -53,6 +53,7 @@ def doctor() -> None:
         click.echo(f"FAIL {exc}")
     problems += _check_kernels(config)
     problems += _check_runtimes(config)
+    _check_checkpoints()
     _check_sandbox_uid(config)
     click.echo(f"warn {datafs.fallback_reason()}" if datafs.fallback_reason() else
                "ok   /mnt/data is a filesystem of its own per sandbox (max_data bytes, max_files inodes)")
@@ -96,6 +97,18 @@ def _check_runtimes(config: SandboxConfig) -> int:
         click.echo(f"{'FAIL' if found.name == configured else 'WARN'} {what}{mark} does not work here: "
                    f"{found.reason}")
     return problems
+
+
+def _check_checkpoints() -> None:
+    """Say whether the engine serves checkpoints, which hibernated gVisor sessions need to keep their memory."""
+    try:
+        why = daemon.checkpoint_refusal()
+    except NbexecError as exc:
+        why = str(exc)
+    if why:
+        click.echo(f"WARN checkpoints: {why}. Until then hibernated sessions replay their cells.")
+    else:
+        click.echo("ok   checkpoints: the engine serves `docker checkpoint` (gVisor sessions keep memory asleep)")
 
 
 def _check_disk(config: SandboxConfig) -> int:

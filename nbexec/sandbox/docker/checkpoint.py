@@ -77,7 +77,7 @@ def supported(config: SandboxConfig) -> bool:
         if not known and time.monotonic() - when >= PROBE_AGAIN:  # a "yes" is kept for good
             small = config.replace(memory="256m", max_data="16m", network=False, input_dir=None, warm_imports=(),
                                    pool_size=0)
-            if why := _probe(small) and _probe(small):
+            if why := daemon.checkpoint_refusal() or (_probe(small) and _probe(small)):
                 log.warning("sandboxes of runtime %s cannot keep memory through a stop: %s", key or "default", why)
             known = not why
             _probed[key] = (known, time.monotonic(), why)

@@ -162,6 +162,23 @@ def root_dir() -> Path:
     return _root
 
 
+def checkpoint_refusal(client: docker.DockerClient | None = None) -> str:
+    """Why this engine serves no ``docker checkpoint`` ("" when it does), asked of the route itself.
+
+    Never judged from ``docker info``: after a reload its ExperimentalBuild says true, but the engine adds the
+    checkpoint routes only when it starts and answers 501 until a restart. A 404 (no such container) means the
+    route is there."""
+    client = client or connect()
+    with translated("ask the Docker engine whether it can checkpoint"):
+        url = client.api._url("/containers/{0}/checkpoints", "nbexec-checkpoint-route-probe")
+        status = client.api._get(url).status_code
+    if status in (200, 404):
+        return ""
+    return (f"the engine's checkpoint route answers {status} (\"experimental\": true in daemon.json is read only "
+            "when the engine starts): restart the engine (`sudo systemctl restart docker`, or "
+            "`sudo scripts/setup-gvisor.sh --restart`)")
+
+
 def require_image(client: docker.DockerClient, image: str) -> None:
     """Raise ImageNotFoundError with the build command when ``image`` is not present."""
     with translated(f"look up image {image}"):
