@@ -2,6 +2,7 @@
 
     NbexecError
     ├── ConfigError              a bad option or environment variable
+    │   └── CellTooLargeError        a cell over the size one cell may have; refused before a sandbox starts (413)
     ├── NotebookError            input that is not a runnable notebook (missing, not UTF-8, invalid JSON)
     ├── DockerError              the Docker engine failed or could not be reached
     │   ├── DockerUnavailableError   no engine answers
@@ -15,6 +16,7 @@
     │   ├── SessionLimitError        too many live sessions
     │   ├── SessionNotFoundError     no session with that id
     │   ├── SessionLostError         the node that held the session died or restarted (HTTP 410)
+    │   ├── SessionPendingError      a restarted node is still finding the kept session again (HTTP 503)
     │   └── SnapshotError            a snapshot that is not yours, not there, tampered with, or over its caps
     ├── NodeError                a remote node (NBEXEC_NODES) failed
     │   ├── NodeUnavailableError     no node could be reached; nothing ran
@@ -36,6 +38,11 @@ class NbexecError(Exception):
 
 class ConfigError(NbexecError, ValueError):
     """An option or environment variable has a bad value."""
+
+
+class CellTooLargeError(ConfigError):
+    """A cell is larger than one cell may be (the kernel echoes it back, within the frame limit): refused before
+    a sandbox starts. Its message is for the caller (an HTTP 413, a tool error)."""
 
 
 class NotOfferedError(ConfigError):
@@ -102,6 +109,15 @@ class SessionNotFoundError(SessionError, KeyError):
 class SessionLostError(SessionError):
     """The node that held the session died, restarted or cannot be reached: its kernel state is gone (files
     already downloaded stay). Start a new session."""
+
+
+class SessionPendingError(SessionError):
+    """A restarted process is still finding this kept session again (`nbexec.engine.adoption`): retry after
+    ``retry_after`` seconds, by which it is found or lost."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class SnapshotError(SessionError):

@@ -3,6 +3,7 @@
 # for what it installs with apt and to start the engine.
 #
 #   scripts/setup.sh          # run code: Docker engine, python3-venv, .venv with nbexec, the runtime image
+#   scripts/setup.sh --test --python   # only .venv with the test and lint extras: lint and the fast tier
 #   scripts/setup.sh --test   # the above, plus what the tests need: nbexec's test and lint extras in .venv,
 #                             # Node.js and npm, Azurite + TypeScript in .tools/ (scripts/test-tools/), and
 #                             # Chromium with its driver for the playground's browser test, and the kernels
@@ -19,6 +20,7 @@
 set -euo pipefail
 
 WITH_TESTS=0
+PYTHON_ONLY=0
 STEP=""  # the step running now: named when it fails
 
 log() { printf '\n== %s\n' "$*" >&2; }
@@ -178,13 +180,18 @@ main() {
     for arg in "$@"; do
         case "$arg" in
             --test) WITH_TESTS=1 ;;
-            -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-            *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
+            --python) PYTHON_ONLY=1 ;;
+            -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+            *) echo "setup.sh: unknown argument $arg (use --test, --python or nothing)" >&2; exit 2 ;;
         esac
     done
     cd "$(dirname "$0")/.."
     trap on_exit EXIT
     step "installing the base packages (apt)" ensure_base_packages
+    if [ "$PYTHON_ONLY" = 1 ]; then
+        step "installing nbexec into .venv" ensure_venv
+        return
+    fi
     step "starting the Docker engine" ensure_docker
     step "installing nbexec into .venv" ensure_venv
     step "finding a Python the package resolver's user can run" ensure_resolver_python

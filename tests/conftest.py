@@ -49,9 +49,31 @@ T = TypeVar("T")
 LONG_LIVED_CHILDREN: set[int] = set()  # child processes a session fixture keeps (Azurite), not leaks
 
 
+# Tiers come from what a test needs, read off its fixtures (scripts/test.sh names the commands). A test that uses
+# the engine without a fixture says so with `pytest.mark.usefixtures("docker_ready")`. The fast tier runs with the
+# engine unreachable, so a test that forgets fails there instead of passing by luck.
+_DOCKER_FIXTURES = frozenset({"docker_ready"})
+_TOOL_FIXTURES = frozenset({"azurite", "browser"})  # Node's Azurite, Debian's Chromium: installed after the fast tier
+
+
+def _tier(item: pytest.Item) -> str | None:
+    names = set(getattr(item, "fixturenames", ()))
+    if names & _DOCKER_FIXTURES:
+        return "docker"
+    callspec = getattr(item, "callspec", None)
+    # A store parametrized by kind asks for Azurite by name at run time (request.getfixturevalue).
+    if names & _TOOL_FIXTURES or (callspec is not None and "azure" in map(str, callspec.params.values())):
+        return "tools"
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that take minutes run first: spread over processes (scripts/test.sh), the rest fills around them
-    instead of one process ending the run alone with them."""
+    """Mark each test with the tier it needs; then the tests that take minutes run first: spread over processes
+    (scripts/test.sh), the rest fills around them instead of one process ending the run alone with them."""
+    for item in items:
+        tier = _tier(item)
+        if tier:
+            item.add_marker(tier)
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

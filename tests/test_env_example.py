@@ -102,6 +102,7 @@ def _cli(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProc
                           timeout=120, check=False)
 
 
+@pytest.mark.usefixtures("docker_ready")  # doctor prints the policy once the engine answers
 def test_cli_reads_env_file_of_the_current_folder(tmp_path: Path) -> None:
     """`.env` of the folder nbexec runs in sets the policy `nbexec doctor` prints; the real environment wins."""
     (tmp_path / ".env").write_text("NBEXEC_MEMORY=777m\nNBEXEC_CPUS=0.5\n", encoding="utf-8")

@@ -116,8 +116,8 @@ def test_parameters_in_r_syntax() -> None:
 def test_parameters_in_bash_syntax() -> None:
     source = assignments.render(languages.get("bash"), {"n": 3, "s": "it's $HOME; rm -rf /", "b": True,
                                                         "l": ["a b", 2], "e": None})
-    assert source.splitlines() == ["# Parameters", "n=3", "s='it'\"'\"'s $HOME; rm -rf /'", "b=true",
-                                   "l=('a b' 2)", "e=''"]
+    assert source.splitlines() == ["# Parameters", "n='3'", "printf -v s %b 'it\\x27s \\x24HOME\\x3b rm -rf /'",
+                                   "b='true'", "l=('a b' '2')", "e=''"]
 
 
 def test_parameters_in_typescript_follow_the_parameters_cells_keyword() -> None:

@@ -197,7 +197,8 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
     settle(lambda: not owned_by(servers[0]) and not own_workdirs(servers[0]), 10)
     assert owned_by(servers[0]) == [], "the MCP server left its session container behind"
     assert own_workdirs(servers[0]) == [], "the MCP server left its working folders behind"
-    assert out["tools"] == ["execute_python", "shell", "upload_file", "snapshot_session", "restore_session"]
+    assert out["tools"] == ["execute_python", "shell", "upload_file", "snapshot_session", "list_snapshots",
+                            "delete_snapshot", "restore_session"]
     assert out["schema"] == tools.json_schema()  # the same arguments model as the OpenAI and Anthropic tools
     assert not out["first"].is_error and not out["second"].is_error
     assert out["error"].is_error  # the code raised: the client is told, not only the text

@@ -45,6 +45,7 @@ def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.long
+@pytest.mark.mutants  # minutes of CPU: after the fast tier, with the Docker tier
 @pytest.mark.timeout(2400)  # the suite's 600 s is a cell's worth; this is the whole tier (about 7 minutes here)
 def test_a_fixed_sample_of_mutants_is_caught_or_explained() -> None:
     done = run("--tier", "ci", timeout=2400)

@@ -3,7 +3,9 @@ through `toolcall` (real sandboxes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 
 from pydantic import TypeAdapter
 
@@ -94,3 +96,16 @@ def test_anthropics_bash_tool_is_served_with_restart(config: nbexec.SandboxConfi
         assert failed["is_error"] and "Exit code 1" in failed["content"][0]["text"]
     finally:
         manager.close_all()
+
+
+def test_the_models_timeout_only_shortens_the_operators(config: nbexec.SandboxConfig) -> None:
+    """Attack (#36): a hosted-shell call asks for 12 s under the operator's 5 s limit; the operator's limit wins."""
+    operator = dataclasses.replace(config, timeout=5)
+    with Session(operator) as session:
+        session.run("1")  # the sandbox is up: the wall time below is the command's
+        started = time.monotonic()
+        reply = handle_openai_shell_call({"call_id": "c", "action": {"commands": ["sleep 12; echo finished"],
+                                                                      "timeout_ms": 12000}}, session=session)
+        took = time.monotonic() - started
+    assert reply["output"][0]["outcome"] == {"type": "timeout"}
+    assert "finished" not in reply["output"][0]["stdout"] and took < 11, took

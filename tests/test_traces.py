@@ -17,6 +17,7 @@ import nbformat
 import pytest
 
 import nbexec
+from nbexec.engine import traces
 
 from . import cluster
 from .conftest import IMAGE, wait_until
@@ -95,9 +96,9 @@ def test_one_execution_is_one_tree(spans: InMemorySpanExporter, cleanup_ledger: 
                                 "nbexec.upload"]
     assert {k: len(v) for k, v in children.items()}["nbexec.cell"] == 2
     attributes = dict(root.attributes or {})
-    assert attributes == {"nbexec.session_id": attributes["nbexec.session_id"], "nbexec.image": IMAGE,
-                          "nbexec.runtime": "default", "nbexec.execution_id": result.execution_id, "nbexec.ok": True,
-                          "nbexec.node": "", "nbexec.error_kind": ""}
+    assert attributes == {"nbexec.session_hash": attributes["nbexec.session_hash"], "nbexec.image": IMAGE,
+                          "nbexec.runtime": "default", "nbexec.execution_hash": traces.pseudonym(result.execution_id),
+                          "nbexec.ok": True, "nbexec.node": "", "nbexec.error_kind": ""}
     assert root.status.status_code == trace.StatusCode.UNSET
     cells = [dict(c.attributes or {}) for c in children["nbexec.cell"]]
     assert cells == [{"nbexec.cell.index": 1, "nbexec.cell.status": "ok"},
@@ -140,7 +141,7 @@ def test_a_session_acquires_once(spans: InMemorySpanExporter, cleanup_ledger: No
     _, before = _tree(first)
     root, after = _tree(spans.get_finished_spans())
     assert "nbexec.acquire" in before and "nbexec.acquire" not in after
-    assert dict(root.attributes or {})["nbexec.execution_id"] == second.execution_id
+    assert dict(root.attributes or {})["nbexec.execution_hash"] == traces.pseudonym(second.execution_id)
     assert dict(before["nbexec.acquire"][0].attributes or {}) == {"nbexec.purpose": "session"}
 
 
@@ -157,9 +158,30 @@ def test_a_session_started_before_its_runs_acquires_in_a_trace_of_its_own(spans:
     assert [(s.name, s.parent) for s in acquired] == [("nbexec.acquire", None)], [s.name for s in acquired]
     assert dict(acquired[0].attributes or {}) == {"nbexec.purpose": "session"}
     root, children = _tree(ran)
-    assert "nbexec.acquire" not in children and dict(root.attributes or {})["nbexec.execution_id"] == (
-        result.execution_id)
+    assert "nbexec.acquire" not in children and dict(root.attributes or {})["nbexec.execution_hash"] == (
+        traces.pseudonym(result.execution_id))
     assert root.context.trace_id != acquired[0].context.trace_id
+
+
+def test_no_span_carries_a_session_or_execution_id(spans: InMemorySpanExporter, cleanup_ledger: None) -> None:
+    """Attack (#36): ids in clear let whoever reads the traces name (and, over the API, reach for) a session; spans
+    carry a keyed hash of each instead, the same for one session's runs so they still correlate."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60)
+    session = nbexec.Session(config)
+    try:
+        first = session.run("x = 1")
+        second = session.run("print(x)")
+    finally:
+        session.close()
+    found = spans.get_finished_spans()
+    ids = (session.id, first.execution_id, second.execution_id)
+    for item in found:
+        text = item.name + json.dumps(dict(item.attributes or {}))
+        assert not [i for i in ids if i in text], f"an id in clear in span {item.name}: {text}"
+    roots = [dict(s.attributes or {}) for s in found if s.parent is None and s.name == "nbexec.execute"]
+    assert [r["nbexec.session_hash"] for r in roots] == [traces.pseudonym(session.id)] * 2
+    assert [r["nbexec.execution_hash"] for r in roots] == [traces.pseudonym(first.execution_id),
+                                                           traces.pseudonym(second.execution_id)]
 
 
 def test_a_remote_run_gives_the_library_side_spans(spans: InMemorySpanExporter, docker_ready: None,

@@ -5,8 +5,10 @@ plain-http connection carries exactly one request. Its head is rebuilt for the u
 no hop-by-hop header (nor any header ``Connection`` names), one framing header nbexec writes itself and
 ``Connection: close``. Its body is framed by what the head declares (`Length` or `Chunked`), and nothing the
 sandbox sends after that body is passed on: a pipelined second request, whatever its ``Host``, never reaches an
-upstream. Heads that could be read two ways are refused: a bare CR or LF, a control character in a header,
-``Transfer-Encoding`` together with ``Content-Length``, a coding other than ``chunked``, two lengths.
+upstream. ``CONNECT`` to port 80 is refused: a tunnel there would carry plain requests with any ``Host``, unread
+(a rule opening another plain-http port, such as ``host:8080``, opens it to tunnels as well). Heads that could be
+read two ways are refused: a bare CR or LF, a control character in a header, ``Transfer-Encoding`` together with
+``Content-Length``, a coding other than ``chunked``, two lengths.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ _VALUE = re.compile(rb"[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*")  # CR and LF are ref
 _SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[\x20-\x7e\t]*)?")  # chunk-size [ chunk-ext ]
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
+PLAIN_PORTS = frozenset({80})  # plain http's port: no tunnel to it (a tunnel's requests are never read)
 
 
 class Body(Protocol):
@@ -145,6 +148,9 @@ def parse(head: bytes) -> Request | str:
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         if not host or not digits.isdigit() or not 0 < int(digits) < 65536:
             return "CONNECT needs host:port"
+        if int(digits) in PLAIN_PORTS:
+            return (f"CONNECT to port {int(digits)} is refused: it speaks plain http, which goes through this proxy "
+                    "as http:// requests, each judged; a tunnel would carry any request unjudged")
         return Request(method, host, int(digits))
     return _absolute(method, target, parts[2], lines[1:])
 

@@ -18,16 +18,19 @@ from typing import Any
 from nbformat import NotebookNode, from_dict
 
 from nbexec.config import SandboxConfig
-from nbexec.errors import ProtocolError
+from nbexec.errors import ConfigError, ProtocolError
 from nbexec.notebook import outputs
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.messages import Message
 
-from . import widgets
+from . import cellsize, widgets
 
 OutputCallback = Callable[[int, NotebookNode], None]
 Displays = dict[str, list[NotebookNode]]  # display id -> the outputs that show it (update_display_data)
 MAX_ERROR = 1024 * 1024  # bytes of an error's name + value + traceback kept; the rest is trimmed with a marker
+# Bytes of a session's notebook besides outputs (code, cell and notebook metadata): with `keep_recent`, the notebook
+# stays within 2 x (max_output + max_display) + 8 MiB at every run, and so does its durable record.
+CODE_ALLOWANCE = 6 * 1024**2
 
 
 @dataclass
@@ -304,6 +307,29 @@ def _described(run: Execution) -> dict[str, Any]:
 def tags(cell: NotebookNode) -> list[str]:
     tags = cell.get("metadata", {}).get("tags", [])
     return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
+def admit(config: SandboxConfig, kept: NotebookNode, new: NotebookNode, one_shot: bool = False) -> None:
+    """ConfigError, before anything runs, for a cell of ``new`` too large to run (`cellsize.check`), or when running
+    ``new`` in a session whose notebook is ``kept`` would take the notebook past `CODE_ALLOWANCE` bytes besides
+    outputs (a one-shot run is one run: not checked)."""
+    cellsize.check(config, new)
+    if one_shot:
+        return
+    used = sum(_without_outputs(nb) for nb in (kept, new) if nb.cells or nb is new)
+    if used > CODE_ALLOWANCE:
+        raise ConfigError(
+            f"this session's notebook would hold {used:,} bytes of code and metadata with this run, past the "
+            f"{CODE_ALLOWANCE:,}-byte code allowance of a session (its outputs are trimmed, its code is kept for "
+            "replay). Start a new session, and pass large data as a file rather than in the code.")
+
+
+def _without_outputs(nb: NotebookNode) -> int:
+    """Bytes of ``nb``'s JSON besides its outputs: its metadata and each cell's source and metadata."""
+    size = len(json.dumps(nb.get("metadata", {}), ensure_ascii=False).encode())
+    for cell in nb.cells:
+        size += len(json.dumps({k: v for k, v in cell.items() if k != "outputs"}, ensure_ascii=False).encode())
+    return size
 
 
 def keep_recent(nb: NotebookNode, current: int, limit: int, displays: Displays) -> str | None:

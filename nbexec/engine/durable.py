@@ -9,6 +9,10 @@ holder is dead past the grace period).
 
 `load` reads a record back for `Session.resume`: sized before it is parsed, the config rebuilt through its own
 checks, the notebook re-validated; nothing the sandbox wrote is trusted by being in the record.
+
+A session whose adoption failed is marked lost (``<id>.lost``: its owner and why, the record removed): a later
+start answers it as lost at once and never tries it again. `under` is the config a kept session resumes in: the
+policy the process runs with now, never the one the record was written with.
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ from nbformat import NotebookNode
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError, NbexecError, SessionNotFoundError
+from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionLostError, SessionNotFoundError
 from nbexec.files import statefolder
 from nbexec.files.statefolder import StateFolder
 
 SUFFIX = ".session"
+LOST = ".lost"
 VERSION = 1
+# What a running sandbox was made with and cannot change: a kept session whose policy changed these is lost.
+# Limits (memory, cpus, pids), egress rules, packages, time and output caps come from today's policy.
+MADE_WITH = ("image", "language", "user", "env", "runtime", "tmp_size", "input_dir", "link_input", "max_data")
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,16 @@ def ids(folder: StateFolder) -> list[str]:
 
 
 def load(folder: StateFolder, session_id: str) -> Record:
-    """The record of ``session_id`` (SessionNotFoundError when there is none or it cannot be read back)."""
+    """The record of ``session_id`` (SessionNotFoundError when there is none or it cannot be read back;
+    SessionLostError naming the record and its size when it is too large to read)."""
     if not statefolder.valid_name(session_id + SUFFIX):
         raise SessionNotFoundError(f"no session with id {session_id!r}")
     raw = folder.read(session_id + SUFFIX)
+    size = folder.size(session_id + SUFFIX) if raw is None else None
+    if size is not None and size > statefolder.MAX_RECORD:  # kept, but too large to read: say so, never "no session"
+        raise SessionLostError(f"the record {session_id + SUFFIX} in {folder.path} is {size:,} bytes, past the "
+                               f"{statefolder.MAX_RECORD:,}-byte limit of a session record: it is not read back. "
+                               "Remove it and start a new session.")
     if raw is None:
         raise SessionNotFoundError(f"no session with id {session_id!r} in the state folder {folder.path}")
     try:
@@ -135,6 +149,53 @@ def _dict(value: Any) -> dict[str, Any]:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value.startswith("/") else None
+
+
+def under(policy: SandboxConfig, kept: SandboxConfig) -> SandboxConfig:
+    """The config a kept session resumes in: ``policy`` as it is now, with the session's image and language while
+    the policy still offers them. NotOfferedError, naming what changed, when its sandbox needs what the policy
+    no longer gives (a language, an image, a network, anything in MADE_WITH)."""
+    try:
+        config = policy.choose_image(None if kept.image == policy.image else kept.image).offer_language(kept.language)
+    except ConfigError as exc:
+        raise NotOfferedError(f"its image or language is not offered here any more: {exc}") from None
+    changed = [name for name in MADE_WITH if getattr(config, name) != getattr(kept, name)]
+    if kept.language != "python" and config.kernels_image != kept.kernels_image:
+        changed.append("kernels_image")
+    if config.network != kept.network and not (config.network is False and kept.network == "allowlist"):
+        changed.append("network")  # allowlist to off is kept: no proxy is opened, the sandbox has no interface
+    if changed:
+        raise NotOfferedError(f"its sandbox was made under a policy this node no longer runs "
+                              f"({', '.join(changed)} changed); start a new session")
+    return config
+
+
+def mark_lost(folder: StateFolder, session_id: str, owner: str, reason: str,
+              leftover: dict[str, Any] | None = None) -> None:
+    """Keep that ``session_id`` is lost and why (for its owner), and remove its record: never tried again.
+    ``leftover``: the sandbox's record while it is not removed yet (a next start removes it, never adopts it)."""
+    body = {"owner": owner, "reason": reason[:2000], "leftover": leftover or {}}
+    folder.write(session_id + LOST, json.dumps(body).encode())
+    forget(folder, session_id)
+
+
+def lost(folder: StateFolder) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """The sessions marked lost: id -> (owner, why, the leftover sandbox's record or {})."""
+    found: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    for name in folder.names(LOST):
+        try:
+            body = json.loads(folder.read(name, limit=64 * 1024) or b"")
+            leftover = body.get("leftover")
+            found[name[: -len(LOST)]] = (str(body["owner"]), str(body["reason"]),
+                                         leftover if isinstance(leftover, dict) else {})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            folder.remove(name)  # unreadable: nothing to answer with
+    return found
+
+
+def forget_lost(folder: StateFolder, session_id: str) -> None:
+    if statefolder.valid_name(session_id + LOST):
+        folder.remove(session_id + LOST)
 
 
 def hold(state_dir: str | Path) -> StateFolder:

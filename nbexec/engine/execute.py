@@ -14,7 +14,7 @@ from nbexec.files import inputs
 from nbexec.result import ExecutionResult
 from nbexec.stores.storage import ArtifactStore
 
-from . import sources, traces
+from . import cellsize, sources, traces
 from .cells import OutputCallback
 from .session import Session
 
@@ -45,6 +45,7 @@ def execute_notebook(source: Any, *, config: SandboxConfig | None = None,
     config = (config or from_env()).replace(**overrides)
     nb = notebook.coerce(source, overrides.get("language"), default=config.language)
     config = config.replace(language=notebook.language_of(nb).name)
+    cellsize.check(config, nb)  # before the sandbox starts
     if mount_folder and isinstance(source, os.PathLike) and sources.for_config(config).mounts_host_folders:
         config = inputs.with_folder(config, Path(source))
     session = Session(config, output_dir=None if output_dir is None else os.fspath(output_dir), ttl=None,

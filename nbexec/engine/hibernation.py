@@ -13,7 +13,9 @@ a checkpoint that could not be restored (then replayed: files the checkpoint hel
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -27,6 +29,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionLostError
 from nbexec.files.folders import work_root
 from nbexec.files.statefolder import StateFolder
+from nbexec.result import CellError
 from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 
@@ -34,30 +37,59 @@ from . import snapshotblobs, snapshots
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound="Hibernation")
+_NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole time limit, so no cell ran. Ask for "
+                 "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
+_WAKE_TOOK_ALL = ("Waking the session from its sleep (starting its kernel and replaying its cells) used the "
+                  "execution's whole time limit, so no cell ran; the notes name the cells not replayed (what they "
+                  "made is missing). Raise the limit (--timeout / NBEXEC_TIMEOUT) for a session that replays slowly.")
 
 
-def replay(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig) -> list[str]:
-    """Run the executed code cells of ``nb`` again in order (silently, outside the history); notes on each cell
-    that ended otherwise than it first did. A cell gets the execution's time limit; one that overruns stops the
-    replay (the cells after it are not run: named)."""
+def replay(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, deadline: float,
+           stop: threading.Event) -> tuple[list[str], str]:
+    """Run the executed code cells of ``nb`` again in order (silently, outside the history). The cells share one
+    budget, what is left before ``deadline`` (a run's own limit); past it, or once ``stop`` is set (an interrupt,
+    close), the replay ends there and the cells not replayed are named. Notes on each cell that ended otherwise
+    than it first did, and how the replay ended: "", "timeout" or "interrupted"."""
+    done = threading.Event()
+    threading.Thread(target=_interrupting, args=(sandbox, stop, done), name="nbexec-replay-stop", daemon=True).start()
+    try:
+        return _replay_cells(sandbox, nb, config, deadline, stop)
+    finally:
+        done.set()
+
+
+def _interrupting(sandbox: SandboxHandle, stop: threading.Event, done: threading.Event) -> None:
+    """Once ``stop`` is set, interrupt the replayed cell every half second until the replay is done: an interrupt
+    that reached the kernel just before its cell began is not lost."""
+    while not done.is_set():
+        if stop.wait(0.2) and not done.wait(0.5):
+            with contextlib.suppress(NbexecError):
+                sandbox.interrupt()
+
+
+def _replay_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, deadline: float,
+                  stop: threading.Event) -> tuple[list[str], str]:
     notes: list[str] = []
     executed = [(i, c) for i, c in enumerate(nb.cells)
                 if c.get("cell_type") == "code" and c.get("execution_count") is not None]
     for position, (index, cell) in enumerate(executed):
         failed_before = any(o.get("output_type") == "error" for o in cell.get("outputs", []))
-        reply = sandbox.run_hidden(str(cell.get("source", "")), config.cell_timeout or config.timeout)
-        if reply is None:
-            left = [str(i) for i, _ in executed[position + 1:]]
-            notes.append(f"replaying cell {index} did not finish within its time limit; "
-                         + (f"cells {', '.join(left)} were not replayed" if left else "it was the last one"))
-            break
+        left = min(deadline - time.monotonic(), config.cell_timeout or math.inf)
+        reply = sandbox.run_hidden(str(cell.get("source", "")), left) if left > 0 and not stop.is_set() else None
+        if reply is None or stop.is_set():  # a cell past its own cell_timeout ends the replay, not the run
+            ended = "interrupted" if stop.is_set() else "timeout" if deadline - time.monotonic() < 0.1 else ""
+            why = {"interrupted": "was interrupted", "timeout": "ran out of the run's time limit",
+                   "": "stopped: the cell ran past its cell time limit"}[ended]
+            notes.append(f"the replay {why} at cell {index}: cells "
+                         f"{', '.join(str(i) for i, _ in executed[position:])} were not (fully) replayed")
+            return notes, ended
         failed_now = reply.get("status") != "ok"
         if failed_now and not failed_before:
             notes.append(f"replaying cell {index} raised {str(reply.get('ename'))[:100]}: "
                          f"{str(reply.get('evalue'))[:300]} (it had succeeded): what it made is missing")
         elif failed_before and not failed_now:
             notes.append(f"replaying cell {index} succeeded (it had failed): the state may differ")
-    return notes
+    return notes, ""
 
 
 class Hibernation:
@@ -76,6 +108,8 @@ class Hibernation:
     _memory: dict[str, Any] | None  # the source's record of the kept memory (checkpoint)
     _memory_dir: Path | None
     _woke: tuple[str, tuple[str, ...]] | None  # (how, notes) for the next run's result
+    _stopping: threading.Event | None = None  # set while a wake or restore replays: an interrupt or close sets it
+    _wake_ended: str | None = None  # how this run's wake ended: None (no wake), "", "timeout" or "interrupted"
 
     @property
     def config(self) -> SandboxConfig:
@@ -88,6 +122,9 @@ class Hibernation:
         raise NotImplementedError
 
     def _hold(self) -> str:
+        raise NotImplementedError
+
+    def _check_usable(self) -> None:
         raise NotImplementedError
 
     def hibernate(self, *, idle_for: float = 0.0) -> bool:
@@ -126,12 +163,15 @@ class Hibernation:
                                                          dir=work_root()))
         return self._memory_dir
 
-    def wake_if_asleep(self) -> None:
-        """Wake a sleeping session before a call uses it (the caller holds the lock)."""
+    def wake_if_asleep(self, deadline: float | None = None) -> None:
+        """Wake a sleeping session before a call uses it (the caller holds the lock), by ``deadline`` (a run's;
+        else the config's time limit from now): its replay has what is left, as one budget."""
         how = self._asleep
         if how is None:
             return
         started, notes = time.monotonic(), []
+        deadline = started + self.config.timeout if deadline is None else deadline
+        self._stopping = threading.Event()  # before the sandbox starts: an interrupt meanwhile stops the replay
         try:
             if how == "checkpoint":
                 assert self._memory is not None and self._memory_dir is not None
@@ -147,17 +187,81 @@ class Hibernation:
                 self._sandbox.awake()
             assert self._sandbox is not None
             if how == "replay":
-                notes += replay(self._sandbox, self.notebook, self.config)
+                notes += self._replay(deadline)
         except NbexecError as exc:
             self._dead_reason = f"it could not wake from its sleep: {exc}"
             self._asleep = None
             raise SessionLostError(f"Session {self.id} {self._dead_reason}") from exc
+        finally:
+            self._stopping = None
         self._asleep, self._memory = None, None
         self.forget_memory()
         notes.insert(0, f"the session was asleep; its memory came back by {how} in "
                         f"{time.monotonic() - started:.2f} s")
         self._woke = (how, tuple(notes))
         self._keep("ready")
+
+    def _replay(self, deadline: float) -> list[str]:
+        """Replay the notebook into the sandbox by ``deadline`` (see `replay`); how it ended is kept for the run."""
+        assert self._sandbox is not None and self._stopping is not None
+        notes, ended = replay(self._sandbox, self.notebook, self.config, deadline=deadline, stop=self._stopping)
+        # Less than a tenth of a second left is no time for a cell: the wake is what used the limit.
+        self._wake_ended = ended or ("timeout" if deadline - time.monotonic() < 0.1 else "")
+        return notes
+
+    # -- a run's time limit covers its wake ---------------------------------------------------------
+
+    def _wake_for(self, timeout: float | None) -> tuple[float, float]:
+        """Start the session for a run of ``timeout`` seconds (None: the config's): the run's limit and deadline.
+        One limit covers the run: a wake (its replay) and the host's package work count inside it, and the cells
+        get what is left."""
+        self._check_usable()
+        self._wake_ended, limit = None, timeout or self.config.timeout
+        if not self._asleep:  # a first start is reported apart (sandbox_s): the limit starts after it
+            self.start()
+            return limit, time.monotonic() + limit
+        deadline = time.monotonic() + limit
+        self.wake_if_asleep(deadline)
+        self.start()
+        return limit, deadline
+
+    def _time_left(self, deadline: float, limit: float, spent: bool) -> float:
+        """The seconds a run's cells get: none after a wake that used them or was interrupted; all of ``limit``
+        when neither a wake nor the packages (``spent``) took any."""
+        if self._wake_ended:
+            return 0.0
+        if not spent and self._wake_ended is None:
+            return limit
+        return math.floor((deadline - time.monotonic()) * 10) / 10
+
+    def _no_time_left(self, index: int) -> CellError:
+        """Why no cell of a run started: its wake was interrupted or used its time limit, or its packages did."""
+        ended, self._wake_ended = self._wake_ended, None
+        if ended == "interrupted":
+            return CellError("KeyboardInterrupt", "The run was interrupted while the session woke from its sleep "
+                             "(its replay was stopped), so no cell ran.", (), "exception", index)
+        if ended == "timeout":
+            return CellError("TimeoutError", _WAKE_TOOK_ALL, (), "timeout", index)
+        return CellError("TimeoutError", _NO_TIME_LEFT, (), "timeout", index)
+
+    def _stop_wake(self) -> bool:
+        """Stop a wake's replay under way (from any thread): whether one was."""
+        stopping = self._stopping
+        if stopping is not None:
+            stopping.set()
+        return stopping is not None
+
+    def _end_wake(self) -> None:
+        """For close(): a replay under way ends now (interrupted, its sandbox killed when the kernel does not let
+        go within a second), so close does not wait behind it."""
+        sandbox = self._sandbox
+        if not self._stop_wake() or sandbox is None:
+            return
+        sandbox.interrupt()
+        if self._lock.acquire(timeout=1.0):
+            self._lock.release()
+        else:
+            sandbox.kill()
 
     # -- snapshots (see `snapshots`) -----------------------------------------------------------------
 
@@ -202,7 +306,11 @@ class Hibernation:
             started = time.monotonic()
             snapshots.put_files(session._sandbox, restored)
             session.notebook = restored.notebook
-            notes = replay(session._sandbox, session.notebook, session.config)
+            session._stopping = threading.Event()  # the restore's replay: one time limit, ended by an interrupt
+            try:
+                notes = session._replay(started + session.config.timeout)
+            finally:
+                session._stopping, session._wake_ended = None, None
             session._woke = ("replay", (f"restored from a snapshot: its memory came back by replay in "
                                         f"{time.monotonic() - started:.2f} s", *notes))
             session._keep("ready")

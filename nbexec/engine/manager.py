@@ -1,7 +1,10 @@
 """Sessions by id, for a server with many chats: create, get, close, and a cap on live sessions.
 
 With a ``state_dir`` the sessions are durable (see `durable`): each is kept in that folder, and a manager of a
-new process finds them again (`ids`, `get`) after its predecessor died: the same ids, kernels and files."""
+new process finds them again (`ids`, `get`) after its predecessor died: the same ids, kernels and files, under the
+manager's config as it is now (see `adoption`). `adopt_in_background` starts that and returns (a service: meanwhile
+such a session raises SessionPendingError); otherwise the first call waits for it, each session within its own
+deadline."""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from nbexec.config import SandboxConfig
-from nbexec.errors import SessionLimitError, SessionLostError, SessionNotFoundError
+from nbexec.errors import SessionLimitError, SessionNotFoundError
 
-from . import durable
+from .adoption import Adoption
 from .session import DEFAULT_TTL, Session
 
 
@@ -29,22 +32,32 @@ class SessionManager:
         self.state_dir = state_dir
         self.hibernate_after = hibernate_after  # idle seconds before a session sleeps (None: never)
         self._sessions: dict[str, Session] = {}
-        self._lost: dict[str, str] = {}  # kept sessions that could not be found again: why
-        self._adopted = state_dir is None
+        self._restoring = 0  # restores under way: each holds its place from the check on (see `restore`)
+        self._adoption = None if state_dir is None else \
+            Adoption(state_dir, config, keep_files=keep_files, hibernate_after=hibernate_after)
         self._lock = threading.Lock()
 
+    def adopt_in_background(self) -> None:
+        """Start finding again the sessions the state folder keeps, and return (see `adoption`)."""
+        if self._adoption is not None:
+            self._adoption.start()
+
+    def kept_owners(self) -> dict[str, str]:
+        """The owner of every session the state folder keeps: being found again, found, or lost."""
+        return {} if self._adoption is None else self._adoption.owners()
+
+    def kept(self) -> set[str]:
+        """Sessions not live but known: being found again, or lost."""
+        return set() if self._adoption is None else self._adoption.kept()
+
     def _adopt_locked(self) -> None:
-        """Once: find again the sessions the state folder keeps (no I/O before the first call)."""
-        if self._adopted or self.state_dir is None:
+        """Take the sessions found again; the first call without `adopt_in_background` waits for them."""
+        if self._adoption is None:
             return
-        self._adopted = True
-        for session_id in durable.ids(durable.hold(self.state_dir)):
-            try:
-                self._sessions[session_id] = Session.resume(session_id, state_dir=self.state_dir,
-                                                            keep_files=self.keep_files,
-                                                            hibernate_after=self.hibernate_after)
-            except (SessionLostError, SessionNotFoundError) as exc:
-                self._lost[session_id] = str(exc)
+        if not self._adoption.started:
+            self._adoption.start()
+            self._adoption.wait()
+        self._sessions.update(self._adoption.take())
 
     def _prune_locked(self) -> None:
         self._adopt_locked()
@@ -57,7 +70,7 @@ class SessionManager:
         ``max_sessions`` are live."""
         with self._lock:
             self._prune_locked()
-            if len(self._sessions) >= self.max_sessions:
+            if len(self._sessions) + self._pending() + self._restoring >= self.max_sessions:
                 raise SessionLimitError(
                     f"{len(self._sessions)} sessions are live, the cap is {self.max_sessions}; close one "
                     "(or wait for idle ones to be reaped) before creating another.")
@@ -73,17 +86,24 @@ class SessionManager:
     def restore(self, snapshot_id: str, *, owner: str = "", snapshot_dir: str | Path | None = None,
                 **session_options: Any) -> Session:
         """A new session of this manager from snapshot ``snapshot_id`` of ``owner`` (see Session.from_snapshot),
-        within ``max_sessions``."""
+        within ``max_sessions``: its place is taken with the check, before its sandbox starts, so concurrent
+        restores cannot all pass it."""
         with self._lock:
             self._prune_locked()
-            if len(self._sessions) >= self.max_sessions:
-                raise SessionLimitError(f"{len(self._sessions)} sessions are live, the cap is {self.max_sessions}")
+            if len(self._sessions) + self._pending() + self._restoring >= self.max_sessions:
+                raise SessionLimitError(f"{len(self._sessions) + self._restoring} sessions are live or being "
+                                        f"restored, the cap is {self.max_sessions}")
+            self._restoring += 1
         for name, value in (("keep_files", self.keep_files), ("state_dir", self.state_dir),
                             ("hibernate_after", self.hibernate_after), ("ttl", self.ttl)):
             session_options.setdefault(name, value)
-        session = Session.from_snapshot(snapshot_id, owner=owner, snapshot_dir=snapshot_dir, **session_options)
-        with self._lock:
-            self._sessions[session.id] = session
+        try:
+            session = Session.from_snapshot(snapshot_id, owner=owner, snapshot_dir=snapshot_dir, **session_options)
+            with self._lock:
+                self._sessions[session.id] = session
+        finally:
+            with self._lock:
+                self._restoring -= 1
         return session
 
     def get(self, session_id: str) -> Session:
@@ -92,17 +112,23 @@ class SessionManager:
             try:
                 return self._sessions[session_id]
             except KeyError:
-                if session_id in self._lost:
-                    raise SessionLostError(self._lost[session_id]) from None
+                if self._adoption is not None:
+                    self._adoption.check(session_id)  # being found again, or lost
                 raise SessionNotFoundError(f"no session with id {session_id!r} (closed, reaped or never made)") \
                     from None
 
     def close(self, session_id: str) -> None:
         with self._lock:
+            self._prune_locked()
             session = self._sessions.pop(session_id, None)
+        if session is None and self._adoption is not None and self._adoption.forget(session_id):
+            return  # a lost one: its owner has been told
         if session is None:
             raise SessionNotFoundError(f"no session with id {session_id!r}")
         session.close()
+
+    def _pending(self) -> int:
+        return 0 if self._adoption is None else self._adoption.pending()
 
     def ids(self) -> list[str]:
         with self._lock:

@@ -1,5 +1,7 @@
 """What local and remote sessions share: their config, whether a call holds one, their status word; and the
 reaper: idle sessions closed after their TTL by one background thread, every live one closed at interpreter exit.
+Idle sessions are put to sleep on threads of their own (a few at once), so a slow checkpoint never delays a TTL
+close or another sleep.
 
 A session registers when it starts and is forgotten when it closes; nothing here keeps one alive (a weak set).
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -70,6 +73,9 @@ _live: weakref.WeakSet[Reapable] = weakref.WeakSet()
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _wake = threading.Event()
+MAX_SLEEPS = 4  # hibernations under way at once; more wait for a later pass
+SLEEP_DEADLINE = 300.0  # seconds after which a hibernation still under way is logged and stops holding a place
+_sleeping: dict[str, float] = {}  # session id -> time.monotonic() its hibernation began
 
 
 def register(session: Reapable) -> None:
@@ -95,13 +101,35 @@ def reap(now: float | None = None) -> list[str]:
     reaped = []
     for session in list(_live):
         if session.hibernate_after and now - session.last_activity > session.hibernate_after and not session.busy:
-            with contextlib.suppress(Exception):  # one that cannot sleep stays awake (logged by it)
-                session.hibernate(idle_for=session.hibernate_after)
+            _sleep_apart(session, now)
         if session.ttl and now - session.last_activity > session.ttl and not session.busy:
             log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
             session.close()
             reaped.append(session.id)
     return reaped
+
+
+def _sleep_apart(session: Reapable, now: float) -> None:
+    """Hibernate ``session`` on a thread of its own (once at a time per session, MAX_SLEEPS at once): the reaper
+    goes on at once. One past SLEEP_DEADLINE is logged and no longer holds a place (a thread cannot be stopped)."""
+    with _lock:
+        overdue = [sid for sid, began in _sleeping.items() if now - began > SLEEP_DEADLINE]
+        for sid in overdue:
+            log.warning("session %s: its hibernation has run for over %.0f s", sid, SLEEP_DEADLINE)
+            _sleeping[sid] = math.inf  # logged once; it still blocks a second sleep of the same session
+        if session.id in _sleeping or sum(1 for b in _sleeping.values() if b != math.inf) >= MAX_SLEEPS:
+            return
+        _sleeping[session.id] = now
+
+    def sleep() -> None:
+        try:
+            with contextlib.suppress(Exception):  # one that cannot sleep stays awake (logged by it)
+                session.hibernate(idle_for=session.hibernate_after or 0.0)
+        finally:
+            with _lock:
+                _sleeping.pop(session.id, None)
+
+    threading.Thread(target=sleep, name="nbexec-session-sleep", daemon=True).start()
 
 
 def _reap_forever() -> None:

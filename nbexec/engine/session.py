@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import threading
 import time
@@ -32,7 +31,7 @@ from nbexec.errors import (
 from nbexec.files import artifacts, folders, space, statefolder, transfer
 from nbexec.files.statefolder import StateFolder
 from nbexec.notebook import papermill
-from nbexec.result import CellError, ExecutionResult, Package
+from nbexec.result import ExecutionResult, Package
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
@@ -45,8 +44,6 @@ from .sessionfiles import SessionFiles
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 20 * 60.0
-_NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole time limit, so no cell ran. Ask for "
-                 "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
 
 
 class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
@@ -128,18 +125,21 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
 
     @classmethod
     def resume(cls, session_id: str, *, state_dir: str | Path, store: ArtifactStore | None = None,
-               keep_files: bool = True, hibernate_after: float | None = None) -> Session:
+               keep_files: bool = True, hibernate_after: float | None = None,
+               policy: SandboxConfig | None = None) -> Session:
         """The durable session ``session_id`` its state folder keeps, found again by a new process: the same
-        kernel (its variables) and /mnt/data; SessionNotFoundError without a record, SessionLostError when its
-        sandbox is gone."""
+        kernel (its variables) and /mnt/data, under ``policy`` when given (see `durable.under`: today's limits
+        and permissions); SessionNotFoundError without a record, SessionLostError when its sandbox is gone or
+        needs what ``policy`` no longer gives."""
         folder = durable.hold(state_dir)
         record = durable.load(folder, session_id)
         try:
+            config = record.config if policy is None else durable.under(policy, record.config)
             sandbox = None if record.asleep == "checkpoint" else \
-                sources.for_config(record.config).adopt(record.config, record.sandbox)
-        except SandboxError as exc:
+                sources.for_config(config).adopt(config, record.sandbox)
+        except (SandboxError, ConfigError) as exc:
             raise SessionLostError(f"Session {session_id} cannot be found again: {exc}") from exc
-        session = cls(record.config, session_id=session_id, ttl=record.ttl, store=store, keep_files=keep_files,
+        session = cls(config, session_id=session_id, ttl=record.ttl, store=store, keep_files=keep_files,
                       state_dir=state_dir, owner=record.owner, hibernate_after=hibernate_after)
         session._state, session._sandbox, session.notebook = folder, sandbox, record.notebook
         session._asleep, session._memory = record.asleep, record.memory
@@ -206,7 +206,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         self.close()
 
     def close(self) -> None:
-        """Stop the sandbox. Idempotent; files under ``output_dir`` stay unless ``keep_files`` is False."""
+        """Stop the sandbox (a replay under way ends first). Idempotent; files stay unless ``keep_files`` is False."""
+        self._end_wake()
         with self._lock:
             if self._closed:
                 return
@@ -260,7 +261,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                 self._copy_in(kept)
 
     def interrupt(self) -> None:
-        """Interrupt the running cell (safe to call from another thread)."""
+        """Interrupt the running cell, or a wake's whole replay (safe to call from another thread)."""
+        self._stop_wake()
         sandbox = self._sandbox
         if sandbox is not None:
             sandbox.interrupt()
@@ -302,8 +304,9 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         the cells' pip lines are provided first (see `nbexec.packages`)."""
         started = time.monotonic()
         with self._lock:
+            budget.admit(self.config, self.notebook, nb, self.one_shot)  # each cell's size, then the session's code
             said = languagecheck.checked(self.config, nb, packages, len(self.notebook.cells))
-            self.start()
+            limit, deadline = self._wake_for(timeout)  # one limit: the wake and packages in it, cells get the rest
             sandbox = self._sandbox
             assert sandbox is not None and self._folder is not None
             self.last_activity = time.monotonic()
@@ -314,14 +317,11 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                     nb.metadata["language_info"] = sandbox.language_info
             else:
                 self.notebook.cells.extend(notebook.fit_cells(self.notebook, nb.cells))
-            # One time limit for the run: the host's package work counts inside it, the cells get what is left.
-            limit = timeout or self.config.timeout
-            deadline = time.monotonic() + limit
             self._keep("busy")
             preparing = installs.prepared(sandbox, self.notebook, self.config, requested=packages,
                                           first_index=index, deadline=deadline)
             with traces.entered(preparing, "nbexec.packages") as installed:
-                left = math.floor((deadline - time.monotonic()) * 10) / 10 if installed else limit
+                left = self._time_left(deadline, limit, bool(installed))
                 run = self._run_cells(sandbox, index, started, left, on_output)
             notes = said + run.notes + (
                 (f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; the cells had the rest",)
@@ -341,8 +341,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
                                               first_index=index, on_output=on_output, displays=self._displays,
                                               widget_state=self._widgets)
-        else:  # providing the packages took the whole time limit: no cell starts
-            error, dropped = CellError("TimeoutError", _NO_TIME_LEFT, (), "timeout", index), 0
+        else:  # the wake or the packages took the whole time limit (or the wake was interrupted): no cell starts
+            error, dropped = self._no_time_left(index), 0
         # However long the session lives, its notebook stays within one run's budgets (the oldest outputs go first).
         kept = budget.keep_recent(self.notebook, index, self.config.max_output_bytes + self.config.max_display_bytes,
                                   self._displays)

@@ -13,6 +13,9 @@ removed is refused); each is streamed into a private (0700/0600) staging folder 
 blob is refused by its size and by a ranged read, never held or written past it) and its sha256 checked as read;
 then the staged copy is checked again by the local store's own `open` (signature, id, owner, sizes, hashes,
 notebook) and the staging folder is removed once the files are in the new sandbox (or on any refusal).
+An owner's expired snapshots (past ``ttl``, by the signed manifest's making time) are removed whenever that owner
+lists, counts, takes or restores; a blob store's own lifecycle rule on the prefix is the backstop for owners who
+never come back.
 """
 
 from __future__ import annotations
@@ -70,10 +73,11 @@ class BlobSnapshotStore:
     """Snapshots as blobs of a shared `blobspace.BlobSpace` (see the module docstring)."""
 
     def __init__(self, space: blobspace.BlobSpace, key: bytes, *, prefix: str = "snapshots",
-                 max_snapshots: int = MAX_SNAPSHOTS) -> None:
+                 max_snapshots: int = MAX_SNAPSHOTS, ttl: float = snapshots.TTL) -> None:
         self.space = space
         self.prefix = prefix.strip("/")
         self.max_snapshots = max_snapshots
+        self.ttl = ttl
         self._secret = key
 
     def __repr__(self) -> str:
@@ -84,7 +88,27 @@ class BlobSnapshotStore:
         return f"{self.prefix}/{tag}/"
 
     def count(self, owner: str) -> int:
-        return sum(1 for name in self.space.folders(self._folder(owner)) if _RAW.fullmatch(name))
+        return len(self.listing(owner))
+
+    def listing(self, owner: str) -> list[snapshots.Listed]:
+        """``owner``'s snapshots, oldest first; their expired ones are removed on the way."""
+        found = []
+        for raw in (name for name in self.space.folders(self._folder(owner)) if _RAW.fullmatch(name)):
+            base = f"{self._folder(owner)}{raw}/"
+            try:
+                created = json.loads(self._fetch(base, "manifest.json", MAX_MANIFEST))["created"]
+            except (SnapshotError, ValueError, TypeError, KeyError):
+                continue  # still being uploaded (its manifest comes last), or not ours to judge
+            if snapshots.expired(created, self.ttl):
+                self._remove(base)
+            else:
+                snapshot_id = f"{raw}.{snapshots.mac(self._secret, owner, raw)}"
+                found.append(snapshots.Listed(snapshot_id, float(created), float(created) + self.ttl))
+        return sorted(found, key=lambda listed: listed.created)
+
+    def _remove(self, base: str) -> None:
+        for name in sorted(self.space.names(base), key=lambda n: n.endswith("manifest.json")):  # manifest last
+            self.space.delete(name)
 
     def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
         """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner`` into the blob store; its id."""
@@ -92,7 +116,8 @@ class BlobSnapshotStore:
             raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
         staging = _staging()
         try:
-            snapshot_id = SnapshotStore(staging / "s", key=self._secret).take(owner, config, nb, sandbox)
+            snapshot_id = SnapshotStore(staging / "s", key=self._secret, ttl=self.ttl).take(owner, config, nb,
+                                                                                            sandbox)
             raw = snapshot_id.split(".", 1)[0]
             self._upload(staging / "s" / raw, f"{self._folder(owner)}{raw}/")
         finally:
@@ -114,8 +139,9 @@ class BlobSnapshotStore:
 
     def delete(self, owner: str, snapshot_id: str) -> None:
         base = f"{self._folder(owner)}{snapshots.raw_of(self._secret, owner, snapshot_id)}/"
-        for name in self.space.names(base):
-            self.space.delete(name)
+        if not self.space.names(base):
+            raise SnapshotError(f"no snapshot {snapshot_id[:80]!r} of yours")
+        self._remove(base)
 
     # -- restoring --------------------------------------------------------------------------------
 
@@ -128,7 +154,7 @@ class BlobSnapshotStore:
         try:
             target = staging / "s" / raw
             self._download(base, target, owner, raw)
-            restored = SnapshotStore(staging / "s", key=self._secret).open(owner, snapshot_id)
+            restored = SnapshotStore(staging / "s", key=self._secret, ttl=self.ttl).open(owner, snapshot_id)
         except BaseException:
             remove_tree(staging)
             raise
@@ -142,6 +168,9 @@ class BlobSnapshotStore:
         body: dict[str, Any] = json.loads(manifest)
         if body.get("id") != raw or body.get("owner") != owner:
             raise SnapshotError("the snapshot's manifest names another snapshot or owner: refused")
+        if snapshots.expired(body.get("created"), self.ttl):
+            self._remove(base)
+            raise SnapshotError("no snapshot of yours with that id (it expired and was removed)")
         wanted = {"notebook.ipynb": (int(body["notebook"]["size"]), str(body["notebook"]["sha256"]))}
         wanted.update({f"files/{e['name']}": (int(e["size"]), str(e["sha256"])) for e in body["files"]})
         listed = {n[len(base):] for n in self.space.names(base)} - {"manifest.json", "manifest.sig"}
@@ -222,7 +251,7 @@ def from_env(environ: Mapping[str, str]) -> BlobSnapshotStore:
     if not re.fullmatch(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*", prefix) or ".." in prefix.split("/"):
         raise ConfigError(f"NBEXEC_SNAPSHOT_PREFIX={prefix[:80]!r} is not a plain blob folder (letters, digits, "
                           "._- and single slashes)")
-    return BlobSnapshotStore(_space(kind, environ), key, prefix=prefix)
+    return BlobSnapshotStore(_space(kind, environ), key, prefix=prefix, ttl=snapshots.ttl_from(environ))
 
 
 def _space(kind: str, environ: Mapping[str, str]) -> blobspace.BlobSpace:

@@ -12,6 +12,8 @@ own id and owner against the id asked for (a renamed or replayed snapshot folder
 size and sha256 as it is read (before a byte reaches the new sandbox); the notebook is re-validated. Memory comes
 back by replaying the notebook's executed cells into the new sandbox (`hibernation.replay`). Caps: snapshots per
 owner (``max_snapshots``) and the files' total (the config's max_data), checked before anything is written.
+A snapshot lives ``ttl`` seconds (NBEXEC_SNAPSHOT_TTL, default 7 days) from its making: past it, it is refused as
+unknown and removed with its files, at the latest on the store's next use by anyone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,14 +36,15 @@ from nbformat import NotebookNode
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
-from nbexec.errors import NbexecError, SessionLimitError, SnapshotError
+from nbexec.errors import ConfigError, NbexecError, SessionLimitError, SnapshotError
 from nbexec.files import folders, space, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 
 from . import collect, durable
 
-MAX_SNAPSHOTS = 8  # per owner (NBEXEC_MAX_SNAPSHOTS)
+MAX_SNAPSHOTS = 8  # per owner
+TTL = 7 * 24 * 3600.0  # seconds a snapshot is kept (NBEXEC_SNAPSHOT_TTL), then removed with its files
 MAX_MANIFEST = 4 * 1024**2
 _ID = re.compile(r"([0-9a-f]{32})\.([0-9a-f]{32})")
 
@@ -60,9 +63,11 @@ class Restored:
 class SnapshotStore:
     """A private folder of snapshots (see the module docstring)."""
 
-    def __init__(self, root: Path, max_snapshots: int = MAX_SNAPSHOTS, *, key: bytes | None = None) -> None:
+    def __init__(self, root: Path, max_snapshots: int = MAX_SNAPSHOTS, *, key: bytes | None = None,
+                 ttl: float = TTL) -> None:
         self.root = Path(root)
         self.max_snapshots = max_snapshots
+        self.ttl = ttl
         self._given_key = key  # a shared key from configuration (a blob store's staging); else the folder's own
 
     def __repr__(self) -> str:
@@ -134,25 +139,47 @@ class SnapshotStore:
         return snapshot_id
 
     def count(self, owner: str) -> int:
-        return sum(1 for raw in self._raws() if self._owner_of(raw) == owner)
+        return len(self.listing(owner))
+
+    def listing(self, owner: str) -> list[Listed]:
+        """``owner``'s snapshots, oldest first; every expired snapshot (anyone's) is removed on the way."""
+        key, found = self._key(), []
+        for raw in self._raws():
+            who, created = self._header(raw)
+            if expired(created, self.ttl):
+                remove_tree(self.root / raw)
+            elif who == owner:
+                found.append(Listed(f"{raw}.{mac(key, owner, raw)}", created, created + self.ttl))
+        return sorted(found, key=lambda listed: listed.created)
 
     def _raws(self) -> list[str]:
         return [n for n in os.listdir(self._private_root()) if re.fullmatch(r"[0-9a-f]{32}", n)]
 
-    def _owner_of(self, raw: str) -> str | None:
+    def _header(self, raw: str) -> tuple[str | None, float]:
+        """The owner and making time a snapshot's manifest names; a folder still being made (no manifest yet)
+        has no owner and its folder's time."""
         try:
-            return str(json.loads(self._read(raw, "manifest.json", MAX_MANIFEST)).get("owner"))
-        except (SnapshotError, ValueError, AttributeError):
-            return None
+            body = json.loads(self._read(raw, "manifest.json", MAX_MANIFEST))
+            return str(body["owner"]), float(body["created"])
+        except (SnapshotError, ValueError, TypeError, KeyError):
+            try:
+                return None, os.lstat(self.root / raw).st_mtime
+            except OSError:
+                return None, time.time()
 
     def delete(self, owner: str, snapshot_id: str) -> None:
-        raw = self._check_id(owner, snapshot_id)
-        remove_tree(self.root / raw)
-
-    # -- restoring --------------------------------------------------------------------------------
+        """Remove ``owner``'s snapshot and its files (SnapshotError, "no snapshot", for any other id)."""
+        remove_tree(self.root / self._check_id(owner, snapshot_id))
 
     def _check_id(self, owner: str, snapshot_id: str) -> str:
-        return raw_of(self._key(), owner, snapshot_id)
+        """The folder name of ``owner``'s snapshot ``snapshot_id``; "no snapshot" for another owner's, a changed,
+        a deleted or an expired-and-removed id."""
+        raw = raw_of(self._key(), owner, snapshot_id)
+        if not os.path.lexists(self.root / raw):
+            raise SnapshotError(f"no snapshot {snapshot_id[:80]!r} of yours")
+        return raw
+
+    # -- restoring --------------------------------------------------------------------------------
 
     def _read(self, raw: str, name: str, limit: int) -> bytes:
         try:
@@ -175,6 +202,9 @@ class SnapshotStore:
         body: dict[str, Any] = json.loads(manifest)
         if body.get("id") != raw or body.get("owner") != owner:
             raise SnapshotError("the snapshot's manifest names another snapshot or owner: refused")
+        if expired(body.get("created"), self.ttl):
+            remove_tree(self.root / raw)
+            raise SnapshotError(f"no snapshot {snapshot_id[:80]!r} of yours (it expired and was removed)")
         config = durable.config_from(body["config"])
         nb_bytes = self._read(raw, "notebook.ipynb", int(body["notebook"]["size"]))
         if hashlib.sha256(nb_bytes).hexdigest() != body["notebook"]["sha256"]:
@@ -206,6 +236,35 @@ class SnapshotStore:
         except (OSError, NbexecError):
             raise SnapshotError(f"the snapshot's file {name[:200]!r} is missing or was replaced: refused") from None
         return os.fdopen(fd, "rb")
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One snapshot of an owner, as listed: its id, and when it was made and expires (Unix seconds)."""
+
+    id: str
+    created: float
+    expires: float
+
+
+def expired(created: Any, ttl: float) -> bool:
+    """Whether a snapshot made at ``created`` (a manifest's value: anything) is past ``ttl``."""
+    try:
+        return time.time() - float(created) > ttl
+    except (TypeError, ValueError):
+        return True
+
+
+def ttl_from(environ: Mapping[str, str]) -> float:
+    """NBEXEC_SNAPSHOT_TTL in seconds (default `TTL`); ConfigError unless a number above 0."""
+    raw = environ.get("NBEXEC_SNAPSHOT_TTL", "").strip()
+    try:
+        ttl = float(raw) if raw else TTL
+    except ValueError:
+        ttl = -1.0
+    if not 0 < ttl < float("inf"):
+        raise ConfigError(f"NBEXEC_SNAPSHOT_TTL={raw[:40]!r} is not a number of seconds above 0")
+    return ttl
 
 
 def mac(key: bytes, owner: str, raw: str) -> str:
@@ -245,9 +304,10 @@ def store_for(state_dir: str | Path | None, snapshot_dir: str | Path | None = No
     """The snapshot store: ``snapshot_dir``, else NBEXEC_SNAPSHOT_DIR, else the state folder's ``snapshots``,
     else a private temporary folder."""
     chosen = snapshot_dir or os.environ.get("NBEXEC_SNAPSHOT_DIR")
+    ttl = ttl_from(os.environ)
     if chosen:
-        return SnapshotStore(Path(chosen).absolute())
+        return SnapshotStore(Path(chosen).absolute(), ttl=ttl)
     if state_dir is not None:
-        return SnapshotStore(Path(state_dir).absolute() / "snapshots")
-    return SnapshotStore(folders.private_root("nbexec-snapshots"))
+        return SnapshotStore(Path(state_dir).absolute() / "snapshots", ttl=ttl)
+    return SnapshotStore(folders.private_root("nbexec-snapshots"), ttl=ttl)
 

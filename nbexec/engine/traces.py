@@ -7,16 +7,18 @@ no-op spans. Without the extra, or when the caller never imported it, nothing is
 
 One execution's tree (`nbexec.engine.session.Session.run_notebook`, under ``execute_notebook`` too):
 
-    nbexec.execute    the root: nbexec.execution_id, nbexec.session_id, nbexec.image, nbexec.runtime, nbexec.node,
-                      nbexec.ok, nbexec.error_kind (status ERROR when the run failed)
+    nbexec.execute    the root: nbexec.execution_hash, nbexec.session_hash, nbexec.image, nbexec.runtime,
+                      nbexec.node, nbexec.ok, nbexec.error_kind (status ERROR when the run failed)
       nbexec.acquire  a sandbox started for this run (every one-shot; a session's first run): nbexec.purpose
       nbexec.packages the host provides the packages asked for and the cells' pip lines (before any cell runs)
       nbexec.cell     one per code cell run: nbexec.cell.index, nbexec.cell.status (ok, error, timeout, died, ...)
       nbexec.collect  the outputs and /mnt/data gathered
       nbexec.upload   files and images stored: nbexec.files, nbexec.images
 
-Attributes are ids, names, counts and statuses nbexec chose: never code, outputs, error messages or values, file
-names or environment values; an exception ends a span with its type's name only (``record_exception`` is off).
+Attributes are names, counts and statuses nbexec chose: never code, outputs, error messages or values, file names
+or environment values; an exception ends a span with its type's name only (``record_exception`` is off). Session and
+execution ids are not in clear either (whoever reads the traces could name a session with one): a span carries
+`pseudonym` of each, a keyed hash that stays the same within the process, so one session's runs still correlate.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
+import hmac
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -35,6 +40,14 @@ T = TypeVar("T")
 Run = TypeVar("Run", bound=Callable[..., ExecutionResult])
 Value = str | int | bool
 _ROOT: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar("nbexec_root", default=None)
+_KEY: list[bytes] = []  # the process's key for `pseudonym`, made at its first use (importing makes nothing)
+
+
+def pseudonym(value: str) -> str:
+    """What spans carry for a session or execution id: a keyed hash, the same within this process only."""
+    if not _KEY:
+        _KEY.append(os.urandom(32))  # two threads racing here may make two keys; the first one kept wins
+    return hmac.new(_KEY[0], value.encode("utf-8"), hashlib.sha256).hexdigest()[:16]
 
 
 def _api() -> Any | None:
@@ -96,7 +109,7 @@ def root(session: Any) -> Iterator[Any | None]:
     """The root span of ``session``'s next execution, opened early (``execute_notebook`` opens it before the
     sandbox is acquired, so the acquisition is in it); `execution` settles it."""
     config = session.config
-    with span("nbexec.execute", {"nbexec.session_id": session.id, "nbexec.image": config.image,
+    with span("nbexec.execute", {"nbexec.session_hash": pseudonym(session.id), "nbexec.image": config.image,
                                  "nbexec.runtime": config.runtime or "default"}) as current:
         token = _ROOT.set((session, current))
         try:
@@ -112,7 +125,7 @@ def execution(method: Run) -> Run:
         held = _ROOT.get()
         with contextlib.nullcontext(held[1]) if held and held[0] is session else root(session) as current:
             result = method(session, *args, **kwargs)
-            mark(current, {"nbexec.execution_id": result.execution_id, "nbexec.ok": result.ok,
+            mark(current, {"nbexec.execution_hash": pseudonym(result.execution_id), "nbexec.ok": result.ok,
                            "nbexec.node": result.node or "", "nbexec.error_kind": _kind(result)})
             if not result.ok:
                 fail(current, _kind(result) or "failed")

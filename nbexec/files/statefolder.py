@@ -29,7 +29,9 @@ from nbexec.errors import ConfigError, SessionLimitError
 from .folders import DIR_FLAGS, make_output_dir
 
 GRACE = 24 * 3600.0  # seconds a dead holder's sandboxes are kept for it to come back (NBEXEC_STATE_GRACE)
-MAX_RECORD = 64 * 1024**2  # a record past this is not read (its notebook is capped by the output budgets)
+# A record past this is not read: a session's record stays within 2 x (max_output + max_display) + 8 MiB (75 MiB at
+# the default budgets; see `engine.budget.CODE_ALLOWANCE`), so only budgets raised past them reach it.
+MAX_RECORD = 96 * 1024**2
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -146,6 +148,13 @@ class StateFolder:
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > limit:
                 return None
             return handle.read(limit + 1)[:limit]
+
+    def size(self, name: str) -> int | None:
+        """The size of record ``name`` as it is on disk (None when there is none), to say why it was not read."""
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_size if valid_name(name) else None
+        except OSError:
+            return None
 
     def remove(self, name: str) -> None:
         if valid_name(name):

@@ -8,7 +8,8 @@ argument) chooses the state it gets. When the connection ends (DELETE, the SDK's
 Session is closed and its folder deleted. Produced files are resources only of the client that made them
 (``nbexec://files/<name>``, answered from that client's own listing), read through the link-safe path with a size
 cap. Images come back as image content. Over HTTP, bearer tokens are checked (as bytes) before the MCP app sees a
-request, and each token is the principal the SDK binds its sessions to.
+request, and each token is the principal the SDK binds its sessions to and the owner of its snapshots (without
+tokens, on loopback or stdio, every client is one owner: see `mcpsnapshots`).
 """
 
 from __future__ import annotations
@@ -85,9 +86,6 @@ def connection_of(request: ServerRequestContext[Any, Any]) -> Connection:
     return found
 
 
-MCP_OWNER = "mcp"  # the owner of this server's snapshots: its clients share them (ids are unguessable, signed)
-
-
 @dataclass(eq=False)
 class _Client:
     """One MCP client: its nbexec Session (made on first use) and the files it may read, by resource URI."""
@@ -95,6 +93,7 @@ class _Client:
     session: Session | None = None
     files: dict[str, tuple[str, str]] = field(default_factory=dict)  # uri -> (name in /mnt/data, mime)
     chose: SandboxConfig | None = None  # the image and language a call chose: a reaped session comes back in them
+    owner: str = mcpsnapshots.MCP_OWNER  # its token: the SDK binds a connection to the token that opened it
 
 
 class Clients:
@@ -107,12 +106,14 @@ class Clients:
         self._live: set[_Client] = set()
         self._lock = threading.Lock()
 
-    def client(self, connection: Connection) -> _Client:
-        """The record of ``connection``, made on first use with its release pushed onto the connection's end."""
+    def client(self, request: ServerRequestContext[Any, Any]) -> _Client:
+        """The record of the request's connection, made on first use with its release pushed onto the
+        connection's end."""
+        connection = connection_of(request)
         found = connection.state.get(_STATE_KEY)
         if isinstance(found, _Client):
             return found
-        client = _Client()
+        client = _Client(owner=mcpsnapshots.principal_of(request))
         connection.state[_STATE_KEY] = client
         with self._lock:
             self._live.add(client)
@@ -128,7 +129,7 @@ class Clients:
             if image is not None or language is not None else None
         if client.session is None:
             client.chose = asked or client.chose
-            client.session = self.manager.create(config=client.chose, owner=MCP_OWNER)
+            client.session = self.manager.create(config=client.chose, owner=client.owner)
         elif asked is not None and image is not None and client.session.config.image != asked.image:
             raise ConfigError(f"this conversation's session runs in image {client.session.config.image}, the one its "
                               "first call chose; omit image to keep using it")
@@ -196,7 +197,7 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
     @server.tool(name=tools.DEFAULT_NAME, description=text, structured_output=False)
     async def execute_python(code: str, ctx: Context, image: str | None = None,
                              language: str | None = None) -> CallToolResult:
-        client = clients.client(connection_of(ctx.request_context))
+        client = clients.client(ctx.request_context)
         try:
             session = clients.session_for(client, image=image, language=language)
             result = await mcpcalls.interruptible(session, functools.partial(session.run, code))
@@ -205,7 +206,7 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         return answer(result, client)
 
     async def shell(command: str, ctx: Context) -> CallToolResult:
-        client = clients.client(connection_of(ctx.request_context))
+        client = clients.client(ctx.request_context)
         try:
             session = clients.session_for(client)
             result = await mcpcalls.interruptible(session, functools.partial(session.shell, command))
@@ -220,7 +221,7 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
 
     @server.tool(name=UPLOAD_NAME, description=mcpcalls.UPLOAD_DESCRIPTION, structured_output=False)
     async def upload_file(name: str, content_base64: str, ctx: Context) -> CallToolResult:
-        client = clients.client(connection_of(ctx.request_context))
+        client = clients.client(ctx.request_context)
         try:
             session = clients.session_for(client)
             path = await anyio.to_thread.run_sync(
@@ -237,8 +238,8 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
                     if image.mime != "image/svg+xml"]
         return CallToolResult(content=content, is_error=not result.ok)  # the code raised: the model is told
 
-    mcpsnapshots.register(server, clients.manager, lambda ctx: clients.client(connection_of(ctx.request_context)),
-                          lambda client: clients.session_for(client), MCP_OWNER)
+    mcpsnapshots.register(server, clients.manager, lambda ctx: clients.client(ctx.request_context),
+                          lambda client: clients.session_for(client))
 
     server.middleware.append(functools.partial(own_resources, clients=clients))
     server.middleware.append(functools.partial(declared_arguments, images=config.images,
@@ -251,7 +252,7 @@ async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext
     """Answer resources/list and resources/read from the requesting client's own files only."""
     if ctx.method not in ("resources/list", "resources/read"):
         return await call_next(ctx)
-    client = clients.client(connection_of(ctx))
+    client = clients.client(ctx)
     if ctx.method == "resources/list":
         return ListResourcesResult(resources=await anyio.to_thread.run_sync(clients.resources, client))
     params = ctx.params if isinstance(ctx.params, Mapping) else {}

@@ -25,7 +25,7 @@ from nbexec.config import SandboxConfig, from_env
 from nbexec.engine.execute import execute_notebook
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
-from nbexec.errors import ConfigError, NbexecError, SessionError
+from nbexec.errors import CellTooLargeError, ConfigError, NbexecError, SessionError
 from nbexec.files.folders import output_root
 from nbexec.result import ExecutionResult
 from nbexec.sandbox.docker.container import remove_tree
@@ -179,6 +179,8 @@ def outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | N
         return None, problem
     try:
         outcome = run(arguments, **options)
+    except CellTooLargeError as exc:  # the model's to fix: its code is too large for one cell
+        return None, f"{exc}"
     except NbexecError as exc:  # the sandbox itself failed: tell the model it was not its fault
         return None, f"The sandbox is unavailable ({exc}). This is not an error in the code; try again later."
     if isinstance(outcome, str):
@@ -241,13 +243,13 @@ def handle_openai_shell_call(call: Any, *, session: Session | None = None, confi
     action = _field(call, "action", {})
     commands, timeout_ms = _field(action, "commands"), _field(action, "timeout_ms")
     most = _field(action, "max_output_length")
-    timeout = timeout_ms / 1000 if isinstance(timeout_ms, int) and timeout_ms > 0 else None
     reply = {"type": "shell_call_output", "call_id": _field(call, "call_id", ""), "output": list[dict[str, Any]]()}
     if not isinstance(commands, list) or not commands or not all(isinstance(c, str) for c in commands):
         reply["output"].append(_shell_output(None, "action.commands must be a non-empty list of strings"))
         return reply
     own = session is None
     running = session or Session(config or from_env(), ttl=None, store=store, keep_files=False)
+    timeout = _shell_limit(timeout_ms, running.config.timeout)
     try:
         for command in commands:
             try:
@@ -262,6 +264,14 @@ def handle_openai_shell_call(call: Any, *, session: Session | None = None, confi
         if own:
             running.close()
     return reply
+
+
+def _shell_limit(timeout_ms: Any, ceiling: float) -> float:
+    """The limit of each command: the operator's ``ceiling``, shortened (never lengthened) by the model's
+    ``timeout_ms``."""
+    if isinstance(timeout_ms, int) and not isinstance(timeout_ms, bool) and timeout_ms > 0:
+        return min(timeout_ms / 1000, ceiling)
+    return ceiling
 
 
 def _shell_output(result: ExecutionResult | None, problem: str | None, most: int = 0) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import json
 import keyword
 import math
 import re
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +29,7 @@ _JS_RESERVED = frozenset({
     "new", "null", "return", "super", "switch", "this", "throw", "true", "try", "typeof", "var", "void",
     "while", "with", "yield", "let", "static", "implements", "interface", "package", "private", "protected",
     "public", "await", "arguments", "eval", "undefined", "NaN", "Infinity"})
+_BASH_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _-.,:/+=@")
 _DECLARED = re.compile(r"^\s*(?:export\s+)?(const|let|var)\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
 
 
@@ -42,8 +42,7 @@ def render(language: Language, parameters: Mapping[str, Any], parameters_cell: s
         lines = [f"{_checked(name, _R_NAME, _R_RESERVED, 'R')} = {_r(value, name)}"
                  for name, value in parameters.items()]
     elif language.name == "bash":
-        lines = [f"{_checked(name, _ASCII_NAME, frozenset(), 'Bash')}={_bash(value, name)}"
-                 for name, value in parameters.items()]
+        lines = [_bash(_checked(name, _ASCII_NAME, frozenset(), "Bash"), value) for name, value in parameters.items()]
     else:
         declared = {m[2]: m[1] for m in _DECLARED.finditer(parameters_cell)}
         lines = [f"{declared.get(name, 'const')} {_checked(name, _ASCII_NAME, _JS_RESERVED, 'TypeScript')} = "
@@ -102,16 +101,32 @@ def _r_value(value: Any) -> str:
     return "list(" + ", ".join(_r_value(item) for item in value) + ")"
 
 
-def _bash(value: Any, name: str) -> str:
+def _bash(name: str, value: Any) -> str:
+    """Assign with printf's %b from printable ASCII only: bash_kernel types each cell into readline, which acts on
+    control characters (Ctrl-U erases the line typed so far), so no byte of a value may reach it as itself."""
     _plain(value, name)
     if isinstance(value, dict):
         raise ConfigError(f"parameter {name} is a mapping, which Bash variables cannot hold; pass strings, "
                           "numbers or a list (a Bash array)")
-    if isinstance(value, (list, tuple)):
-        if any(isinstance(item, (list, tuple, dict)) for item in value):
-            raise ConfigError(f"parameter {name} nests lists, which Bash arrays cannot hold")
-        return "(" + " ".join(shlex.quote(_bash_word(item)) for item in value) + ")"
-    return shlex.quote(_bash_word(value))
+    if not isinstance(value, (list, tuple)):
+        word = _bash_escaped(_bash_word(value))
+        return f"{name}={word}" if "\\" not in word else f"printf -v {name} %b {word}"
+    if any(isinstance(item, (list, tuple, dict)) for item in value):
+        raise ConfigError(f"parameter {name} nests lists, which Bash arrays cannot hold")
+    words = [_bash_escaped(_bash_word(item)) for item in value]
+    if not any("\\" in word for word in words):  # plain words read as written
+        return f"{name}=({' '.join(words)})"
+    return "; ".join([f"{name}=()", *(f"printf -v '{name}[{i}]' %b {word}" for i, word in enumerate(words))])
+
+
+def _bash_escaped(text: str) -> str:
+    """``text`` single-quoted for printf's %b: letters, digits and a few marks as they are, every other UTF-8 byte
+    as a \\xHH escape (so quotes, backslashes and `!` never appear either)."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError("a Bash parameter holds a lone surrogate, which is not text Bash can hold") from exc
+    return "'" + "".join(chr(b) if chr(b) in _BASH_PLAIN else f"\\x{b:02x}" for b in data) + "'"
 
 
 def _bash_word(value: Any) -> str:

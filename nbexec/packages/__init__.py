@@ -41,6 +41,7 @@ from packaging.utils import canonicalize_name
 from nbexec.config import SandboxConfig, parse_size
 from nbexec.errors import PackageError, PackageLimitError, PackageRefusedError
 from nbexec.result import Package
+from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.source import PACKAGES_MOUNT, WHEELS_MOUNT, SandboxHandle
 
 from . import hostpip, wheelhouse
@@ -214,7 +215,9 @@ def _provide_one(request: _Request, texts: list[str], records: list[Package], *,
         sandbox.provide_wheels(wheelhouse.files(wheels, request.budget.source))
         asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:
-            _run_hidden(sandbox, installer_call(texts, wheels, asked), request.left(request.config.timeout))
+            listed = [[w.filename, w.name, w.version] for w in wheels]
+            _run_hidden(sandbox, Named("packages.install", {"texts": texts, "wheels": listed, "asked": sorted(asked)}),
+                        request.left(request.config.timeout))
     except PackageRefusedError as exc:
         records.extend(Package(name=text, status="refused", reason=str(exc)) for text in texts)
         return _say(f"nbexec refused to install {', '.join(texts)}: {exc}. Nothing from this request was installed.")
@@ -230,9 +233,37 @@ def _provide_one(request: _Request, texts: list[str], records: list[Package], *,
 def installer_call(texts: Sequence[str], wheels: Sequence[wheelhouse.Wheel], asked: Iterable[str], *,
                    verbose: bool = False) -> str:
     """The code that installs ``wheels`` in the kernel with `nbexec.packages.wheelinstall` (pip only where needed)."""
-    listed = [[w.filename, w.name, w.version] for w in wheels]
-    return (f"__import__('_nbexec_wheels').install({list(texts)!r}, {listed!r}, asked={sorted(asked)!r}"
-            f"{', verbose=True' if verbose else ''})")
+    return _installer([[w.filename, w.name, w.version] for w in wheels], texts, asked, verbose=verbose)
+
+
+def _installer(listed: Iterable[Sequence[str]], texts: Iterable[str], asked: Iterable[str], *,
+               verbose: bool = False) -> str:
+    return (f"__import__('_nbexec_wheels').install({list(texts)!r}, {[list(w) for w in listed]!r}, "
+            f"asked={sorted(asked)!r}{', verbose=True' if verbose else ''})")
+
+
+def hidden_code(named: Named) -> tuple[str, dict[str, str]]:
+    """The code (and user_expressions) of one of nbexec's own requests, built from its name and its arguments
+    (data: each checked to be a list of short strings, every value a literal in the code); ValueError otherwise.
+    A node builds it the same way from what a client sent (see `nbexec.sandbox.hidden`)."""
+    if named.name == "packages.setup" and not named.args:
+        installer = resources.files("nbexec").joinpath("packages/wheelinstall.py").read_text("utf-8")
+        return f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{'INSTALLER': {installer!r}}})", \
+            {"target": _TARGET}
+    args = named.args
+    if named.name == "packages.install" and set(args) == {"texts", "wheels", "asked"}:
+        texts, asked, wheels = _strings(args["texts"]), _strings(args["asked"]), args["wheels"]
+        if isinstance(wheels, list) and len(wheels) <= 1000 and all(
+                isinstance(w, list) and len(w) == 3 and _strings(w) for w in wheels):
+            return _installer(wheels, texts, asked), {}
+    raise ValueError(f"the arguments of {named.name} are not what it takes")
+
+
+def _strings(value: Any) -> list[str]:
+    if not isinstance(value, list) or len(value) > 1000 or not all(isinstance(v, str) and len(v) <= 1000
+                                                                    for v in value):
+        raise ValueError("not a list of short strings")
+    return value
 
 
 def _say(message: str) -> str:
@@ -264,9 +295,7 @@ def _target(sandbox: SandboxHandle, timeout: float) -> wheelhouse.Target:
     known = _targets.get(sandbox)
     if known is not None:
         return known
-    installer = resources.files("nbexec").joinpath("packages/wheelinstall.py").read_text("utf-8")
-    setup = f"exec(compile({_SETUP!r}, '<nbexec-setup>', 'exec'), {{'INSTALLER': {installer!r}}})"
-    content = _run_hidden(sandbox, setup, timeout, expressions={"target": _TARGET})
+    content = _run_hidden(sandbox, Named("packages.setup"), timeout)
     try:
         shown = content["user_expressions"]["target"]["data"]["text/plain"]
         if not isinstance(shown, str) or len(shown) > 256:  # size before parse: earlier code may shape the reply
@@ -281,10 +310,11 @@ def _target(sandbox: SandboxHandle, timeout: float) -> wheelhouse.Target:
     return target
 
 
-def _run_hidden(sandbox: SandboxHandle, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                ) -> dict[str, Any]:
-    """Run ``code`` in the kernel outside the notebook (silent, no history); its reply, or PackageError."""
-    content = sandbox.run_hidden(code, timeout, expressions=expressions)
+def _run_hidden(sandbox: SandboxHandle, named: Named, timeout: float) -> dict[str, Any]:
+    """Run one of nbexec's own requests in the kernel outside the notebook (silent, no history); its reply, or
+    PackageError."""
+    code, expressions = hidden_code(named)
+    content = sandbox.run_hidden(code, timeout, expressions=expressions, named=named)
     if content is None:
         raise PackageError(f"the sandbox did not finish installing within {timeout:g} s")
     if content.get("status") != "ok":

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .lasterror import LastError
+from .messages import MAX_CONTROL, Message
+
+OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
+COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
 
 
 @dataclass
@@ -32,3 +37,25 @@ class Execution:
 
     def stamp(self, key: str) -> None:
         self.timing[key] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None]) -> bool:
+    """Apply one iopub message of the running cell to ``run`` (outputs and comm messages go to ``on_output``,
+    unparsed); True once the kernel is idle. Kinds nbexec does not know are ignored unparsed."""
+    kind = msg.msg_type
+    if kind == "status":
+        state = msg.content(MAX_CONTROL).get("execution_state")
+        if state in ("busy", "idle"):
+            run.stamp(f"iopub.status.{state}")
+        return state == "idle"
+    if kind == "execute_input":
+        run.stamp("iopub.execute_input")
+        count = msg.content(MAX_CONTROL).get("execution_count")
+        run.execution_count = count if isinstance(count, int) else None
+    elif kind in OUTPUT_KINDS or kind in COMM_KINDS:
+        if kind == "error":  # known by its header: an error past the frame limit still fails the cell
+            run.status = "error"
+            run.errors_read += msg.complete
+            run.errors_dropped += 0 if msg.complete else msg.size
+        on_output(msg)
+    return False

@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -26,12 +27,12 @@ from typing import Any
 from nbexec.errors import ProtocolError
 
 from . import lasterror, zmtp
-from .execution import Execution
+from .execution import COMM_KINDS, OUTPUT_KINDS, Execution, dispatch
 from .lasterror import LastError
-from .messages import Message, exit_asked, parse
+from .messages import MAX_CONTROL, Message, exit_asked, parse
 
+log = logging.getLogger(__name__)
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
-MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
 MAX_FRAMES = 64  # frames of one message: topic, delimiter, 5 parts, and buffers (comm messages carry a few)
 MAX_REPLY = MAX_CONTROL + 3 * MAX_HEADER  # bytes kept of a shell or control message (replies are read capped)
 SEND_TIMEOUT = 30.0  # seconds a request may wait for the kernel to read it (it reads on its own I/O thread)
@@ -47,8 +48,8 @@ MAX_SETTLE = 1.0  # seconds an idle cell's late outputs are read at most (kernel
 _WINDOW, _BACKLOG = 0.25, 25  # ...then only while a window brings this many: a queue draining, not a timer
 _DRAIN_QUIET = 1.0  # seconds of silence that end a queue's drain (the kernel may be off the CPU for a while)
 _ASK_WAIT = 10.0  # seconds the kernel has to say how its last cell ended, when its messages could not
-OUTPUT_KINDS = frozenset({"stream", "display_data", "execute_result", "error", "update_display_data", "clear_output"})
-COMM_KINDS = frozenset({"comm_open", "comm_msg"})  # widget state is built from them (engine.widgets)
+TAIL = 1.0  # seconds read past a silent request's reply for its idle, at most (within the caller's own time)
+TAIL_MESSAGES = 20_000  # messages read past a reply at most; others' are counted and dropped unparsed
 
 
 class KernelClient:
@@ -62,6 +63,7 @@ class KernelClient:
         self._seen: set[bytes] = set()
         self._order: collections.deque[bytes] = collections.deque()
         self.lost = ""  # the channel whose connection the kernel closed (it went away, or crashed its messaging)
+        self.read = 0  # messages received, dropped ones too: what a loop's message budget counts
         self.asks_last_error = True  # lasterror's code is Python: only an IPython kernel is asked it
         self.settle = 0.0  # seconds of iopub silence read past idle (Deno publishes some outputs after it)
 
@@ -128,10 +130,10 @@ class KernelClient:
             # Replies can lag behind requests while the kernel starts: accept a reply to any of ours.
             check()
             asked.add(self.kernel_info())
-            reply = self.recv("shell", 0.5)
-            while reply is not None and reply.parent_id not in asked:
+            reply, give_up = self.recv("shell", 0.5), time.monotonic() + 0.5
+            while reply is not None and reply.parent_id not in asked and time.monotonic() < give_up:
                 reply = self.recv("shell", 0.05)
-            if reply is not None:
+            if reply is not None and reply.parent_id in asked:  # others' past 0.5 s: asked again
                 info = reply.content(MAX_CONTROL).get("language_info", {})
                 return info if isinstance(info, dict) else {}
 
@@ -141,20 +143,37 @@ class KernelClient:
         while self.recv("iopub", 0.2) is None:
             check()
             self.kernel_info()
-        while self.recv("iopub", 0.005) is not None or self.recv("shell", 0) is not None:
+        end, budget = time.monotonic() + TAIL, self.read + TAIL_MESSAGES
+        while time.monotonic() < end and self.read < budget and (
+                self.recv("iopub", 0.005) is not None or self.recv("shell", 0) is not None):
             pass
 
     def run_silent(self, code: str, timeout: float, *,
                    expressions: dict[str, str] | None = None) -> dict[str, Any] | None:
         """Run ``code`` silently, outside the history (``expressions``: user_expressions evaluated after it); the
-        reply's content, or None after ``timeout`` seconds. The busy and idle it published are dropped, so the
-        next cell starts clean."""
+        reply's content, or None after ``timeout`` seconds. What it published is read up to its idle (see
+        `tail`), so the next cell starts clean."""
+        deadline = time.monotonic() + timeout
         msg_id = self.execute(code, silent=True, store_history=False, stop_on_error=False, expressions=expressions)
         reply = self.recv("shell", timeout, parent=msg_id)
-        content = reply.content(MAX_CONTROL) if reply is not None else None
-        while self.recv("iopub", 0.01) is not None:
-            pass
+        if reply is None:
+            return None
+        content = reply.content(MAX_CONTROL)
+        self.tail(msg_id, min(deadline, time.monotonic() + TAIL))
         return content
+
+    def tail(self, msg_id: str, end: float) -> bool:
+        """Read iopub past ``msg_id``'s reply up to its idle; True when it came. Messages of other requests are
+        dropped unparsed. Past ``end`` or TAIL_MESSAGES messages it stops: what is left has another parent for
+        the next reader, who drops it the same way."""
+        start = self.read
+        while (left := end - time.monotonic()) > 0 and (room := TAIL_MESSAGES - (self.read - start)) > 0:
+            msg = self.recv("iopub", left, parent=msg_id, budget=room)
+            if msg is not None and msg.msg_type == "status" \
+                    and msg.content(MAX_CONTROL).get("execution_state") == "idle":
+                return True
+        log.info("a silent request's idle did not come in its bound; %d messages read past", self.read - start)
+        return False
 
     def run(self, code: str, *, deadline: float, grace: float, on_output: Callable[[Message], None],
             alive: Callable[[], bool], kill: Callable[[], None],
@@ -236,10 +255,7 @@ class KernelClient:
         reply = self.recv("shell", timeout, parent=msg_id)
         if reply is None:
             return None
-        end = time.monotonic() + min(timeout, 2.0)
-        while (msg := self.recv("iopub", max(0.0, end - time.monotonic()), parent=msg_id)) is not None:
-            if msg.msg_type == "status" and msg.content(MAX_CONTROL).get("execution_state") == "idle":
-                break
+        self.tail(msg_id, time.monotonic() + min(timeout, 2.0))
         try:
             return lasterror.read(reply.content(MAX_CONTROL))
         except ProtocolError:  # past its limit or malformed: the kernel said nothing readable
@@ -289,15 +305,17 @@ class KernelClient:
 
     # -- the one receive path ---------------------------------------------------------------------
 
-    def recv(self, channel: str, timeout: float, *, parent: str | None = None) -> Message | None:
-        """The next verified message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds.
+    def recv(self, channel: str, timeout: float, *, parent: str | None = None,
+             budget: int | None = None) -> Message | None:
+        """The next verified message on ``channel`` ("iopub" or "shell"), or None after ``timeout`` seconds (or
+        ``budget`` messages dropped).
 
         With ``parent``, messages answering other requests are dropped unparsed. A message past the channel's
         byte limit comes back incomplete (its size counted, its content dropped unread). Raises ProtocolError
         when the kernel breaks the protocol or closes the connection (then ``lost`` names the channel).
         """
         connection = self._channel(channel)
-        end = time.monotonic() + timeout
+        end, most = time.monotonic() + timeout, self.read + (budget or -1)
         while True:
             try:
                 incoming = connection.receive(max(0.0, end - time.monotonic()))
@@ -307,10 +325,11 @@ class KernelClient:
                 raise
             if incoming is None:
                 return None
-            message = self._verify(channel, incoming)
+            self.read += 1
+            message = self._verify(channel, incoming, parent)
             if message is not None and (parent is None or message.parent_id == parent):
                 return message
-            if time.monotonic() >= end:
+            if time.monotonic() >= end or self.read == most:
                 return None
 
     def _channel(self, channel: str) -> zmtp.Connection:
@@ -319,8 +338,9 @@ class KernelClient:
             raise ProtocolError(f"the {channel} connection to the kernel is closed")
         return connection
 
-    def _verify(self, channel: str, incoming: zmtp.Incoming) -> Message | None:
-        """Check sizes and the signature, then parse the headers only; None for a message to ignore."""
+    def _verify(self, channel: str, incoming: zmtp.Incoming, parent_id: str | None = None) -> Message | None:
+        """Check sizes and the signature, then parse the headers only; None for a message to ignore (one whose
+        parent header does not hold ``parent_id``'s bytes: it answers another request, so nothing is parsed)."""
         frames, sizes = incoming.frames, incoming.sizes
         starts = [i + 1 for i, f in enumerate(frames[:_MAX_IDENTITIES + 1])
                   if sizes[i] == len(_DELIMITER) and f == _DELIMITER]
@@ -339,6 +359,8 @@ class KernelClient:
         if signature is None or header is None or parent_header is None or len(header) > MAX_HEADER \
                 or len(parent_header) > MAX_HEADER or len(signature) > 128:
             raise ProtocolError(f"a message on {channel} has a header over {MAX_HEADER:,} bytes")
+        if parent_id is not None and parent_id.encode() not in parent_header:
+            return None
         size = sum(sizes[start + 3:])
         complete = metadata is not None and content is not None  # buffers are not signed: need not be kept
         if complete:
@@ -370,28 +392,6 @@ class KernelClient:
         self._order.append(signature)
         if len(self._order) > _REPLAY_WINDOW:
             self._seen.discard(self._order.popleft())
-
-
-def dispatch(msg: Message, run: Execution, on_output: Callable[[Message], None]) -> bool:
-    """Apply one iopub message of the running cell to ``run`` (outputs and comm messages go to ``on_output``,
-    unparsed); True once the kernel is idle. Kinds nbexec does not know are ignored unparsed."""
-    kind = msg.msg_type
-    if kind == "status":
-        state = msg.content(MAX_CONTROL).get("execution_state")
-        if state in ("busy", "idle"):
-            run.stamp(f"iopub.status.{state}")
-        return state == "idle"
-    if kind == "execute_input":
-        run.stamp("iopub.execute_input")
-        count = msg.content(MAX_CONTROL).get("execution_count")
-        run.execution_count = count if isinstance(count, int) else None
-    elif kind in OUTPUT_KINDS or kind in COMM_KINDS:
-        if kind == "error":  # known by its header: an error past the frame limit still fails the cell
-            run.status = "error"
-            run.errors_read += msg.complete
-            run.errors_dropped += 0 if msg.complete else msg.size
-        on_output(msg)
-    return False
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from nbexec.errors import ProtocolError
 
+MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
 MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

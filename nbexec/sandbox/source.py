@@ -51,6 +51,7 @@ from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.result import Connection
 
+from .hidden import Named
 from .kernel import Execution
 from .messages import Message
 
@@ -109,9 +110,11 @@ class SandboxHandle(Protocol):
         (time.monotonic()), kill interrupt_grace seconds later; status "gone" when the sandbox stopped."""
 
     def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                   ) -> dict[str, Any] | None:
+                   named: Named | None = None) -> dict[str, Any] | None:
         """Run ``code`` outside the notebook (silent, no history); its execute_reply content (read within the
-        kernel's control limit), or None when it did not finish within ``timeout`` seconds."""
+        kernel's control limit), or None when it did not finish within ``timeout`` seconds. ``named``: the
+        request ``code`` was built from (see `hidden`): a node is sent that, never code; without it a remote
+        sandbox runs ``code`` as an ordinary cell (the user's own code, a replay)."""
 
     def interrupt(self) -> None:
         """Interrupt the running cell; safe from another thread."""
@@ -213,6 +216,10 @@ class SandboxSource(Protocol):
         """The running sandbox a ``describe`` record names, from another (maybe dead) process; SandboxError
         when it is gone or the record does not name one of this source's."""
         raise SandboxError("this sandbox source cannot find sandboxes again")
+
+    def abandon(self, config: SandboxConfig, record: dict[str, Any]) -> None:
+        """Remove the sandbox a ``describe`` record names without waiting on its kernel (its adoption failed or
+        ran past its deadline); nothing when the record names none of this source's."""
 
     def hibernate(self, handle: SandboxHandle, folder: Path) -> dict[str, Any] | None:
         """Stop ``handle``'s sandbox keeping its memory in ``folder`` (0700, yours); a JSON-able record to wake it

@@ -4,6 +4,7 @@ sessions and one-shot results, each streamed in chunks from its owner's folder t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from nbexec.config import parse_size
 from nbexec.engine.session import Session
-from nbexec.errors import FileTransferError
+from nbexec.errors import FileTransferError, SessionLostError, SessionPendingError
 from nbexec.files import artifacts
 from nbexec.sandbox.remote import paths
 
@@ -26,11 +27,26 @@ TOO_LARGE = {"description": "The file is over max_data (by its apparent size); n
 
 
 def owned(folders: Tenants, who: str, session_id: str) -> Session:
-    """The session ``session_id`` of ``who``; 404 for anyone else, as for a session that does not exist."""
-    session = folders.session(who, session_id)
+    """The session ``session_id`` of ``who``; 404 for anyone else, as for a session that does not exist. A kept
+    one a restarted node is still finding again is 503 with Retry-After; one it could not find again, 410."""
+    try:
+        session = folders.session(who, session_id)
+    except SessionPendingError as exc:
+        raise HTTPException(503, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after))}) from None
+    except SessionLostError as exc:
+        raise HTTPException(410, str(exc)) from None
     if session is None:
         raise HTTPException(404, "no such session")
     return session
+
+
+def deletable(folders: Tenants, who: str, session_id: str) -> None:
+    """As `owned`, but a lost session may be deleted too (it is forgotten: its owner was told)."""
+    try:
+        owned(folders, who, session_id)
+    except HTTPException as exc:
+        if exc.status_code != 410:
+            raise
 
 
 def plain(name: str) -> str:

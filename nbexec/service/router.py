@@ -8,8 +8,9 @@ and forwards every other /v1 call through one path (`relay`), whatever the route
 - ``/v1/<collection>/<id>/...`` names a session or a result: the id must be one issued to this client (its HMAC,
   see `identity`), it names the node (by the router's configured name) and that node's life (410 when the node
   restarted or is gone); the rest of the path is checked segment by segment and re-encoded.
-- any other ``/v1/...`` call is placed: on the most free node (a new session: the node with the fewest sessions),
-  and on the next only when the call never reached one (502 ``node_lost`` when it was lost after; never re-run).
+- any other ``/v1/...`` call is placed (``/v1/snapshots/<id>`` too: snapshots live in the nodes' shared store):
+  on the most free node (a new session: the node with the fewest sessions), and on the next only when the call
+  never reached one (502 ``node_lost`` when it was lost after; never re-run).
 
 /readyz says whether any node is up, nothing more; the nodes' detail is at /v1/nodes for NBEXEC_NODE_TOKEN.
 """
@@ -164,7 +165,8 @@ def _forward_route(app: FastAPI, fleet: Fleet, relay: Relay) -> None:
         call = Call(who=who, method=request.method, path="", query=query, stream=stream,
                     session=segments[0] == "sessions" and len(segments) > 1,
                     content_type=request.headers.get("content-type"))
-        if len(segments) > 1:
+        # A snapshot id is the node's own: snapshots shared by the nodes live in their common store (any node).
+        if len(segments) > 1 and segments[0] != "snapshots":
             return await _on_its_node(fleet, relay, request, segments, call)
         return await _placed(fleet, relay, request, segments, call)
 

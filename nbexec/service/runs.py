@@ -15,6 +15,7 @@ from starlette.types import Receive
 from nbexec import egress
 from nbexec.config import SandboxConfig
 from nbexec.errors import (
+    CellTooLargeError,
     ConfigError,
     DiskSpaceError,
     DockerError,
@@ -59,7 +60,7 @@ def too_many(message: str) -> HTTPException:
 
 
 def http_error(exc: NbexecError) -> HTTPException:
-    if isinstance(exc, FileTooLargeError):
+    if isinstance(exc, (FileTooLargeError, CellTooLargeError)):
         return HTTPException(413, str(exc))
     if isinstance(exc, DiskSpaceError):  # the reason without host paths; the log has the rest
         return HTTPException(503, exc.reason, headers={"Retry-After": "30"})

@@ -28,10 +28,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
+from nbexec import packages
 from nbexec.config import parse_size
 from nbexec.engine import collect
 from nbexec.errors import NbexecError, PackageError, ProtocolError, SessionError
 from nbexec.hostconfig import host_from_env
+from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.remote import frames
 from nbexec.sandbox.source import SandboxHandle, WheelFile
 
@@ -125,13 +127,19 @@ def _run_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings
 
     @app.post("/v1/sandboxes/{sandbox_id}/hidden", include_in_schema=False)
     async def hidden(sandbox_id: str, body: HiddenBody, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
-        """Run code outside the notebook (nbexec's own: the package installer); its execute_reply content."""
+        """Run one of nbexec's own requests outside the notebook, by name: the code is built here from its name
+        and arguments (`packages.hidden_code`), never taken from the client; its execute_reply content."""
         entry = owned(who, sandbox_id)
         limit = min(body.timeout, max(config.timeout, config.startup_timeout))
+        try:
+            named = Named(body.operation, body.args)
+            code, expressions = packages.hidden_code(named)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from exc
 
         def work(_: Any) -> Any:
             with held.using(entry) as handle:
-                return handle.run_hidden(body.code, limit, expressions=body.expressions)
+                return handle.run_hidden(code, limit, expressions=expressions, named=named)
 
         return {"sandbox": shown.id(sandbox_id), "reply": await runs.run(who, work)}
 

@@ -77,9 +77,13 @@ class RunBody(BaseModel):
     timeout: float = Field(gt=0, le=MAX_TIMEOUT, description="Seconds; capped by the node's limit.")
 
 
-class HiddenBody(RunBody):
-    expressions: dict[str, str] = Field(default_factory=dict, max_length=8,
-                                        description="user_expressions evaluated after the code.")
+class HiddenBody(BaseModel):
+    """A node's hidden route takes one of nbexec's own requests by name (`nbexec.sandbox.hidden`), never code."""
+
+    model_config = ConfigDict(extra="forbid")
+    operation: Literal["packages.setup", "packages.install"] = Field(description="The request (hidden.NAMES).")
+    args: dict[str, Any] = Field(default_factory=dict, max_length=8, description="Its arguments: data, not code.")
+    timeout: float = Field(gt=0, le=MAX_TIMEOUT, description="Seconds; capped by the node's limit.")
 
 
 class _Open(BaseModel):

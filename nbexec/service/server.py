@@ -237,7 +237,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
 
     @app.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response)
     async def delete_session(session_id: str, who: str = Depends(owner)) -> Response:
-        files.owned(folders, who, session_id)
+        files.deletable(folders, who, session_id)
         await runs.io(who, folders.delete_session, session_id)
         return Response(status_code=204)
 

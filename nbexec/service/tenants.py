@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +30,7 @@ from nbexec.config import SandboxConfig
 from nbexec.engine import durable, sources
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
-from nbexec.errors import SessionNotFoundError, StorageError
+from nbexec.errors import SessionLimitError, SessionNotFoundError, StorageError
 from nbexec.files.folders import work_root
 from nbexec.hostconfig import host_from_env
 from nbexec.result import ExecutionResult
@@ -127,6 +127,7 @@ class Tenants:
                                        keep_files=False,  # a session's folder goes when it is closed or reaped
                                        state_dir=self.state_dir, hibernate_after=self.hibernate_after)
         self._owners: dict[str, str] = {}  # session id -> owner
+        self._making: dict[str, int] = {}  # owner -> sessions being made for it (restores): each holds a place
         self._results: dict[str, _Kept] = {}
         self._lanes: dict[str, _Lanes] = {}
         self._lock = threading.Lock()
@@ -134,15 +135,15 @@ class Tenants:
 
     def open(self) -> None:
         """Make the private root folder (at start-up: constructors do no I/O). With a state folder, the root is
-        kept in it, and the sessions it keeps are found again with their owners (results of runs are not)."""
+        kept in it, and the sessions it keeps are found again in the background with their owners (results of
+        runs are not): start-up never waits on a kept sandbox (see `nbexec.engine.adoption`)."""
         if self.state_dir is None:
             self.root = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-serve-", dir=work_root()))
             return
         self.root = durable.hold(self.state_dir).child("outputs")
         self._remove_results()
-        for session_id in self.sessions.ids():
-            if (session := _get(self.sessions, session_id)) is not None and session.owner:
-                self._owners[session_id] = session.owner
+        self.sessions.adopt_in_background()
+        self._owners.update({sid: who for sid, who in self.sessions.kept_owners().items() if who})
 
     def _remove_results(self) -> None:
         assert self.root is not None
@@ -200,7 +201,7 @@ class Tenants:
             if self._owners.get(session_id) != who:
                 return None
         try:
-            return self.sessions.get(session_id)
+            return self.sessions.get(session_id)  # SessionPendingError, SessionLostError: a kept one (see open)
         except SessionNotFoundError:
             return None
 
@@ -208,10 +209,32 @@ class Tenants:
         return session.output_dir
 
     def live_for(self, who: str) -> int:
-        """Sessions and held sandboxes of ``who``: one cap counts both."""
+        """Sessions and held sandboxes of ``who`` (with those being made): one cap counts both."""
         live = set(self.sessions.ids())
         with self._lock:
-            return self.held.count(who) + sum(1 for sid, o in self._owners.items() if o == who and sid in live)
+            return self._live_locked(who, live)
+
+    def _live_locked(self, who: str, live: set[str]) -> int:
+        return self.held.count(who) + self._making.get(who, 0) + sum(
+            1 for sid, o in self._owners.items() if o == who and sid in live)
+
+    @contextlib.contextmanager
+    def making(self, who: str, cap: int) -> Iterator[None]:
+        """Hold one of ``who``'s ``cap`` places while a session is made for it (a restore starts a sandbox and
+        replays): taken with the check, so concurrent restores cannot all pass it; SessionLimitError when none
+        is free."""
+        live = set(self.sessions.ids())
+        with self._lock:
+            if self._live_locked(who, live) >= cap:
+                raise SessionLimitError(f"{cap} sessions are live for this token; delete one")
+            self._making[who] = self._making.get(who, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._making[who] -= 1
+                if not self._making[who]:
+                    del self._making[who]
 
     def delete_session(self, session_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):
@@ -270,7 +293,7 @@ class Tenants:
         """Delete the folders of expired results and of sessions that were reaped; release idle held sandboxes."""
         self.held.reap()
         now = time.monotonic()
-        live = set(self.sessions.ids())
+        live = set(self.sessions.ids()) | self.sessions.kept()  # a kept one's owner hears 503, then 410
         with self._lock:
             expired = [k for k, kept in self._results.items() if kept.expires <= now]
             gone = [sid for sid in self._owners if sid not in live]

@@ -461,6 +461,7 @@ def test_a_no_is_asked_again_later_and_a_yes_is_kept(monkeypatch: pytest.MonkeyP
     (and said, with why) for PROBE_AGAIN, then asked again; a yes is never asked again."""
     answers, asked = ["no: first", "", "no: once", "no: twice", ""], []
     monkeypatch.setattr(checkpoint, "_probed", {})
+    monkeypatch.setattr(checkpoint.daemon, "checkpoint_refusal", lambda: "")  # the engine's route is there
     monkeypatch.setattr(checkpoint, "_probe", lambda config: asked.append(config.runtime) or answers[len(asked) - 1])
     assert checkpoint.supported(nbexec.SandboxConfig(runtime="flaky")) is True and len(asked) == 2  # retried
     assert checkpoint.why_not(nbexec.SandboxConfig(runtime="flaky")) == ""
@@ -605,3 +606,65 @@ def test_a_woken_sandbox_contains_the_hostile_suites_core_escapes(
     (UNDER_RUNSC[case.id][0] if case.id in UNDER_RUNSC else case.check)(result)  # as for a fresh runsc sandbox
     assert hashlib.sha256(canary.read_bytes()).hexdigest() == before
     assert listener.got(run_.token) == b"", "the host listener received data from the sandbox"
+
+
+def test_a_checkpoint_past_its_cap_is_not_copied_out(runsc: nbexec.SandboxConfig, tmp_path: Path,
+                                                     sandboxes: list[Sandbox], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy out of Docker's data root is capped like the copy back in (memory + CHECKPOINT_SLACK): the cap
+    shrunk to 16 MiB in this process (the copy runs here), a sandbox holding 48 MiB of random bytes is refused
+    and nothing partial is left in the folder."""
+    assert checkpoint.supported(runsc)  # probed at the real cap first
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, "import os\nheld = os.urandom(48 * 1024**2)")
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_SLACK", 16 * 1024**2 - runsc.memory_bytes)
+    folder = private_folder(tmp_path)
+    try:
+        record = LocalSource().hibernate(sandbox, folder)
+    except SandboxError as exc:
+        assert "larger than" in str(exc), str(exc)
+    else:
+        copied = sum(size for size, _ in record["files"].values()) if record else 0
+        pytest.fail(f"a {copied / 1024**2:.0f} MiB checkpoint was copied out past the 16 MiB cap")
+    assert list(folder.iterdir()) == [], "a partial copy was left in the folder"
+
+
+WRITER = """
+import os, threading, time
+def __write():
+    while not any(n.startswith('wake-') for n in os.listdir('/run/nbexec')):
+        time.sleep(0.001)
+    while True:  # restored: the folder is open until the kernel binds its sockets
+        try:
+            out = open('/run/nbexec/filler', 'wb')
+            break
+        except OSError:
+            time.sleep(0.0005)
+    while True:
+        out.write(b'x' * 65536)
+        out.flush()
+        time.sleep(0.01)
+threading.Thread(target=__write, daemon=True).start()
+"""
+
+
+def test_what_the_sandbox_writes_in_its_open_runtime_folder_refuses_the_wake(
+        runsc: nbexec.SandboxConfig, tmp_path: Path, sandboxes: list[Sandbox]) -> None:
+    """The woken kernel's code runs while its runtime folder (a host folder) is open to it for the kernel's
+    sockets: it opens a file there and keeps writing to the host's disk through it. The wake is refused, the
+    container (the writer) removed, and nothing but the kernel's own names is in the folder afterwards."""
+    sandbox = pool.start_sandbox(runsc, role="session", warm_up=False)
+    sandboxes.append(sandbox)
+    run(sandbox, WRITER)
+    folder = private_folder(tmp_path)
+    record = LocalSource().hibernate(sandbox, folder)
+    assert record is not None
+    try:
+        sandboxes.append(LocalSource().wake(runsc, record, folder))
+    except SandboxError as exc:
+        assert "runtime folder" in str(exc), str(exc)
+    else:
+        time.sleep(1)
+        grown = (sandbox.runtime_dir / "filler").stat().st_size
+        pytest.fail(f"woken with the code writing to the host through its runtime folder ({grown:,} bytes in 1 s)")
+    assert own_containers() == [], "a refused wake left a container"

@@ -30,6 +30,8 @@ from nbexec.sandbox.docker.workdir import remove_stale_workdirs, remove_tree
 
 from ..conftest import IMAGE
 
+pytestmark = pytest.mark.usefixtures("docker_ready")  # owner processes and services reach the engine
+
 CHILD = textwrap.dedent("""
     import os, signal, sys
     import nbexec

@@ -30,6 +30,8 @@ from ..conftest import IMAGE
 from .test_durable import CHILDREN, claimed_containers, state_dir  # noqa: F401  (the fixture)
 from .test_egress_live import KeepAlive
 
+pytestmark = pytest.mark.usefixtures("docker_ready")  # owner processes and services reach the engine
+
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[list[KeepAlive]]:

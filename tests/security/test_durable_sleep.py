@@ -27,6 +27,8 @@ from ..conftest import IMAGE, wait_until
 from . import hostile_cases
 from .test_durable import claimed_containers, owner_process, state_dir  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.usefixtures("docker_ready")  # owner processes and services reach the engine
+
 
 def cfg(**changes: Any) -> nbexec.SandboxConfig:
     return nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, interrupt_grace=3,

@@ -404,3 +404,43 @@ def test_a_forwarded_head_is_unambiguous(method: bytes, target: bytes, version: 
     named = {token.strip().lower() for name, value in fields if name.lower() == b"connection"
              for token in value.split(b",")}  # hop-by-hop too: never forwarded
     assert not named & (set(names[1:-1]) - {b"content-length", b"transfer-encoding"}), (named, names)
+
+
+@pytest.fixture
+def port_80() -> Iterator[list[tuple[str, str]]]:
+    """A plain-http server on 127.0.0.1:80 (the tests run as root), recording (path, Host) of each request."""
+    import http.server
+
+    seen: list[tuple[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            seen.append((self.path, self.headers.get("Host", "")))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # the base class's names
+            pass
+
+    found = http.server.ThreadingHTTPServer(("127.0.0.1", 80), Handler)
+    threading.Thread(target=found.serve_forever, daemon=True).start()
+    yield seen
+    found.shutdown()
+    found.server_close()
+
+
+def test_connect_to_the_plain_http_port_is_no_raw_tunnel(short: Path, port_80: list[tuple[str, str]]) -> None:
+    """Attack (#36): the rule that lets plain http reach 127.0.0.1:80 made CONNECT to it a raw tunnel, and a request
+    in that tunnel went on with any Host (plain requests get the URL's own). CONNECT to port 80 is refused."""
+    started = Proxy.start(short, egress.Allowlist.of(["127.0.0.1:80"]), Limits(max_bytes=100_000, max_connections=8))
+    try:
+        answer = _ask(short, b"CONNECT 127.0.0.1:80 HTTP/1.1\r\n\r\n"  # the tunnel's request sent with it
+                             b"GET /tunnelled HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n")
+        plain = _ask(short, b"GET http://127.0.0.1/plain HTTP/1.1\r\nHost: other.example\r\n\r\n")
+        shown, _ = started.take()
+    finally:
+        started.close()
+    assert answer.startswith(b"HTTP/1.1 403") and b"port 80" in answer, answer[:300]
+    assert plain.startswith(b"HTTP/1.0 204"), plain[:300]  # plain http to the port still goes, judged
+    assert port_80 == [("/plain", "127.0.0.1")], port_80
+    assert [(c.allowed, "CONNECT to port 80" in (c.reason or "")) for c in shown] == [(False, True), (True, False)]

@@ -121,7 +121,7 @@ def test_the_node_refuses_one_clients_sandbox_to_another(alices: tuple[httpx.Cli
             continue  # makes a sandbox of one's own
         options: dict[str, Any] = {
             "/run": {"json": {"code": "open('/mnt/data/secret.txt', 'w').write('owned')", "timeout": 30}},
-            "/hidden": {"json": {"code": "open('/mnt/data/secret.txt', 'w').write('owned')", "timeout": 30}},
+            "/hidden": {"json": {"operation": "packages.setup", "timeout": 30}},
             "/egress": {"json": {"allow": [], "deny": ["a.example"]}},
         }.get(path[path.rfind("/"):], {})
         if method == "PUT":

@@ -3,12 +3,15 @@
 A record (`container.Sandbox.describe`, kept private in a state folder) names the container, the working folder,
 the sandbox user and the kernel's connection. Nothing in it is taken on trust beyond what it names: the working
 folder must be one of nbexec's (a direct child of the work root, ours, private), the container must be nbexec's,
-be named for the sandbox, mount that folder's run/ and still run; then a new kernel client connects to the
-kernel's sockets with the recorded key. A running cell of the dead owner is interrupted (nobody waits for it).
+be named for the sandbox, mount that folder's run/ and still run; then its memory, CPU and process limits are
+set to the adopting process's config (today's policy), and a new kernel client connects to the kernel's sockets
+with the recorded key. A running cell of the dead owner is interrupted (nobody waits for it). `abandon` removes
+such a sandbox without a word to its kernel (an adoption that failed or ran past its deadline).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -49,7 +52,58 @@ def _workdir(raw: str) -> Path:
 
 
 def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
-    """The running sandbox ``record`` describes, its kernel connected again (SandboxError when it is gone)."""
+    """The running sandbox ``record`` describes, its kernel connected again, brought to the limits of ``config``
+    (today's policy: see `_limit`); SandboxError when it is gone or cannot be."""
+    sandbox, asleep = _found(config, record)
+    try:
+        _limit(sandbox, config)
+        sandbox.disk = space.reserve(space.sandbox_needs(config, sandbox.workdir), config.disk_margin_bytes)
+        if not asleep:  # a slept sandbox gets its kernel and proxy when it wakes (`sleep.Sleeper.awake`)
+            _reconnect(sandbox)
+            if config.network == "allowlist":  # its forwarder runs on; the proxy it reaches died with the owner
+                sandbox.egress = egress.open_proxy(sandbox.workdir, config)
+    except BaseException:
+        if sandbox.egress is not None:
+            sandbox.egress.close()
+            sandbox.egress = None
+        if sandbox.client is not None:
+            sandbox.client.close()
+            sandbox.client = None
+        if sandbox.disk is not None:
+            sandbox.disk.release()
+        raise
+    return sandbox
+
+
+def abandon(config: SandboxConfig, record: dict[str, Any]) -> None:
+    """Remove the sandbox ``record`` describes (container, data filesystem, working folder) without touching its
+    kernel; only what `adopt` would have accepted as that sandbox."""
+    try:
+        sandbox, _ = _found(config, record)
+    except SandboxError:
+        found = _remains(config, record)
+        if found is None:
+            return
+        sandbox = found
+    sandbox.destroy()
+
+
+def _remains(config: SandboxConfig, record: dict[str, Any]) -> Sandbox | None:
+    """What is left of a sandbox `_found` refused (stopped, half gone): its checked working folder, and its
+    container when that is still the sandbox's; None when the record names no folder of nbexec's."""
+    try:
+        sandbox = Sandbox(config, _field(record, "id", str), _workdir(_field(record, "workdir", str)))
+    except SandboxError:
+        return None
+    with contextlib.suppress(SandboxError, DockerError), daemon.translated("find a kept sandbox"):
+        container = daemon.connect().containers.get(_field(record, "container", str))
+        _check_container(container, sandbox, asleep=True)
+        sandbox.container = container
+    return sandbox
+
+
+def _found(config: SandboxConfig, record: dict[str, Any]) -> tuple[Sandbox, bool]:
+    """The sandbox ``record`` names, its container checked and attached; whether it sleeps."""
     if record.get("kind") != "local":
         raise SandboxError("the sandbox record is not of this host's source")
     workdir = _workdir(_field(record, "workdir", str))
@@ -72,23 +126,25 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
     sandbox.init_process = daemon.process_identity(pid)
     if sandbox.init_process is not None:
         sandbox.freezer = datafs.Freezer.of_process(sandbox.init_process[0])
+    return sandbox, asleep
+
+
+def _limit(sandbox: Sandbox, config: SandboxConfig) -> None:
+    """Bring the container's memory, CPU and process limits to ``config``'s (the policy the process runs with
+    now, not the one the sandbox was made with); SandboxError when the engine refuses (memory in use above it)."""
+    assert sandbox.container is not None
+    host = sandbox.container.attrs.get("HostConfig", {})
+    wanted = {"Memory": config.memory_bytes, "MemorySwap": config.memory_bytes, "NanoCpus": int(config.cpus * 1e9),
+              "PidsLimit": config.pids}
+    if all(host.get(name) == value for name, value in wanted.items()):
+        return
+    api = daemon.connect().api  # docker-py's update_container has no NanoCpus or PidsLimit: the engine's route
     try:
-        sandbox.disk = space.reserve(space.sandbox_needs(config, workdir), config.disk_margin_bytes)
-        if not asleep:  # a slept sandbox gets its kernel and proxy when it wakes (`sleep.Sleeper.awake`)
-            _reconnect(sandbox)
-            if config.network == "allowlist":  # its forwarder runs on; the proxy it reaches died with the owner
-                sandbox.egress = egress.open_proxy(workdir, config)
-    except BaseException:
-        if sandbox.egress is not None:
-            sandbox.egress.close()
-            sandbox.egress = None
-        if sandbox.client is not None:
-            sandbox.client.close()
-            sandbox.client = None
-        if sandbox.disk is not None:
-            sandbox.disk.release()
-        raise
-    return sandbox
+        with daemon.translated("bring a kept sandbox to today's limits"):
+            api._result(api._post_json(api._url("/containers/{0}/update", sandbox.container.id), data=wanted), True)
+    except DockerError as exc:
+        raise SandboxError(f"the kept sandbox {sandbox.id} cannot be brought to this node's limits "
+                           f"(memory {config.memory}, cpus {config.cpus:g}, pids {config.pids}): {exc}") from None
 
 
 def _check_container(container: Any, sandbox: Sandbox, *, asleep: bool) -> None:

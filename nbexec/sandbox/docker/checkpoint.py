@@ -19,8 +19,12 @@ kernel a fresh HMAC key and session id and reseeds ``random`` (and numpy's globa
 made from one image by `from_template` (a template, a fork) never share them.
 
 A checkpoint is hostile data on its way back: copied into ``folder`` private (0700/0600), each file's sha256 and
-size kept in the record; ``wake`` copies only regular files (no links, nothing added nor missing) through
-descriptors, hashing them, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all, and hands them to runsc alone.
+size kept in the record, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all (past it the copy stops, is removed
+and the checkpoint refused); ``wake`` copies only regular files (no links, nothing added nor missing) through
+descriptors, hashing them, within the same cap, and hands them to runsc alone. While a restored kernel binds its
+sockets its runtime folder (a host folder) is open to the sandbox's code; once locked it must hold only the
+kernel's sockets and the wake file: anything else the code made there refuses the wake (its container, and a
+writer holding a file open there, removed).
 `supported` probes whether a runtime can (under runc CRIU fails on this kernel's vDSO: ``hibernate`` returns None).
 """
 
@@ -32,6 +36,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import stat
 import tempfile
@@ -49,7 +54,7 @@ from nbexec.files import space
 from . import agent, daemon, leftovers, pool
 from .container import Sandbox
 from .options import KERNEL_PORTS, Place, connection_info, container_options
-from .workdir import claim_of
+from .workdir import claim_of, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +160,7 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
                                   data={"CheckpointID": NAME, "Exit": True})
         api._raise_for_status(response)
     files = _copy_out(Path(daemon.root_dir()) / "containers" / sandbox.container.id / "checkpoints" / NAME,
-                      folder / "checkpoint")
+                      folder / "checkpoint", config.memory_bytes + CHECKPOINT_SLACK)
     log.debug("sandbox %s checkpointed in %.3f s", sandbox.id, time.monotonic() - started)
     with contextlib.suppress(DockerError), daemon.translated("remove a checkpointed sandbox"):
         sandbox.container.remove(force=True, v=True)
@@ -225,7 +230,7 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
                 client.api._url("/containers/{0}/checkpoints/{1}", container.id, NAME)))
         _wait(lambda: all((sandbox.runtime_dir / name).exists() for name in _SOCKETS), config.startup_timeout,
               "the restored kernel did not bind its sockets again")
-        _lock_sockets(sandbox.runtime_dir)
+        _lock_sockets(sandbox.runtime_dir, str(record["wake"]))
         sandbox.connect_kernel()
         (sandbox.runtime_dir / str(record["wake"])).unlink(missing_ok=True)
     except BaseException:
@@ -256,17 +261,25 @@ def _checked_record(record: dict[str, Any], config: SandboxConfig) -> dict[str, 
     return files
 
 
-def _copy_out(source: Path, target: Path) -> dict[str, list[Any]]:
-    """Copy the checkpoint Docker wrote (regular files only) into ``target`` (0700, files 0600); {name: [size,
-    sha256]} of what was copied."""
+def _copy_out(source: Path, target: Path, cap: int) -> dict[str, list[Any]]:
+    """Copy the checkpoint Docker wrote (regular files only) into ``target`` (0700, files 0600) within ``cap``
+    bytes in all; {name: [size, sha256]} of what was copied. Past the cap the copy stops at cap + 1 byte, the
+    partial copy is removed and SandboxError says so."""
     target.mkdir(mode=0o700)
     files: dict[str, list[Any]] = {}
     fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     out = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for name in sorted(os.listdir(fd)):
-            size, digest = _copy_file(fd, out, name, limit=None)
+            left = cap - sum(size for size, _ in files.values())
+            size, digest = _copy_file(fd, out, name, limit=left)
+            if size > left:
+                raise SandboxError(f"the sandbox's checkpoint is larger than its memory limit allows ({cap:,} "
+                                   "bytes with the slack): not kept")
             files[name] = [size, digest]
+    except BaseException:
+        remove_tree(target)
+        raise
     finally:
         os.close(fd)
         os.close(out)
@@ -321,7 +334,10 @@ def _open_runtime(runtime_dir: Path, wake: str, content: bytes) -> None:
     fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for name in os.listdir(fd):
-            os.unlink(name, dir_fd=fd)
+            if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):  # left by code a refused wake ran
+                shutil.rmtree(name, dir_fd=fd)
+            else:
+                os.unlink(name, dir_fd=fd)
     finally:
         os.close(fd)
     _say(runtime_dir, wake, content)
@@ -352,13 +368,18 @@ def _answers(path: Path) -> bool:
         probe.close()
 
 
-def _lock_sockets(runtime_dir: Path) -> None:
+def _lock_sockets(runtime_dir: Path, wake: str) -> None:
     """Lock the runtime folder again (the sandbox's code ran while it was open), then check that each name the
-    host will connect to is a socket, never a link or anything else the sandbox could have left there."""
+    host will connect to is a socket, never a link or anything else the sandbox could have left there, and that
+    nothing else is there (a file the code opened while it could would let it write to the host's disk)."""
     os.chmod(runtime_dir, 0o555)
     for name in _SOCKETS:
         if not stat.S_ISSOCK(os.lstat(runtime_dir / name).st_mode):
             raise SandboxError(f"the restored sandbox left {name!r} in its runtime folder that is not its socket")
+    extra = sorted(set(os.listdir(runtime_dir)) - {*_SOCKETS, wake})
+    if extra:
+        raise SandboxError(f"the restored sandbox made {extra[0][:80]!r} in its runtime folder while it was open "
+                           "for its kernel's sockets: not woken")
 
 
 def _wait(done: Any, timeout: float, message: str) -> None:

@@ -30,7 +30,7 @@ from nbexec.errors import ConfigError, DockerError, SandboxError
 from nbexec.files import artifacts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
 from nbexec.result import Connection
-from nbexec.sandbox import kernel
+from nbexec.sandbox import hidden, kernel
 from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
 
 from . import daemon, datafs, egress, inputmount, users
@@ -272,9 +272,9 @@ class Sandbox(Sleeper):
             log.warning("warm imports failed in the sandbox: %.200r", reply.get("evalue"))
 
     def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                   ) -> dict[str, Any] | None:
+                   named: hidden.Named | None = None) -> dict[str, Any] | None:
         """Run ``code`` outside the notebook (silent, no history): its execute_reply content, or None after
-        ``timeout`` seconds (the cell is then interrupted)."""
+        ``timeout`` seconds (the cell is then interrupted). ``named`` tells a node what to build; here code runs."""
         assert self.client is not None
         reply = self.client.run_silent(code, timeout, expressions=expressions)
         if reply is None:

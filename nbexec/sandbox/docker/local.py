@@ -32,6 +32,9 @@ class LocalSource(SandboxSource):
     def adopt(self, config: SandboxConfig, record: dict[str, Any]) -> SandboxHandle:
         return adopt.adopt(config, record)
 
+    def abandon(self, config: SandboxConfig, record: dict[str, Any]) -> None:
+        adopt.abandon(config, record)
+
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         if wait:
             _own(sandbox).destroy()

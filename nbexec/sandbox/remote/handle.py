@@ -28,6 +28,7 @@ from nbexec.errors import (
     NodeError,
     NodeLostError,
     NodeUnavailableError,
+    NotOfferedError,
     ProtocolError,
     SessionLostError,
 )
@@ -35,6 +36,7 @@ from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
 from nbexec.result import Connection, File
 from nbexec.sandbox import kernel
+from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.messages import Message
 from nbexec.sandbox.source import ContainerState, WheelFile
@@ -180,8 +182,13 @@ class RemoteHandle:
         return None
 
     def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
-                   ) -> dict[str, Any] | None:
-        body = {"code": code, "timeout": timeout, "expressions": expressions or {}}
+                   named: Named | None = None) -> dict[str, Any] | None:
+        """nbexec's own requests go by name (a node's hidden route takes no code); the user's own runs as a cell."""
+        if named is None and expressions:
+            raise NotOfferedError("a node evaluates expressions only for nbexec's own named requests")
+        if named is None:
+            return self._as_cell(code, timeout)
+        body = {"operation": named.name, "args": named.args, "timeout": timeout}
         with self._on_node():
             data = self.client.json("POST", f"{self.route}/hidden", "run nbexec's code", MAX_REPLY, json=body,
                                     timeout=timeout + SLACK)
@@ -189,6 +196,13 @@ class RemoteHandle:
         if reply is not None and not isinstance(reply, dict):
             raise ProtocolError(f"node {self.node} answered a hidden run with something else")
         return reply
+
+    def _as_cell(self, code: str, timeout: float) -> dict[str, Any] | None:
+        """Run ``code`` as a cell; a reply's status and error as a silent run's, or None when it did not end."""
+        ended = self.run(code, deadline=time.monotonic() + timeout, on_output=lambda _: None)
+        said = ended.error
+        return {"status": ended.status, "ename": said.ename if said else "", "evalue": said.evalue if said else ""} \
+            if ended.status in ("ok", "error") else None
 
     def interrupt(self) -> None:
         with contextlib.suppress(NodeError):  # safe from any thread; a lost node has nothing left to interrupt
