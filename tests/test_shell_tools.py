@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 
+import pytest
 from pydantic import TypeAdapter
 
 import nbexec
@@ -109,3 +110,13 @@ def test_the_models_timeout_only_shortens_the_operators(config: nbexec.SandboxCo
         took = time.monotonic() - started
     assert reply["output"][0]["outcome"] == {"type": "timeout"}
     assert "finished" not in reply["output"][0]["stdout"] and took < 11, took
+
+
+@pytest.mark.parametrize("timeout_ms", [10**400, 2**63, 10**30], ids=["beyond-float", "int64", "large"])
+def test_a_huge_model_timeout_is_the_operators_limit(config: nbexec.SandboxConfig, timeout_ms: int) -> None:
+    """Attack (#36, found by the attacker's read): a valid JSON integer past a float's range raised OverflowError out
+    of the handler; any size is capped by the operator's limit and the command runs."""
+    call = json.loads('{"call_id": "c", "action": {"commands": ["echo hi"], "timeout_ms": ' + str(timeout_ms) + "}}")
+    with Session(config) as session:
+        reply = handle_openai_shell_call(call, session=session)
+    assert reply["output"][0]["stdout"] == "hi\n" and reply["output"][0]["outcome"]["exit_code"] == 0, reply

@@ -252,10 +252,14 @@ class Hibernation:
         return stopping is not None
 
     def _end_wake(self) -> None:
-        """For close(): a replay under way ends now (interrupted, its sandbox killed when the kernel does not let
-        go within a second), so close does not wait behind it."""
+        """For close(): a run or a replay under way ends now (interrupted, its sandbox killed when the kernel does
+        not let go within a second), so close never waits behind a run's limit."""
+        replaying = self._stop_wake()
+        if not replaying and self._lock.acquire(timeout=0.2):  # nothing runs: close goes on at once
+            self._lock.release()
+            return
         sandbox = self._sandbox
-        if not self._stop_wake() or sandbox is None:
+        if sandbox is None:
             return
         sandbox.interrupt()
         if self._lock.acquire(timeout=1.0):

@@ -37,7 +37,7 @@ from typing import Any
 from nbformat import NotebookNode
 
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError, NbexecError, SessionLimitError, SnapshotError, StorageError
+from nbexec.errors import ConfigError, NbexecError, SnapshotError, StorageError
 from nbexec.files import folders, space, transfer
 from nbexec.sandbox.docker.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
@@ -112,17 +112,16 @@ class BlobSnapshotStore:
 
     def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
         """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner`` into the blob store; its id."""
-        if self.count(owner) >= self.max_snapshots:
-            raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
-        staging = _staging()
-        try:
-            snapshot_id = SnapshotStore(staging / "s", key=self._secret, ttl=self.ttl).take(owner, config, nb,
-                                                                                            sandbox)
-            raw = snapshot_id.split(".", 1)[0]
-            self._upload(staging / "s" / raw, f"{self._folder(owner)}{raw}/")
-        finally:
-            remove_tree(staging)
-        return snapshot_id
+        with snapshots.place(f"blobs:{self._folder(owner)}", owner, lambda: self.count(owner), self.max_snapshots):
+            staging = _staging()
+            try:
+                snapshot_id = SnapshotStore(staging / "s", key=self._secret, ttl=self.ttl).take(owner, config, nb,
+                                                                                                sandbox)
+                raw = snapshot_id.split(".", 1)[0]
+                self._upload(staging / "s" / raw, f"{self._folder(owner)}{raw}/")
+            finally:
+                remove_tree(staging)
+            return snapshot_id
 
     def _upload(self, local: Path, base: str) -> None:
         names = sorted(str(p.relative_to(local)) for p in (local / "files").rglob("*") if p.is_file())

@@ -18,6 +18,8 @@ unknown and removed with its files, at the latest on the store's next use by any
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -26,8 +28,9 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -47,6 +50,27 @@ MAX_SNAPSHOTS = 8  # per owner
 TTL = 7 * 24 * 3600.0  # seconds a snapshot is kept (NBEXEC_SNAPSHOT_TTL), then removed with its files
 MAX_MANIFEST = 4 * 1024**2
 _ID = re.compile(r"([0-9a-f]{32})\.([0-9a-f]{32})")
+
+
+_taking: collections.Counter[tuple[str, str]] = collections.Counter()  # (store, owner) -> snapshots being made
+_taking_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def place(store: str, owner: str, count: Callable[[], int], cap: int) -> Iterator[None]:
+    """Hold one of ``owner``'s ``cap`` places in ``store`` while a snapshot is made. Taken with the check: takes
+    running at once (HTTP's threads, MCP's calls) would all pass a count made before they wrote anything."""
+    with _taking_lock:
+        if count() + _taking[(store, owner)] >= cap:
+            raise SessionLimitError(f"{cap} snapshots are kept for this owner; delete one first")
+        _taking[(store, owner)] += 1
+    try:
+        yield
+    finally:
+        with _taking_lock:
+            _taking[(store, owner)] -= 1
+            if not _taking[(store, owner)]:
+                del _taking[(store, owner)]
 
 
 @dataclass(frozen=True)
@@ -106,8 +130,10 @@ class SnapshotStore:
     def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
         """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner``; its id (SnapshotError past the caps)."""
         key = self._key()
-        if self.count(owner) >= self.max_snapshots:
-            raise SessionLimitError(f"{self.max_snapshots} snapshots are kept for this owner; delete one first")
+        with place(str(self.root), owner, lambda: self.count(owner), self.max_snapshots):
+            return self._make(key, owner, config, nb, sandbox)
+
+    def _make(self, key: bytes, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
         raw = secrets.token_hex(16)
         snapshot_id = f"{raw}.{mac(key, owner, raw)}"
         # Admitted before a byte is written: its files (max_data) and notebook (the output budgets) plus the margin.

@@ -270,7 +270,7 @@ def _shell_limit(timeout_ms: Any, ceiling: float) -> float:
     """The limit of each command: the operator's ``ceiling``, shortened (never lengthened) by the model's
     ``timeout_ms``."""
     if isinstance(timeout_ms, int) and not isinstance(timeout_ms, bool) and timeout_ms > 0:
-        return min(timeout_ms / 1000, ceiling)
+        return min(timeout_ms, ceiling * 1000) / 1000  # compared as integers first: any JSON integer fits
     return ceiling
 
 

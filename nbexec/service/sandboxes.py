@@ -89,11 +89,11 @@ def _held_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, setting
     async def acquire(body: SandboxBody, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
         """A ready sandbox of this node's source (in the named image the body asks for), held for the caller."""
         config = chosen(folders.config, body.image, body.language)
-        if folders.live_for(who) >= settings.max_sessions_per_token:
-            raise too_many(f"{settings.max_sessions_per_token} sessions and sandboxes are live for this token")
-        handle = await runs.io(who, lambda: folders.source.acquire(config, purpose=body.purpose))
+        # The place is taken with the check: concurrent calls would all pass a check made before the wait.
         try:
-            raw = held.add(who, handle, body.purpose)
+            with folders.making(who, settings.max_sessions_per_token):
+                handle = await runs.io(who, lambda: folders.source.acquire(config, purpose=body.purpose))
+                raw = held.add(who, handle, body.purpose)
         except SessionError as exc:
             raise too_many(str(exc)) from exc
         return shown.outward({"id": raw, "node": host_from_env().node_name, "language_info": handle.language_info,

@@ -9,14 +9,19 @@ node, and the snapshot folder on disk (NBEXEC_SNAPSHOT_DIR).
 from __future__ import annotations
 
 import re
+import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import anyio
+import nbformat
 import pytest
 
 import nbexec
+from nbexec.engine.snapshots import SnapshotStore
+from nbexec.errors import SessionLimitError
 from nbexec.service.settings import ServerSettings
 
 from ..conftest import IMAGE
@@ -159,3 +164,33 @@ def test_http_snapshot_expires(node: Any, monkeypatch: pytest.MonkeyPatch) -> No
         assert late.status_code == 404, late.text
         assert folders(store) == set(), "an expired snapshot's files stayed on disk"
         assert snapshot not in alice.get("/v1/snapshots").text
+
+
+class _SlowCopy:
+    """The one handle method a take calls, slow as a copy of a full /mnt/data: takes overlap for a second."""
+
+    def snapshot(self, files: Any, limits: Any) -> Any:
+        time.sleep(1.0)
+        return types.SimpleNamespace(skipped=[], files=[])
+
+
+def test_concurrent_takes_stay_within_the_owners_cap(tmp_path: Path) -> None:
+    """Attack (#36, found by the attacker's read): ten takes at once by one owner (HTTP's threads, MCP's calls) all
+    passed max_snapshots=2 (count, then write; a folder being made counts for nobody): ten were kept."""
+    store = SnapshotStore(tmp_path / "snaps", max_snapshots=2, key=b"k" * 32)
+    outcomes: list[str] = []
+
+    def take() -> None:
+        try:
+            store.take("token-a", nbexec.SandboxConfig(), nbformat.v4.new_notebook(), _SlowCopy())  # type: ignore[arg-type]
+            outcomes.append("made")
+        except SessionLimitError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=take) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert outcomes.count("made") == 2 and outcomes.count("refused") == 8, outcomes
+    assert store.count("token-a") == 2 and store.count("token-b") == 0

@@ -183,3 +183,40 @@ def test_concurrent_restores_over_http_stay_within_the_token_cap(docker_ready: N
             if answer.status_code == 201:
                 assert client.delete(f"/v1/sessions/{answer.json()['id']}").status_code in (200, 204)
         wait_until(lambda: not server.containers(), 60, "restores left containers behind")
+
+
+def test_concurrent_sandbox_acquires_stay_within_the_token_cap(docker_ready: None) -> None:
+    """`POST /v1/sandboxes` checked the cap, then waited for a sandbox: 8 concurrent calls under a cap of 1 per token
+    could all pass the check. The place is now taken with the check."""
+    headers = {"Authorization": f"Bearer {cluster.NODE_TOKEN}"}
+    with cluster.running_node("H", {"NBEXEC_POOL_SIZE": "0"}, sessions=1) as server, \
+            httpx.Client(base_url=server.url, headers=headers, timeout=120) as client:
+        with ThreadPoolExecutor(8) as threads:
+            answers = list(threads.map(lambda _: client.post("/v1/sandboxes", json={"purpose": "session"}), range(8)))
+        statuses = sorted(a.status_code for a in answers)
+        for answer in answers:
+            if answer.status_code == 201:
+                assert client.delete(f"/v1/sandboxes/{answer.json()['id']}").status_code == 204
+        assert statuses.count(201) <= 1 and statuses.count(429) == 8 - statuses.count(201), statuses
+        wait_until(lambda: not server.containers(), 60, "acquires left containers behind")
+
+
+def test_close_ends_a_running_cell_within_seconds(cleanup_ledger: None) -> None:
+    """Attack (#36, found by the attacker's read): close() (DELETE, an MCP connection's end) during a cell that
+    ignores SIGINT waited behind the whole run (20.2 s under a 20 s limit). It now interrupts, then kills."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=20, interrupt_grace=3)
+    session = Session(config)
+    assert session.run("1").ok
+    results: list[Any] = []
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('on', flush=True)\ntime.sleep(60)"
+    started = threading.Event()
+    thread = threading.Thread(target=lambda: results.append(session.run(code, on_output=lambda *_: started.set())),
+                              daemon=True)
+    thread.start()
+    assert started.wait(30), "the cell did not start"
+    asked = time.monotonic()
+    session.close()
+    took = time.monotonic() - asked
+    thread.join(30)
+    assert took < 4, f"close() took {took:.1f} s during a running cell"
+    assert not thread.is_alive() and results and not results[0].ok, results  # the run says it did not finish
