@@ -131,8 +131,9 @@ def test_a_host_that_reads_the_agents_reply_late_still_checkpoints(runsc: nbexec
     run(sandbox, STATE)
     recv, late = KernelClient.recv, []
 
-    def read_late(self: KernelClient, channel: str, timeout: float, *, parent: str | None = None) -> Message | None:
-        message = recv(self, channel, timeout, parent=parent)
+    def read_late(self: KernelClient, channel: str, timeout: float, *, parent: str | None = None,
+                  budget: int | None = None) -> Message | None:
+        message = recv(self, channel, timeout, parent=parent, budget=budget)
         if channel == "shell" and message is not None and parent is not None:
             late.append(parent)
             time.sleep(1)

@@ -56,7 +56,8 @@ CHILD = textwrap.dedent("""
 
 def claimed_containers(state_dir: Path) -> list[docker.models.containers.Container]:
     client = daemon.connect()
-    found = client.containers.list(all=True, filters={"label": daemon.LABEL_STATE})
+    # ignore_removed: a container removed between the list and its inspect (adoption removing it) is not an error.
+    found = client.containers.list(all=True, filters={"label": daemon.LABEL_STATE}, ignore_removed=True)
     return [c for c in found if c.labels.get(daemon.LABEL_STATE, "").endswith(":" + str(state_dir.absolute()))]
 
 
