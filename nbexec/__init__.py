@@ -19,6 +19,7 @@ from .errors import (
     NotebookError,
     ProtocolError,
     SandboxError,
+    SessionBusyError,
     SessionClosedError,
     SessionDeadError,
     SessionError,
@@ -27,6 +28,7 @@ from .errors import (
     SessionNotFoundError,
     SnapshotError,
     StorageError,
+    WakeStoppedError,
 )
 from .notebook.links import rewrite as rewrite_links
 from .result import CellError, ExecutionResult, File, Image, SkippedFile, Upload
@@ -55,6 +57,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "Session",
+    "SessionBusyError",
     "SessionClosedError",
     "SessionDeadError",
     "SessionError",
@@ -66,6 +69,7 @@ __all__ = [
     "SnapshotError",
     "StorageError",
     "Upload",
+    "WakeStoppedError",
     "__version__",
     "execute_notebook",
     "execute_notebook_async",

@@ -91,6 +91,15 @@ class SessionDeadError(SessionError):
     """The session's kernel died or was killed."""
 
 
+class SessionBusyError(SessionError):
+    """The session stayed busy (another call, or a sleep under way) for the whole time limit of a run."""
+
+
+class WakeStoppedError(SessionBusyError):
+    """A run's wake from a checkpoint was interrupted or ran out of the run's time limit before the kernel was back:
+    nothing ran, and the session sleeps on with its memory and files (the next call wakes it again)."""
+
+
 class SessionClosedError(SessionError):
     """The session was closed."""
 

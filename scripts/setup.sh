@@ -162,10 +162,12 @@ ensure_resolver_python() {
 ensure_test_tools() {
     # Azurite (Microsoft's Azure Storage emulator, from npm) for the Azure upload tests, and TypeScript for the
     # TypeScript example's test; kept in .tools/, at the versions scripts/test-tools/package-lock.json pins (a fresh
-    # resolve can pick a release whose own dependencies are not published yet). Debian's Node 18 runs them.
-    if [ -x .tools/node_modules/.bin/azurite-blob ] && [ -x .tools/node_modules/.bin/tsc ]; then return; fi
+    # resolve can pick a release whose own dependencies are not published yet); and E2B's npm SDKs for the E2B door's
+    # TypeScript test (they need Node 20.18 or later: Debian 13's).
+    if [ -x .tools/node_modules/.bin/azurite-blob ] && [ -x .tools/node_modules/.bin/tsc ] &&
+        [ -f .tools/node_modules/@e2b/code-interpreter/package.json ]; then return; fi
     command -v npm >/dev/null || apt_install nodejs npm
-    log "installing Azurite and TypeScript into .tools/"
+    log "installing Azurite, TypeScript and the E2B SDKs into .tools/"
     mkdir -p .tools
     cp scripts/test-tools/package.json scripts/test-tools/package-lock.json .tools/
     npm ci --loglevel=error --no-audit --no-fund --prefix .tools >/dev/null  # errors still reach stderr

@@ -265,10 +265,25 @@ def _ask(path: Path, request: bytes, then: bytes = b"") -> bytes:
         return answer
 
 
+def _ask_over_tls(path: Path, head: bytes, request: bytes) -> bytes:
+    """CONNECT with ``head``, then ``request`` over TLS inside the tunnel: the proxy's answer and the server's."""
+    with _connect(path) as client:
+        client.sendall(head)
+        answer = client.recv(65536)
+        if not answer.startswith(b"HTTP/1.1 200"):
+            return answer
+        with ssl._create_unverified_context().wrap_socket(client) as tls:
+            tls.sendall(request)
+            while chunk := tls.recv(65536):
+                answer += chunk
+        return answer
+
+
 @pytest.fixture
 def proxy(tmp_path: Path, servers: dict[str, Server]) -> Iterator[tuple[Proxy, Path]]:
     path = tmp_path / "proxy.sock"
-    rules = egress.Allowlist.of([f"127.0.0.1:{servers['allowed'].port}", f"localhost:{servers['refused'].port}"])
+    rules = egress.Allowlist.of([f"127.0.0.1:{servers['allowed'].port}", f"localhost:{servers['refused'].port}",
+                                 f"127.0.0.1:{servers['tls'].port}"])
     started = Proxy.start(path, rules, Limits(max_bytes=100_000, max_connections=4))
     yield started, path
     started.close()
@@ -283,8 +298,8 @@ def test_the_proxy_forwards_allowed_requests_and_logs_every_connection(
                        "Proxy-Authorization: x\r\n\r\n".encode())
     assert plain.startswith(b"HTTP/1.0 200") and plain.endswith(b"hello from the allowed server")
     assert ("/plain", f"127.0.0.1:{allowed}") in servers["allowed"].seen  # the URL's host, not the one claimed
-    tunnel = _ask(path, f"CONNECT 127.0.0.1:{allowed} HTTP/1.1\r\n\r\n".encode(),
-                  then=b"GET /tunnel HTTP/1.0\r\n\r\n")
+    tls = servers["tls"].port
+    tunnel = _ask_over_tls(path, f"CONNECT 127.0.0.1:{tls} HTTP/1.1\r\n\r\n".encode(), b"GET /tunnel HTTP/1.0\r\n\r\n")
     assert tunnel.startswith(b"HTTP/1.1 200 Connection established") and b"hello from" in tunnel
     by_name = _ask(path, f"CONNECT localhost:{refused} HTTP/1.1\r\n\r\n".encode())
     assert by_name.startswith(b"HTTP/1.1 403") and b"a loopback address" in by_name
@@ -293,8 +308,8 @@ def test_the_proxy_forwards_allowed_requests_and_logs_every_connection(
     assert len(servers["refused"].seen) == before, "a refused destination was reached"
     shown, notes = gate.take()
     assert [(c.method, c.port, c.allowed) for c in shown] == [
-        ("GET", allowed, True), ("CONNECT", allowed, True), ("CONNECT", refused, False), ("GET", refused, False)]
-    assert shown[0].bytes_down > 0 and shown[1].bytes_up == len(b"GET /tunnel HTTP/1.0\r\n\r\n")
+        ("GET", allowed, True), ("CONNECT", tls, True), ("CONNECT", refused, False), ("GET", refused, False)]
+    assert shown[0].bytes_down > 0 and shown[1].bytes_up > len(b"GET /tunnel HTTP/1.0\r\n\r\n")
     assert "a loopback address" in (shown[2].reason or "") and notes == []
     assert gate.take() == ((), []), "take hands the log over once"
 

@@ -350,8 +350,8 @@ def _loopback(host: str) -> bool:
 def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sessions_per_token: int,
           max_running_per_token: int, max_calls_per_token: int, max_body: str, store: str, result_ttl: float,
           node_name: str | None, nodes: str | None, state_dir: Path | None, **options: Any) -> None:
-    """Serve nbexec over authenticated JSON/HTTP (/v1/execute, /v1/sessions, /v1/capacity, /healthz, /readyz,
-    /metrics): as a node on this Docker engine, or with --nodes as a router in front of nodes."""
+    """Serve nbexec over authenticated JSON/HTTP (/v1/..., /healthz, /readyz, /metrics) and E2B's API (/e2b): as
+    a node on this Docker engine, or with --nodes as a router in front of nodes."""
 
     if node_name:
         os.environ["NBEXEC_NODE_NAME"] = node_name  # read wherever the node's name is needed (labels, results)

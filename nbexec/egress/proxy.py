@@ -242,17 +242,15 @@ class Proxy:
             entry = self._admit(request, client)
             if entry is None or isinstance(request, str):
                 return
-            body: Body | None = None
-            if request.forward is not None:  # plain http: the head and the body so far, nothing after it
-                body = request.body()
-                rest = request.forward + body.feed(rest)
-                if body.problem:  # found before anything was sent: refused, not cut
-                    self._refused(entry, client, body.problem)
-                    return
+            body = request.body()  # plain http: the head, then the declared body only; a tunnel: TLS only
+            rest = (request.forward or b"") + body.feed(rest)
+            if body.problem:  # found before anything was sent: refused, not cut
+                self._refused(entry, client, body.problem)
+                return
             upstream = self._open(entry, client)
             if upstream is None:
                 return
-            if body is None:
+            if request.forward is None:
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             if rest and not self._charge(entry, len(rest), up=True):
                 return
@@ -351,7 +349,7 @@ class Proxy:
 
 class _Relay:
     """One connection's copying both ways until both sides are done, a cap is reached or its pace is missed;
-    from the client, only the declared body of a plain-http request (``body``; None for a tunnel)."""
+    from the client, only what ``body`` passes (a plain-http request's declared body, a tunnel's TLS)."""
 
     def __init__(self, proxy: Proxy, entry: _Entry, client: socket.socket, upstream: socket.socket,
                  body: Body | None) -> None:

@@ -5,8 +5,9 @@ plain-http connection carries exactly one request. Its head is rebuilt for the u
 no hop-by-hop header (nor any header ``Connection`` names), one framing header nbexec writes itself and
 ``Connection: close``. Its body is framed by what the head declares (`Length` or `Chunked`), and nothing the
 sandbox sends after that body is passed on: a pipelined second request, whatever its ``Host``, never reaches an
-upstream. ``CONNECT`` to port 80 is refused: a tunnel there would carry plain requests with any ``Host``, unread
-(a rule opening another plain-http port, such as ``host:8080``, opens it to tunnels as well). Heads that could be
+upstream. ``CONNECT`` to port 80 is refused: a tunnel there would carry plain requests with any ``Host``, unread.
+On any other port a tunnel carries TLS only (`TlsStart`): its first bytes must be a ClientHello, so a port that
+speaks plain http (``host:8080``) meets a handshake, never a request the proxy did not judge. Heads that could be
 read two ways are refused: a bare CR or LF, a control character in a header, ``Transfer-Encoding`` together with
 ``Content-Length``, a coding other than ``chunked``, two lengths.
 """
@@ -28,6 +29,9 @@ _SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[\x20-\x7e\t]*)?")  # chunk-s
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
 PLAIN_PORTS = frozenset({80})  # plain http's port: no tunnel to it (a tunnel's requests are never read)
+_TLS_START, _MAX_RECORD = 9, 16384 + 2048  # bytes judged of a tunnel's start; the longest TLS record
+_MIN_HELLO = 38  # the shortest ClientHello body: version, random, and empty session id, suites and methods
+_HELLO = re.compile(rb"(?:\x16(?:\x03[\x00-\x04]?)?)?")  # a prefix of a TLS handshake record's first bytes
 
 
 class Body(Protocol):
@@ -120,6 +124,36 @@ class Chunked:
         return b""
 
 
+class TlsStart:
+    """A tunnel's bytes from the client: held until the first nine show a TLS record holding a ClientHello (type
+    22, version 3.x, a length, handshake type 1 and a length that fits the record), then passed on as they come;
+    anything else is refused whole. The hello's own fields are not parsed (SECURITY.md: allowlist TLS ports)."""
+
+    done = False  # a tunnel has no end of its own
+
+    def __init__(self) -> None:
+        self.held = b""
+        self.problem: str | None = None
+        self.passed = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.problem is not None or self.passed:
+            return b"" if self.problem is not None else data
+        self.held += data
+        start = self.held[:_TLS_START]
+        record = int.from_bytes(start[3:5], "big")
+        # The handshake's own length must fit its record: a line ending planted in the lengths (\r\n) is refused.
+        if not _HELLO.fullmatch(start[:3]) or (len(start) == _TLS_START and (
+                start[5] != 1 or not 0 < record <= _MAX_RECORD
+                or not _MIN_HELLO <= int.from_bytes(start[6:9], "big") <= record - 4)):
+            self.problem, self.held = "a tunnel carries TLS only: its first bytes were not a TLS ClientHello", b""
+            return b""
+        if len(start) < _TLS_START:
+            return b""
+        self.passed, held, self.held = True, self.held, b""
+        return held
+
+
 @dataclass(frozen=True)
 class Request:
     """A judged head: where to, and for plain http the head to send and how its body is framed."""
@@ -131,6 +165,8 @@ class Request:
     length: int | None = 0  # the body's Content-Length, or None when it is chunked
 
     def body(self) -> Body:
+        if self.forward is None:
+            return TlsStart()
         return Chunked() if self.length is None else Length(self.length)
 
 

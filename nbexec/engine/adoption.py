@@ -164,6 +164,11 @@ class Adoption:
         with self._lock:
             return len(self._pending)
 
+    def adopting(self) -> set[str]:
+        """The sessions being found again now (each holds its owner's place until it is adopted or lost)."""
+        with self._lock:
+            return set(self._pending)
+
     def forget(self, session_id: str) -> bool:
         """Drop a lost session (its owner deleted it); False when it is not lost."""
         with self._lock:

@@ -11,8 +11,9 @@ holder is dead past the grace period).
 checks, the notebook re-validated; nothing the sandbox wrote is trusted by being in the record.
 
 A session whose adoption failed is marked lost (``<id>.lost``: its owner and why, the record removed): a later
-start answers it as lost at once and never tries it again. `under` is the config a kept session resumes in: the
-policy the process runs with now, never the one the record was written with.
+start answers it as lost at once and never tries it again; the marker goes after `statefolder.grace` (as a dead
+holder's kept sandboxes do). `under` is the config a kept session resumes in: the policy the process runs with
+now, never the one the record was written with.
 """
 
 from __future__ import annotations
@@ -180,9 +181,15 @@ def mark_lost(folder: StateFolder, session_id: str, owner: str, reason: str,
 
 
 def lost(folder: StateFolder) -> dict[str, tuple[str, str, dict[str, Any]]]:
-    """The sessions marked lost: id -> (owner, why, the leftover sandbox's record or {})."""
+    """The sessions marked lost: id -> (owner, why, the leftover sandbox's record or {}). A marker lives as long
+    as a dead holder's kept sessions (`statefolder.grace`), then goes: once its sandbox is removed, nothing is
+    left to answer for, and the folder must not grow for ever."""
     found: dict[str, tuple[str, str, dict[str, Any]]] = {}
     for name in folder.names(LOST):
+        age = folder.age(name)
+        if age is not None and age > statefolder.grace() and not _leftover(folder, name):
+            folder.remove(name)
+            continue
         try:
             body = json.loads(folder.read(name, limit=64 * 1024) or b"")
             leftover = body.get("leftover")
@@ -191,6 +198,14 @@ def lost(folder: StateFolder) -> dict[str, tuple[str, str, dict[str, Any]]]:
         except (ValueError, TypeError, KeyError, AttributeError):
             folder.remove(name)  # unreadable: nothing to answer with
     return found
+
+
+def _leftover(folder: StateFolder, name: str) -> bool:
+    """Whether lost marker ``name`` still names a sandbox to remove (kept until it is removed)."""
+    try:
+        return bool(json.loads(folder.read(name, limit=64 * 1024) or b"").get("leftover"))
+    except (ValueError, AttributeError):
+        return False
 
 
 def forget_lost(folder: StateFolder, session_id: str) -> None:

@@ -20,13 +20,15 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from nbformat import NotebookNode
 
+from nbexec import errors
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionLostError
+from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionBusyError, SessionLostError
 from nbexec.files.folders import work_root
 from nbexec.files.statefolder import StateFolder
 from nbexec.result import CellError
@@ -37,11 +39,13 @@ from . import snapshotblobs, snapshots
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound="Hibernation")
+WAKE_GRACE = 1.0  # seconds a restored kernel's waits always get: an honest one is ready in milliseconds
 _NO_TIME_LEFT = ("Providing the packages asked for used the execution's whole time limit, so no cell ran. Ask for "
                  "fewer or cached packages, or raise the limit (--timeout / NBEXEC_TIMEOUT).")
-_WAKE_TOOK_ALL = ("Waking the session from its sleep (starting its kernel and replaying its cells) used the "
-                  "execution's whole time limit, so no cell ran; the notes name the cells not replayed (what they "
-                  "made is missing). Raise the limit (--timeout / NBEXEC_TIMEOUT) for a session that replays slowly.")
+_WAKE_TOOK_ALL = ("Waking the session from its sleep (restoring its memory, or starting its kernel and replaying its "
+                  "cells) used the execution's whole time limit, so no cell ran; the notes name any cells not replayed "
+                  "(what they made is missing). Raise the limit (--timeout / NBEXEC_TIMEOUT) for a session that wakes "
+                  "slowly.")
 
 
 def replay(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, deadline: float,
@@ -90,6 +94,21 @@ def _replay_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfi
         elif failed_before and not failed_now:
             notes.append(f"replaying cell {index} succeeded (it had failed): the state may differ")
     return notes, ""
+
+
+def _patience(deadline: float, stop: threading.Event) -> Callable[[], None]:
+    """The check a checkpoint wake's waits call: WakeStoppedError once the run's ``deadline`` passed or ``stop``
+    is set (an interrupt, close), never in the first WAKE_GRACE s (the session sleeps on, nothing lost)."""
+    began: list[float] = []
+
+    def check() -> None:
+        now = time.monotonic()
+        began[:] = began or [now]
+        if (stop.is_set() or now > deadline) and now - began[0] > WAKE_GRACE:
+            why = "was interrupted" if stop.is_set() else "ran out of the run's time limit"
+            raise errors.WakeStoppedError(f"the wake {why} before the kernel was back; nothing ran, and the session "
+                                   "sleeps on with its memory and files")
+    return check
 
 
 class Hibernation:
@@ -163,43 +182,61 @@ class Hibernation:
                                                          dir=work_root()))
         return self._memory_dir
 
-    def wake_if_asleep(self, deadline: float | None = None) -> None:
+    def wake_if_asleep(self, deadline: float | None = None, run_stop: threading.Event | None = None) -> None:
         """Wake a sleeping session before a call uses it (the caller holds the lock), by ``deadline`` (a run's;
-        else the config's time limit from now): its replay has what is left, as one budget."""
+        else the config's time limit from now): its replay has what is left, as one budget. ``run_stop``: the
+        run's event an interrupt sets (kept after the wake), else one of the wake's own."""
         how = self._asleep
         if how is None:
             return
-        started, notes = time.monotonic(), []
+        started, notes = time.monotonic(), list[str]()
         deadline = started + self.config.timeout if deadline is None else deadline
-        self._stopping = threading.Event()  # before the sandbox starts: an interrupt meanwhile stops the replay
+        stopping = self._stopping = run_stop or threading.Event()  # before the sandbox starts: an interrupt stops it
         try:
             if how == "checkpoint":
-                assert self._memory is not None and self._memory_dir is not None
-                try:
-                    self._sandbox = self._source().wake(self.config, self._memory, self._memory_dir)
-                except NbexecError as exc:
-                    notes.append(f"its checkpoint could not be restored ({exc}): a fresh sandbox replayed its cells, "
-                                 "and the files of /mnt/data the checkpoint held are lost")
-                    self._sandbox = self._source().acquire(self.config, purpose="session", claim=self._hold())
-                    how = "replay"
+                how = self._restore(deadline, stopping, notes)
             else:
                 assert self._sandbox is not None
                 self._sandbox.awake()
             assert self._sandbox is not None
             if how == "replay":
                 notes += self._replay(deadline)
+            else:  # a restore is not cut short: an interrupt or the limit it met stops the run after it
+                self._wake_ended = "interrupted" if stopping.is_set() else \
+                    "timeout" if deadline - time.monotonic() < 0.1 else ""
+        except errors.WakeStoppedError:
+            raise  # still asleep, its checkpoint kept: nothing is lost
         except NbexecError as exc:
             self._dead_reason = f"it could not wake from its sleep: {exc}"
             self._asleep = None
             raise SessionLostError(f"Session {self.id} {self._dead_reason}") from exc
         finally:
-            self._stopping = None
+            self._stopping = run_stop
         self._asleep, self._memory = None, None
         self.forget_memory()
         notes.insert(0, f"the session was asleep; its memory came back by {how} in "
                         f"{time.monotonic() - started:.2f} s")
         self._woke = (how, tuple(notes))
         self._keep("ready")
+
+    def _restore(self, deadline: float, stopping: threading.Event, notes: list[str]) -> str:
+        """Wake from the checkpoint, its waits ended by ``deadline`` and ``stopping`` (see `_patience`); when it
+        cannot be restored, a fresh sandbox (to replay into). How it woke: "checkpoint" or "replay"."""
+        assert self._memory is not None and self._memory_dir is not None
+        try:
+            self._sandbox = self._source().wake(self.config, self._memory, self._memory_dir,
+                                                check=_patience(deadline, stopping))
+            return "checkpoint"
+        except errors.WakeStoppedError:
+            self._sandbox = None
+            raise
+        except NbexecError as exc:
+            notes.append(f"its checkpoint could not be restored ({exc}): a fresh sandbox replayed its cells, "
+                         "and the files of /mnt/data the checkpoint held are lost")
+        with contextlib.suppress(NbexecError):  # its working folder: no sandbox will use it again
+            self._source().discard(self._memory, self._memory_dir)
+        self._sandbox = self._source().acquire(self.config, purpose="session", claim=self._hold())
+        return "replay"
 
     def _replay(self, deadline: float) -> list[str]:
         """Replay the notebook into the sandbox by ``deadline`` (see `replay`); how it ended is kept for the run."""
@@ -211,23 +248,39 @@ class Hibernation:
 
     # -- a run's time limit covers its wake ---------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _held_for(self, timeout: float | None) -> Iterator[None]:
+        """The session's lock for a run, waited for within the run's limit: a sleep under way (or another caller)
+        may hold it, and the run then ends when its limit would have (SessionBusyError), never later."""
+        if not self._lock.acquire(timeout=timeout or self.config.timeout):
+            raise SessionBusyError("the session stayed busy (another call, or being put to sleep) for the whole "
+                                   "time limit of this run; nothing ran")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def _wake_for(self, timeout: float | None) -> tuple[float, float]:
         """Start the session for a run of ``timeout`` seconds (None: the config's): the run's limit and deadline.
         One limit covers the run: a wake (its replay) and the host's package work count inside it, and the cells
         get what is left."""
         self._check_usable()
         self._wake_ended, limit = None, timeout or self.config.timeout
+        self._stopping = threading.Event()  # the wake's and the packages': an interrupt until the cells start
         if not self._asleep:  # a first start is reported apart (sandbox_s): the limit starts after it
             self.start()
             return limit, time.monotonic() + limit
         deadline = time.monotonic() + limit
-        self.wake_if_asleep(deadline)
+        self.wake_if_asleep(deadline, self._stopping)
         self.start()
         return limit, deadline
 
     def _time_left(self, deadline: float, limit: float, spent: bool) -> float:
-        """The seconds a run's cells get: none after a wake that used them or was interrupted; all of ``limit``
-        when neither a wake nor the packages (``spent``) took any."""
+        """The seconds a run's cells get: none after a wake that used them or was interrupted (or an interrupt
+        during the packages); all of ``limit`` when neither a wake nor the packages (``spent``) took any."""
+        stopping, self._stopping = self._stopping, None  # the cells' interrupt is the kernel's from here
+        if stopping is not None and stopping.is_set():
+            self._wake_ended = "interrupted"
         if self._wake_ended:
             return 0.0
         if not spent and self._wake_ended is None:
@@ -238,8 +291,9 @@ class Hibernation:
         """Why no cell of a run started: its wake was interrupted or used its time limit, or its packages did."""
         ended, self._wake_ended = self._wake_ended, None
         if ended == "interrupted":
-            return CellError("KeyboardInterrupt", "The run was interrupted while the session woke from its sleep "
-                             "(its replay was stopped), so no cell ran.", (), "exception", index)
+            return CellError("KeyboardInterrupt", "The run was interrupted before its cells started (while the "
+                             "session woke from its sleep, or its packages were provided), so no cell ran.", (),
+                             "exception", index)
         if ended == "timeout":
             return CellError("TimeoutError", _WAKE_TOOK_ALL, (), "timeout", index)
         return CellError("TimeoutError", _NO_TIME_LEFT, (), "timeout", index)
@@ -251,7 +305,7 @@ class Hibernation:
             stopping.set()
         return stopping is not None
 
-    def _end_wake(self) -> None:
+    def _end_calls(self) -> None:
         """For close(): a run or a replay under way ends now (interrupted, its sandbox killed when the kernel does
         not let go within a second), so close never waits behind a run's limit."""
         replaying = self._stop_wake()

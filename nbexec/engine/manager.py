@@ -50,6 +50,10 @@ class SessionManager:
         """Sessions not live but known: being found again, or lost."""
         return set() if self._adoption is None else self._adoption.kept()
 
+    def adopting(self) -> set[str]:
+        """Sessions being found again now: not live yet, but each will be (or be lost) within its deadline."""
+        return set() if self._adoption is None else self._adoption.adopting()
+
     def _adopt_locked(self) -> None:
         """Take the sessions found again; the first call without `adopt_in_background` waits for them."""
         if self._adoption is None:

@@ -1,7 +1,7 @@
 """What local and remote sessions share: their config, whether a call holds one, their status word; and the
 reaper: idle sessions closed after their TTL by one background thread, every live one closed at interpreter exit.
 Idle sessions are put to sleep on threads of their own (a few at once), so a slow checkpoint never delays a TTL
-close or another sleep.
+close or another sleep; a sleep past its deadline is abandoned by closing its session.
 
 A session registers when it starts and is forgotten when it closes; nothing here keeps one alive (a weak set).
 """
@@ -74,7 +74,8 @@ _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _wake = threading.Event()
 MAX_SLEEPS = 4  # hibernations under way at once; more wait for a later pass
-SLEEP_DEADLINE = 300.0  # seconds after which a hibernation still under way is logged and stops holding a place
+SLEEP_DEADLINE = 300.0  # seconds after which a hibernation still under way is abandoned: its session is closed
+SLEEP_PER_GIB = 120.0  # more seconds per GiB of the sandbox's memory limit: an honest checkpoint grows with memory
 _sleeping: dict[str, float] = {}  # session id -> time.monotonic() its hibernation began
 
 
@@ -96,40 +97,72 @@ def forget(session: Reapable) -> None:
 
 def reap(now: float | None = None) -> list[str]:
     """Close sessions idle for longer than their TTL (return their ids); put to sleep those idle for longer than
-    their ``hibernate_after``."""
+    their ``hibernate_after``. One being put to sleep is closed in a later pass, once its sleep has ended: a close
+    never races a hibernation (nor waits behind one on this thread); one due for both is closed, not put to sleep."""
     now = time.monotonic() if now is None else now
     reaped = []
     for session in list(_live):
-        if session.hibernate_after and now - session.last_activity > session.hibernate_after and not session.busy:
-            _sleep_apart(session, now)
-        if session.ttl and now - session.last_activity > session.ttl and not session.busy:
-            log.info("closing session %s after %.0f s idle", session.id, now - session.last_activity)
+        idle = now - session.last_activity
+        if session.busy or _asleep_under_way(session):
+            continue
+        if session.ttl and idle > session.ttl:
+            log.info("closing session %s after %.0f s idle", session.id, idle)
             session.close()
             reaped.append(session.id)
+        elif session.hibernate_after and idle > session.hibernate_after:
+            _sleep_apart(session, now)
     return reaped
+
+
+def _asleep_under_way(session: Reapable) -> bool:
+    with _lock:
+        return session.id in _sleeping
 
 
 def _sleep_apart(session: Reapable, now: float) -> None:
     """Hibernate ``session`` on a thread of its own (once at a time per session, MAX_SLEEPS at once): the reaper
-    goes on at once. One past SLEEP_DEADLINE is logged and no longer holds a place (a thread cannot be stopped)."""
+    goes on at once. One still under way past SLEEP_DEADLINE is abandoned: the session is closed (see `_overdue`)
+    and no longer holds a place."""
     with _lock:
-        overdue = [sid for sid, began in _sleeping.items() if now - began > SLEEP_DEADLINE]
-        for sid in overdue:
-            log.warning("session %s: its hibernation has run for over %.0f s", sid, SLEEP_DEADLINE)
-            _sleeping[sid] = math.inf  # logged once; it still blocks a second sleep of the same session
         if session.id in _sleeping or sum(1 for b in _sleeping.values() if b != math.inf) >= MAX_SLEEPS:
             return
         _sleeping[session.id] = now
+    timer = threading.Timer(sleep_deadline(session), _overdue, args=(session,))
+    timer.daemon = True
 
     def sleep() -> None:
         try:
             with contextlib.suppress(Exception):  # one that cannot sleep stays awake (logged by it)
                 session.hibernate(idle_for=session.hibernate_after or 0.0)
         finally:
+            timer.cancel()
             with _lock:
                 _sleeping.pop(session.id, None)
 
+    timer.start()
     threading.Thread(target=sleep, name="nbexec-session-sleep", daemon=True).start()
+
+
+def sleep_deadline(session: Reapable) -> float:
+    """How long ``session``'s sleep may take: SLEEP_DEADLINE, and SLEEP_PER_GIB for each GiB it may hold (a
+    checkpoint writes its memory out: about a minute per GiB on a loaded 2-core host)."""
+    config = getattr(session, "config", None)
+    memory = getattr(config, "memory_bytes", 0) or 0
+    return SLEEP_DEADLINE + SLEEP_PER_GIB * memory / 1024**3
+
+
+def _overdue(session: Reapable) -> None:
+    """A sleep past its deadline is abandoned by closing the session. It cannot stay awake and usable: the sleep
+    holds the session's lock and may have stopped its kernel half way. close() kills the sandbox (so the sleep's
+    waits on it end) and removes it once the sleep lets go; the owner's next call says the session is closed."""
+    with _lock:
+        if session.id not in _sleeping:
+            return
+        _sleeping[session.id] = math.inf  # no longer holds one of the MAX_SLEEPS places
+    log.warning("session %s: its hibernation ran past %.0f s; the session is closed", session.id,
+                sleep_deadline(session))
+    with contextlib.suppress(Exception):
+        session.close()
 
 
 def _reap_forever() -> None:

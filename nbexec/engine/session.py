@@ -1,8 +1,7 @@
 """Stateful sessions: one kernel kept across runs, its notebook growing cell by cell, /mnt/data kept for its life.
 
 A Session is used by one caller at a time (its methods take a lock). Idle sessions are closed after their TTL
-by one background reaper; every live session is closed at interpreter exit.
-"""
+by one background reaper; every live session is closed at interpreter exit."""
 
 from __future__ import annotations
 
@@ -207,7 +206,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
 
     def close(self) -> None:
         """Stop the sandbox (a replay under way ends first). Idempotent; files stay unless ``keep_files`` is False."""
-        self._end_wake()
+        self._end_calls()
         with self._lock:
             if self._closed:
                 return
@@ -276,11 +275,13 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             languagecheck.check_run(self.config, notebook.empty(), requirements, 0)
             self.start()
             assert self._sandbox is not None
-            self.last_activity = time.monotonic()
-            with installs.prepared(self._sandbox, self.notebook, self.config, requested=requirements,
-                                   first_index=len(self.notebook.cells)) as records:
-                pass
-            self.last_activity = time.monotonic()
+            self.last_activity, self._stopping = time.monotonic(), threading.Event()  # interrupt, close: pip stops
+            try:
+                with installs.prepared(self._sandbox, self.notebook, self.config, requested=requirements,
+                                       first_index=len(self.notebook.cells), stop=self._stopping) as records:
+                    pass
+            finally:
+                self.last_activity, self._stopping = time.monotonic(), None
             return tuple(records)
 
     def run(self, code: str, *, timeout: float | None = None, on_output: OutputCallback | None = None,
@@ -303,7 +304,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         return their result. The session's first run takes ``nb`` whole (its metadata too). ``packages`` and
         the cells' pip lines are provided first (see `nbexec.packages`)."""
         started = time.monotonic()
-        with self._lock:
+        with self._held_for(timeout):
             budget.admit(self.config, self.notebook, nb, self.one_shot)  # each cell's size, then the session's code
             said = languagecheck.checked(self.config, nb, packages, len(self.notebook.cells))
             limit, deadline = self._wake_for(timeout)  # one limit: the wake and packages in it, cells get the rest
@@ -319,7 +320,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                 self.notebook.cells.extend(notebook.fit_cells(self.notebook, nb.cells))
             self._keep("busy")
             preparing = installs.prepared(sandbox, self.notebook, self.config, requested=packages,
-                                          first_index=index, deadline=deadline)
+                                          first_index=index, deadline=deadline, stop=self._stopping)
             with traces.entered(preparing, "nbexec.packages") as installed:
                 left = self._time_left(deadline, limit, bool(installed))
                 run = self._run_cells(sandbox, index, started, left, on_output)
@@ -382,10 +383,9 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                 self._close_folder(remove=False)
 
     def save(self, path: str | Path) -> Path:
-        """Write the session's notebook so far to ``path`` (atomically; inside the output folder through its
-        descriptor, elsewhere through a descriptor of the folder ``path`` names; never through a final link)."""
+        """Write the session's notebook so far to ``path`` (atomically; never through a final link)."""
         path = Path(path).absolute()
-        with self._lock:
+        with self._lock:  # inside the output folder: through its descriptor
             content = notebook.dumps(self.notebook)
             if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
                 return transfer.replace(self._folder, path.name, content)

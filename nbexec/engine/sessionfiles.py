@@ -6,9 +6,11 @@ through its handle (`nbexec.sandbox.source.SandboxHandle`), within max_data and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from nbexec.config import SandboxConfig
@@ -37,6 +39,21 @@ class SessionFiles:
 
     def start(self) -> SessionFiles:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The session for a sequence of calls no other call may come between (the E2B door's per-call envs)."""
+        with self._lock:
+            yield
+
+    def started_handle(self) -> SandboxHandle:
+        """The session's running sandbox (started or woken first): for doors that reach into it beyond cells and
+        /mnt/data (the E2B door's process supervisor). It changes when the session sleeps and wakes."""
+        with self._lock:
+            self.start()
+            assert self._sandbox is not None
+            self.last_activity = time.monotonic()
+            return self._sandbox
 
     def _copy_out(self, sandbox: SandboxHandle) -> list[File]:
         assert self._folder is not None

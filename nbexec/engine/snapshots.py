@@ -13,13 +13,16 @@ size and sha256 as it is read (before a byte reaches the new sandbox); the noteb
 back by replaying the notebook's executed cells into the new sandbox (`hibernation.replay`). Caps: snapshots per
 owner (``max_snapshots``) and the files' total (the config's max_data), checked before anything is written.
 A snapshot lives ``ttl`` seconds (NBEXEC_SNAPSHOT_TTL, default 7 days) from its making: past it, it is refused as
-unknown and removed with its files, at the latest on the store's next use by anyone.
+unknown and removed with its files, at the latest on the store's next use by anyone. One being made is out of
+expiry's reach: it is made under another name, locked, and renamed into place whole (a take that died is swept
+once it is unlocked and older than the TTL).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -49,6 +52,7 @@ from . import collect, durable
 MAX_SNAPSHOTS = 8  # per owner
 TTL = 7 * 24 * 3600.0  # seconds a snapshot is kept (NBEXEC_SNAPSHOT_TTL), then removed with its files
 MAX_MANIFEST = 4 * 1024**2
+MAKING = ".making"  # a snapshot's folder while it is made
 _ID = re.compile(r"([0-9a-f]{32})\.([0-9a-f]{32})")
 
 
@@ -140,29 +144,37 @@ class SnapshotStore:
         held = space.reserve([space.Need(self.root, config.max_data_bytes + 2 * (
             config.max_output_bytes + config.max_display_bytes), "a snapshot of /mnt/data and the notebook")],
             config.disk_margin_bytes)
-        folders.make_output_dir(self.root / raw, may_exist=False)
+        # Made under a name no listing, expiry or restore reads, locked while made, and published whole by a rename.
+        making = self.root / f"{raw}{MAKING}"
+        folders.make_output_dir(making, may_exist=False)
         try:
-            with folders.OutputFolder.open(self.root / raw) as target:
-                with target.child("files") as files:
-                    collection = sandbox.snapshot(files, collect.limits(config))
-                if collection.skipped:
-                    raise SnapshotError(f"/mnt/data holds what a snapshot cannot keep ({collection.skipped[0].name}:"
-                                        f" {collection.skipped[0].reason}); remove it and snapshot again")
-                body = notebook.dumps(nb)
-                transfer.replace(target, "notebook.ipynb", body)
-                manifest = json.dumps({
-                    "id": raw, "owner": owner, "created": time.time(), "config": durable.config_dict(config),
-                    "notebook": {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)},
-                    "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in collection.files],
-                }, sort_keys=True).encode()
-                transfer.replace(target, "manifest.json", manifest)
-                transfer.replace(target, "manifest.sig", hmac.new(key, manifest, hashlib.sha256).hexdigest().encode())
+            with folders.OutputFolder.open(making) as target:
+                fcntl.flock(target.fd, fcntl.LOCK_EX)
+                self._fill(target, raw, owner, config, nb, sandbox, key)
+                os.rename(making, self.root / raw)
         except BaseException:
-            remove_tree(self.root / raw)
+            remove_tree(making)
             raise
         finally:
             held.release()  # what was written is gone from the free space; nothing more is held
         return snapshot_id
+
+    def _fill(self, target: folders.OutputFolder, raw: str, owner: str, config: SandboxConfig, nb: NotebookNode,
+              sandbox: SandboxHandle, key: bytes) -> None:
+        with target.child("files") as files:
+            collection = sandbox.snapshot(files, collect.limits(config))
+        if collection.skipped:
+            raise SnapshotError(f"/mnt/data holds what a snapshot cannot keep ({collection.skipped[0].name}:"
+                                f" {collection.skipped[0].reason}); remove it and snapshot again")
+        body = notebook.dumps(nb)
+        transfer.replace(target, "notebook.ipynb", body)
+        manifest = json.dumps({
+            "id": raw, "owner": owner, "created": time.time(), "config": durable.config_dict(config),
+            "notebook": {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)},
+            "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in collection.files],
+        }, sort_keys=True).encode()
+        transfer.replace(target, "manifest.json", manifest)
+        transfer.replace(target, "manifest.sig", hmac.new(key, manifest, hashlib.sha256).hexdigest().encode())
 
     def count(self, owner: str) -> int:
         return len(self.listing(owner))
@@ -170,6 +182,7 @@ class SnapshotStore:
     def listing(self, owner: str) -> list[Listed]:
         """``owner``'s snapshots, oldest first; every expired snapshot (anyone's) is removed on the way."""
         key, found = self._key(), []
+        self._sweep_unfinished()
         for raw in self._raws():
             who, created = self._header(raw)
             if expired(created, self.ttl):
@@ -180,6 +193,26 @@ class SnapshotStore:
 
     def _raws(self) -> list[str]:
         return [n for n in os.listdir(self._private_root()) if re.fullmatch(r"[0-9a-f]{32}", n)]
+
+    def _sweep_unfinished(self) -> None:
+        """Remove the folders of takes that never finished (their process died): no take of any process holds
+        their lock, and they are older than the TTL."""
+        for name in os.listdir(self._private_root()):
+            if not re.fullmatch(r"[0-9a-f]{32}" + re.escape(MAKING), name):
+                continue
+            try:
+                fd = os.open(self.root / name, folders.DIR_FLAGS)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                stale = time.time() - os.fstat(fd).st_mtime > self.ttl
+            except OSError:  # held: a take is under way
+                stale = False
+            finally:
+                os.close(fd)
+            if stale:
+                remove_tree(self.root / name)
 
     def _header(self, raw: str) -> tuple[str | None, float]:
         """The owner and making time a snapshot's manifest names; a folder still being made (no manifest yet)

@@ -156,6 +156,14 @@ class StateFolder:
         except OSError:
             return None
 
+    def age(self, name: str) -> float | None:
+        """Seconds since record ``name`` was last written (None when there is none)."""
+        try:
+            written = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime if valid_name(name) else None
+        except OSError:
+            return None
+        return None if written is None else time.time() - written
+
     def remove(self, name: str) -> None:
         if valid_name(name):
             with contextlib.suppress(FileNotFoundError):

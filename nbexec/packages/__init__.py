@@ -26,6 +26,7 @@ import contextlib
 import json
 import re
 import shlex
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -136,11 +137,12 @@ def source_of(config: SandboxConfig) -> wheelhouse.Source:
 
 @contextlib.contextmanager
 def prepared(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, requested: Sequence[str] = (),
-             first_index: int = 0, deadline: float | None = None) -> Iterator[list[Package]]:
+             first_index: int = 0, deadline: float | None = None,
+             stop: threading.Event | None = None) -> Iterator[list[Package]]:
     """Provide what the call asks for and the pip lines of cells ``first_index``... ask for; yield the records.
     ``sandbox`` is any source's: only its hidden runs and its /mnt/wheels are used (the wheels are resolved here).
     Everything here, the host's pip included, ends by ``deadline`` (time.monotonic(); default: ``config.timeout``
-    from now): the execution's time limit, which the caller's cells share.
+    from now): the execution's time limit, which the caller's cells share; and once ``stop`` is set (an interrupt).
 
     Refused pip lines are rewritten for the run and restored after it; the records are added to the notebook's
     metadata (``nbexec.packages``). Without packages asked for, this does nothing (no call into the sandbox)."""
@@ -152,7 +154,7 @@ def prepared(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *,
     try:
         if requested or lines:
             ends = time.monotonic() + config.timeout if deadline is None else deadline
-            _provide(_Request(sandbox, config, Policy.of(config), wheelhouse.Budget(source_of(config)), ends),
+            _provide(_Request(sandbox, config, Policy.of(config), wheelhouse.Budget(source_of(config)), ends, stop),
                      nb, list(requested), lines, records, originals)
         yield records
     finally:
@@ -177,12 +179,15 @@ class _Request:
     policy: Policy
     budget: wheelhouse.Budget  # the caps hold for all of the execution's requests together, failures included
     deadline: float  # time.monotonic(): the execution's time limit
+    stop: threading.Event | None = None  # set by an interrupt or close: nothing more is provided
 
     def left(self, most: float) -> float:
         """Seconds a step in the sandbox may take: ``most``, within the deadline; PackageLimitError past it."""
         left = min(most, self.deadline - time.monotonic())
         if left <= 0:
             raise PackageLimitError("the execution's time limit ran out before it could be provided")
+        if self.stop is not None and self.stop.is_set():
+            raise PackageLimitError("the execution was interrupted before it could be provided")
         return left
 
 
@@ -211,7 +216,8 @@ def _provide_one(request: _Request, texts: list[str], records: list[Package], *,
     sandbox = request.sandbox
     try:
         target = _target(sandbox, request.left(request.config.startup_timeout))
-        wheels = wheelhouse.resolve(texts, request.policy, target, request.budget, deadline=request.deadline)
+        wheels = wheelhouse.resolve(texts, request.policy, target, request.budget, deadline=request.deadline,
+                                    stop=request.stop)
         sandbox.provide_wheels(wheelhouse.files(wheels, request.budget.source))
         asked = {canonicalize_name(Requirement(text).name) for text in texts}
         if install:

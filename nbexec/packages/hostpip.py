@@ -81,9 +81,9 @@ class _Child:
 
 
 def fetch(requirements: list[str], pip_args: list[str], confinement: Confinement, into: Path, *,
-          deadline: float) -> list[Downloaded]:
+          deadline: float, stop: threading.Event | None = None) -> list[Downloaded]:
     """Download a wheel for each of ``requirements`` (``name<specifier>`` lines) into ``into`` (a private folder
-    of the host); ``pip_args`` say where from and for which interpreter."""
+    of the host); ``pip_args`` say where from and for which interpreter. ``stop`` set (an interrupt) stops pip."""
     if time.monotonic() >= deadline:
         raise PackageLimitError("the execution's time limit ran out before the host could resolve it")
     account = _account(confinement.user)
@@ -94,7 +94,7 @@ def fetch(requirements: list[str], pip_args: list[str], confinement: Confinement
         os.close(log_fd)
         child = _Child(python, account, scratch, Path(log_name))
         try:
-            _run(child, [*pip_args, "--", *requirements], confinement, deadline)
+            _run(child, [*pip_args, "--", *requirements], confinement, (deadline, stop))
             return _take(scratch, into, len(requirements), confinement.max_bytes)
         finally:
             child.log.unlink(missing_ok=True)
@@ -162,7 +162,8 @@ def _scratch(account: tuple[int, int] | None) -> Path:
     return scratch
 
 
-def _run(child: _Child, words: list[str], confinement: Confinement, deadline: float) -> None:
+def _run(child: _Child, words: list[str], confinement: Confinement,
+         until: tuple[float, threading.Event | None]) -> None:
     """Run pip in the child with ``words`` (where from, for which interpreter, and what); PackageError unless it
     finished well."""
     dest = child.scratch / "dest"
@@ -184,15 +185,17 @@ def _run(child: _Child, words: list[str], confinement: Confinement, deadline: fl
                                        group=group, extra_groups=groups)
         except OSError as exc:
             raise PackageError(f"the host could not start its resolver ({child.python}): {exc}") from exc
-        problem = _watch(process, child.scratch, confinement.max_bytes, deadline)
+        problem = _watch(process, child.scratch, confinement.max_bytes, *until)
     if problem is None and process.returncode != 0:
         problem = _failure(process.returncode, _tail(child.log), confinement)
     if problem is not None:
         raise problem
 
 
-def _watch(process: subprocess.Popen[bytes], scratch: Path, max_bytes: int, deadline: float) -> PackageError | None:
-    """Wait for pip; stop it past the byte cap, the deadline or the time limit and say why (None: it ended)."""
+def _watch(process: subprocess.Popen[bytes], scratch: Path, max_bytes: int, deadline: float,
+           stop: threading.Event | None) -> PackageError | None:
+    """Wait for pip; stop it past the byte cap, the deadline or the time limit, or once ``stop`` is set, and say
+    why (None: it ended)."""
     give_up = time.monotonic() + DOWNLOAD_TIME_LIMIT
     while True:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -206,6 +209,8 @@ def _watch(process: subprocess.Popen[bytes], scratch: Path, max_bytes: int, dead
         elif now >= deadline:
             problem = PackageLimitError("the execution's time limit ran out while the host was resolving it, so "
                                         "pip was stopped")
+        elif stop is not None and stop.is_set():
+            problem = PackageLimitError("the execution was interrupted while the host was resolving it")
         elif now >= give_up:
             problem = PackageError(f"the download took longer than {DOWNLOAD_TIME_LIMIT:g} s, so it was stopped")
         else:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -172,10 +173,11 @@ def cache_root(source: Source) -> Path:
 
 
 def resolve(requirements: list[str], policy: Policy, target: Target, budget: Budget, *,
-            deadline: float) -> list[Wheel]:
+            deadline: float, stop: threading.Event | None = None) -> list[Wheel]:
     """The wheels that satisfy ``requirements`` (each already allowed by ``policy``) and their dependencies for
     ``target``: from the cache, else resolved now, charged to ``budget``. PackageRefusedError when the policy
-    refuses a dependency, PackageLimitError when the budget or the ``deadline`` (time.monotonic()) runs out."""
+    refuses a dependency, PackageLimitError when the budget or the ``deadline`` (time.monotonic()) runs out, or
+    once ``stop`` is set (an interrupt)."""
     root = cache_root(budget.source)
     key = hashlib.sha256(json.dumps([sorted(requirements), policy.key(), asdict(target),
                                      budget.source.index]).encode()).hexdigest()
@@ -186,7 +188,7 @@ def resolve(requirements: list[str], policy: Policy, target: Target, budget: Bud
         return cached
     try:
         _remembered(root, key)
-        fetch, fetched = _fetcher(root, target, budget, deadline)
+        fetch, fetched = _fetcher(root, target, budget, (deadline, stop))
         chosen = resolver.resolve([Requirement(text) for text in requirements], policy, target.markers(), fetch,
                                   max_rounds=budget.source.max_count + 2)
         wheels = [fetched[found.filename] for found in chosen]
@@ -201,7 +203,8 @@ def resolve(requirements: list[str], policy: Policy, target: Target, budget: Bud
     return wheels
 
 
-def _fetcher(root: Path, target: Target, budget: Budget, deadline: float) -> tuple[resolver.Fetch, dict[str, Wheel]]:
+def _fetcher(root: Path, target: Target, budget: Budget,
+             until: tuple[float, threading.Event | None]) -> tuple[resolver.Fetch, dict[str, Wheel]]:
     """The resolver's fetch: one round of the confined pip, within the budget, each wheel kept in the blobs and
     charged as it comes; and the wheels fetched so far, by file name."""
     fetched: dict[str, Wheel] = {}
@@ -210,7 +213,8 @@ def _fetcher(root: Path, target: Target, budget: Budget, deadline: float) -> tup
         budget.check_more([canonicalize_name(Requirement(line).name) for line in lines])
         source = budget.remaining()
         items = hostpip.fetch(lines, [*source.pip_args(), *target.pip_args()],
-                              replace(source.confinement, max_bytes=source.max_bytes), root / "tmp", deadline=deadline)
+                              replace(source.confinement, max_bytes=source.max_bytes), root / "tmp", deadline=until[0],
+                              stop=until[1])
         found = []
         try:
             for item in items:

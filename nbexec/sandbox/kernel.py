@@ -29,7 +29,7 @@ from nbexec.errors import ProtocolError
 from . import lasterror, zmtp
 from .execution import COMM_KINDS, OUTPUT_KINDS, Execution, dispatch
 from .lasterror import LastError
-from .messages import MAX_CONTROL, Message, exit_asked, parse
+from .messages import MAX_CONTROL, Message, exit_asked, parse_header
 
 log = logging.getLogger(__name__)
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
@@ -315,7 +315,7 @@ class KernelClient:
         when the kernel breaks the protocol or closes the connection (then ``lost`` names the channel).
         """
         connection = self._channel(channel)
-        end, most = time.monotonic() + timeout, self.read + (budget or -1)
+        end, most = time.monotonic() + timeout, None if budget is None else self.read + budget
         while True:
             try:
                 incoming = connection.receive(max(0.0, end - time.monotonic()))
@@ -329,7 +329,7 @@ class KernelClient:
             message = self._verify(channel, incoming, parent)
             if message is not None and (parent is None or message.parent_id == parent):
                 return message
-            if time.monotonic() >= end or self.read == most:
+            if time.monotonic() >= end or (most is not None and self.read >= most):
                 return None
 
     def _channel(self, channel: str) -> zmtp.Connection:
@@ -367,8 +367,7 @@ class KernelClient:
             if not (self._signed(frames, start) if signed is None else signed):  # each candidate hashed once
                 raise ProtocolError(f"a message on {channel} is unsigned or its signature is wrong")
             self._remember(bytes(signature))
-        parent = _object(parse(parent_header, "parent header"), "parent header")
-        head = _object(parse(header, "header"), "header")
+        parent, head = parse_header(parent_header, "parent header"), parse_header(header, "header")
         msg_type, msg_id, parent_id = head.get("msg_type"), head.get("msg_id"), parent.get("msg_id", "")
         if not isinstance(msg_type, str) or not isinstance(msg_id, str) or not isinstance(parent_id, str):
             raise ProtocolError(f"a message on {channel} has a header without string msg_type and msg_id")
@@ -393,8 +392,3 @@ class KernelClient:
         if len(self._order) > _REPLAY_WINDOW:
             self._seen.discard(self._order.popleft())
 
-
-def _object(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"a message's {what} is not a JSON object")
-    return value

@@ -3,8 +3,14 @@ and the one JSON parser that turns hostile bytes into values (strict UTF-8, nest
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import itertools
 import json
+import operator
 import re
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +18,14 @@ from nbexec.errors import ProtocolError
 
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
 MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_HIGH, _LOW = "[89abAB][0-9a-fA-F]{2}", "[c-fC-F][0-9a-fA-F]{2}"  # a surrogate's escape after its \\ud
+# A surrogate's escape not in a pair; both branches start with \u, so the search skips ahead in C.
+_LONE = re.compile(rf"\\u[dD](?:{_HIGH}(?!\\u[dD]{_LOW})|(?<!\\u[dD]{_HIGH}\\u[dD]){_LOW})")
+_NOT_QUOTE_OR_BRACKET = bytes(set(range(256)) - set(b'"[]{}'))
+_AS_SQUARE = bytes.maketrans(b"{}", b"[]")
+_RUN = re.compile(rb"\[+|\]+")
+_MANY = 4096  # containers in a parse past which its objects skip the young collections (see _collector_paused)
+_PASSES = 8  # times the innermost bracket pairs are removed at most before the depth is summed
 
 
 @dataclass(frozen=True)
@@ -39,49 +52,91 @@ class Message:
         return content
 
 
+def parse_header(frame: bytes | bytearray, what: str) -> dict[str, Any]:
+    """A message's header or parent header: a JSON object. It is not charged to the output budget, so it costs
+    the host no more than content does: `parse` runs no Python code per value."""
+    value = parse(frame, what)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"a message's {what} is not a JSON object")
+    return value
+
+
 def parse(raw: bytes | bytearray | memoryview, what: str) -> Any:
-    """Strict UTF-8 JSON, nesting capped; lone surrogates (from \\ud800-style escapes) become U+FFFD."""
+    """Strict UTF-8 JSON, nesting capped; lone surrogates (from \\ud800-style escapes) become U+FFFD.
+
+    Every step runs in C, so a costly shape (a million empty lists, deep nesting, surrogates) costs the host
+    about what plain text does: no Python code runs per value."""
     try:
         text = str(raw, "utf-8")
-        value = json.loads(text)
+        if "\\ud" in text or "\\uD" in text:
+            text = _lone_surrogates_replaced(text)
+        containers = text.count("{") + text.count("[")
+        with _collector_paused(containers > _MANY):
+            value = json.loads(text)
+        del text  # the host's peak: the depth check's copies come after the text is gone
     except RecursionError as exc:
         raise ProtocolError(f"a {what} message is nested too deeply") from exc
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ProtocolError(f"a {what} message is not valid UTF-8 JSON: {str(exc)[:200]}") from exc
-    surrogates = "\\ud" in text or "\\uD" in text
-    if not surrogates and text.count("{") + text.count("[") <= MAX_DEPTH:  # cannot be too deep: skip the walk
-        return value
-    return _clean(value, surrogates, what)
+    if containers > MAX_DEPTH and _too_deep(raw if isinstance(raw, (bytes, bytearray)) else bytes(raw)):
+        raise ProtocolError(f"a {what} message is nested more than {MAX_DEPTH} levels deep")
+    return value
 
 
-def _clean(value: Any, surrogates: bool, what: str) -> Any:
-    """Walk the parsed value without recursion: refuse deep nesting, replace lone surrogates."""
-    fix = _fix_text if surrogates else (lambda s: s)
-    root: list[Any] = [value]
-    stack: list[tuple[Any, int]] = [(root, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ProtocolError(f"a {what} message is nested more than {MAX_DEPTH} levels deep")
-        if isinstance(node, dict):
-            if surrogates:
-                items = [(fix(k), v) for k, v in node.items()]
-                node.clear()
-                node.update(items)
-            pairs: Any = node.items()
-        else:
-            pairs = enumerate(node)
-        for key, child in list(pairs):
-            if isinstance(child, str):
-                node[key] = fix(child)
-            elif isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
-    return root[0]
+def _lone_surrogates_replaced(text: str) -> str:
+    """The JSON text with each escape of a lone surrogate written as one of U+FFFD (escaped pairs are kept)."""
+    if "\x00" in text:  # not JSON (a raw NUL): left for json.loads to refuse
+        return text
+    # Escaped backslashes out of the way (as NUL, never in JSON text), every backslash left starts an escape.
+    return _LONE.sub(r"\\ufffd", text.replace("\\\\", "\x00")).replace("\x00", "\\\\")
 
 
-def _fix_text(text: str) -> str:
-    # In a Python str every surrogate is a lone one (escaped pairs were joined by the decoder).
-    return _SURROGATE.sub("\ufffd", text)
+@contextlib.contextmanager
+def _collector_paused(many: bool) -> Iterator[None]:
+    """Pause the cyclic garbage collector while a parse allocates; with ``many`` containers made, move them
+    past the young generations. A parse makes no cycles, yet the collections its containers set off (each
+    scanned as young, then again as older) cost more than the parse: 0.1-0.3 s per MiB of empty lists. Left
+    alone when the process froze objects itself (unfreezing would undo that)."""
+    global _pausing, _was_enabled
+    with _pause_lock:  # counted: concurrent parses (threads) pause it once and the last one out restores it
+        if _pausing == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pausing += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            if many and gc.get_freeze_count() == 0:
+                gc.freeze()  # everything tracked goes to the permanent generation...
+                gc.unfreeze()  # ...and back into the oldest, unscanned until its next full collection
+            _pausing -= 1
+            if _pausing == 0 and _was_enabled:
+                gc.enable()
+
+
+_pause_lock = threading.Lock()
+_pausing = 0  # parses under way that paused the collector
+_was_enabled = True  # whether it was on when the first of them began
+
+
+def _too_deep(data: bytes | bytearray) -> bool:
+    """Whether valid JSON nests more than MAX_DEPTH levels, with no Python code per value: strings cut out and
+    brackets kept; the innermost pairs removed a level at a time while that shrinks them fast (a wide value is
+    soon gone); then the depth of what is left summed run by run (a deep value has long runs)."""
+    # Escaped backslashes, then escaped quotes, gone (C, one copy each, no object per match); then every other
+    # part between quotes is a string's.
+    plain = (data.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in data else data).translate(
+        None, _NOT_QUOTE_OR_BRACKET)
+    brackets, levels = (b"".join(plain.split(b'"')[::2]) if b'"' in plain else plain).translate(_AS_SQUARE), 0
+    while brackets and levels < _PASSES:
+        shorter = brackets.replace(b"[]", b"")
+        brackets, levels, slow = shorter, levels + 1, len(shorter) * 8 > len(brackets) * 7
+        if slow:
+            break
+    runs = map(len, _RUN.findall(brackets))
+    return max(itertools.accumulate(map(operator.mul, runs, itertools.cycle((1, -1)))), default=0) \
+        > MAX_DEPTH - levels
 
 
 def exit_asked(reply: Message, limit: int) -> str | None:

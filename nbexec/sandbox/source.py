@@ -56,6 +56,7 @@ from .kernel import Execution
 from .messages import Message
 
 DATA_MOUNT = "/mnt/data"  # the sandbox's files: its working folder, collected after each run
+HOME_ALIAS = "/home/user"  # the same data filesystem where E2B's clients expect their user's home
 INPUT_MOUNT = "/mnt/input"  # a host folder, read-only (sources that mount host folders)
 WHEELS_MOUNT = "/mnt/wheels"  # read-only to the code; wheels the host resolved are put there (provide_wheels)
 PACKAGES_MOUNT = "/mnt/packages"  # in memory, where the installer unpacks them (exec: native extensions load)
@@ -227,8 +228,10 @@ class SandboxSource(Protocol):
         a record is returned; on None it is untouched."""
         return None
 
-    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
-        """A running sandbox from a record ``hibernate`` returned (raises SandboxError when it cannot)."""
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path, *,
+             check: Callable[[], None] = lambda: None) -> SandboxHandle:
+        """A running sandbox from a record ``hibernate`` returned (raises SandboxError when it cannot). Its waits
+        call ``check`` between polls: it raises (SandboxError) to end the wake, leaving nothing behind."""
         raise SandboxError("this sandbox source cannot restore memory")
 
     def discard(self, record: dict[str, Any], folder: Path) -> None:

@@ -23,6 +23,7 @@ from .identity import FOR_HEADER, For, SignatureError, Verifier
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect",
                           "/redoc", "/", "/playground.js", "/playground.css"})  # the playground asks for a token
 LOOPBACK_NAMES = (b"localhost", b"127.0.0.1", b"[::1]")
+E2B_CONTROL, E2B_DATA = "/e2b/", "/e2b/sandbox/"  # E2B's API: the key in X-API-KEY; the data plane's own tokens
 OWNER_KEY = "nbexec_owner"  # in scope["state"]: who sent the request (a token id, or "anonymous")
 FOR_KEY = "nbexec_for"  # in scope["state"]: the identity.For of a signed call through a router
 
@@ -48,8 +49,11 @@ def loopback_host(host: bytes | None, port: int | None) -> bool:
     return any(host == name or (port is not None and host == name + b":%d" % port) for name in LOOPBACK_NAMES)
 
 
-async def _answer(send: Send, status: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _answer(send: Send, status: int, detail: str, headers: Iterable[tuple[bytes, bytes]] = (),
+                  path: str = "") -> None:
+    # E2B's SDKs read {"code", "message"}; every other client nbexec's {"detail"}.
+    shape = {"code": status, "message": detail} if path.startswith(E2B_CONTROL) else {"detail": detail}
+    body = json.dumps(shape).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                             (b"connection", b"close"), *headers]})
@@ -72,8 +76,11 @@ class Gateway:
         self.verifier = Verifier() if signed else None
 
     def token(self, scope: Scope) -> bytes | None:
-        """The request's bearer token when it is one of the accepted ones, else None."""
-        scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
+        """The request's bearer token (under /e2b/: its X-API-KEY) when it is one of the accepted ones, else None."""
+        if scope["path"].startswith(E2B_CONTROL):
+            scheme, token = b"bearer", _header(scope, b"x-api-key") or b""
+        else:
+            scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
         if scheme.lower() != b"bearer" or not token:
             return None
         found = False
@@ -107,23 +114,27 @@ class Gateway:
             await self.app(scope, receive, send)
             return
         if not self.auth and not loopback_host(_header(scope, b"host"), (scope.get("server") or (None, None))[1]):
-            await _answer(send, 400, "the Host header must name this loopback server (authentication is off)")
+            await _answer(send, 400, "the Host header must name this loopback server (authentication is off)",
+                          path=scope["path"])
             return
-        owner = self.owner(scope)
-        if owner is None and scope["path"] not in self.public:
-            await _answer(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+        path = scope["path"]
+        # The E2B data plane takes a sandbox's own token, never an API key: that door judges it (nbexec.service.e2b).
+        owner = None if path.startswith(E2B_DATA) else self.owner(scope)
+        if owner is None and path not in self.public and not path.startswith(E2B_DATA):
+            await _answer(send, 401, "missing or wrong API token (X-API-KEY)" if path.startswith(E2B_CONTROL)
+                          else "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")], path)
             return
         signed: For | None = None
         if owner is not None:
             try:
                 owner, signed = self.signed_for(scope, owner)
             except SignatureError as exc:
-                await _answer(send, 401, f"the X-Nbexec-For header was refused: {exc}")
+                await _answer(send, 401, f"the X-Nbexec-For header was refused: {exc}", path=path)
                 return
         limit = next((n for p, n in self.larger.items() if owner and p.fullmatch(scope["path"])), self.max_body)
         length = _header(scope, b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            await _answer(send, 413, f"request body over {limit} bytes")
+            await _answer(send, 413, f"request body over {limit} bytes", path=path)
             return
         state = scope.setdefault("state", {})
         state[OWNER_KEY], state[FOR_KEY] = owner, signed

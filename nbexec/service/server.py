@@ -37,7 +37,7 @@ try:
     from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.responses import JSONResponse
 
-    from . import files, playground, sandboxes, snapshots
+    from . import e2b, files, playground, sandboxes, snapshots
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
     from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, plain_restore, same_language, too_many
@@ -101,6 +101,7 @@ def create_app(settings: ServerSettings) -> Any:
     node.add_routes(app, folders, runs, lambda: len(folders.held), owner)  # /v1/capacity: this server as a node
     sandboxes.add_routes(app, folders, runs, settings)
     snapshots.add_routes(app, folders, runs, _describe)  # the seam over HTTP, for library clients (NBEXEC_NODES)
+    e2b.add_routes(app, folders, runs, settings)  # E2B's API and SDKs (/e2b)
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True,
                        larger={sandboxes.WHEEL_ROUTE: parse_size(settings.config.max_package_download)})
     return app
@@ -186,14 +187,13 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
     async def create_session(shown: Shown, body: SessionBody | None = None,
                              who: str = Depends(owner)) -> SessionModel:
         config = chosen(settings.config, *((body.image, body.language) if body is not None else (None, None)))
-        if folders.live_for(who) >= settings.max_sessions_per_token:
-            raise too_many(f"{settings.max_sessions_per_token} sessions are live for this token; delete one")
         if body is not None and body.from_snapshot:
             plain_restore(body.image, body.language)
             return _describe(await runs.io(who, snapshots.restore, folders, runs, who, body.from_snapshot, shown),
                              shown)
-        try:
-            return _describe(folders.new_session(who, settings.store, shown.id, config), shown)
+        try:  # the place is taken with the check: concurrent creates cannot all pass a check made before
+            with folders.making(who, settings.max_sessions_per_token) as place:
+                return _describe(folders.new_session(who, settings.store, shown.id, config, place), shown)
         except SessionError as exc:
             raise too_many(str(exc)) from exc
 

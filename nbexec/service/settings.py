@@ -26,6 +26,9 @@ class ServerSettings:
     session_ttl: float = 20 * 60.0
     result_ttl: float = 15 * 60.0  # seconds a one-shot result's files stay downloadable, then they are deleted
     keepalive: float = 15.0  # seconds between SSE keep-alive comments on a quiet stream
+    # The longest lifetime an E2B client may give a sandbox (nbexec.service.e2b), NBEXEC_E2B_MAX_TIMEOUT.
+    e2b_max_timeout: float = field(default_factory=lambda: _seconds(
+        "NBEXEC_E2B_MAX_TIMEOUT", os.environ.get("NBEXEC_E2B_MAX_TIMEOUT", "")) or 3600.0)
     state_dir: Path | None = None  # durable sessions: kept across restarts, with this node's instance
     hibernate_after: float | None = field(default_factory=lambda: _seconds(
         "NBEXEC_HIBERNATE_AFTER", os.environ.get("NBEXEC_HIBERNATE_AFTER", "")))
@@ -37,8 +40,8 @@ class ServerSettings:
             raise ConfigError("no API token: give --token-file or NBEXEC_API_TOKENS (or --no-auth on loopback)")
         if any(len(t) < 16 for t in self.tokens):
             raise ConfigError("API tokens must be at least 16 characters long")
-        if self.result_ttl <= 0 or self.keepalive <= 0:
-            raise ConfigError("result_ttl and keepalive must be above 0 seconds")
+        if self.result_ttl <= 0 or self.keepalive <= 0 or self.e2b_max_timeout < 1:
+            raise ConfigError("result_ttl and keepalive must be above 0 seconds, e2b_max_timeout at least 1")
         snapshotblobs.store_for(self.state_dir)  # a shared snapshot store without its key fails the start
 
 

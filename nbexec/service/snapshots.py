@@ -33,8 +33,8 @@ def guarded(call: Callable[[], Any]) -> Any:
 def restore(folders: Tenants, runs: Runs, who: str, snapshot_id: str, shown: Shown) -> Session:
     """A new session of ``who`` from their snapshot; its place under the token's cap is held from the check on."""
     def made() -> Session:
-        with folders.making(who, runs.settings.max_sessions_per_token):
-            return folders.restore_session(who, snapshot_id, runs.settings.store, shown.id)
+        with folders.making(who, runs.settings.max_sessions_per_token) as place:
+            return folders.restore_session(who, snapshot_id, runs.settings.store, shown.id, place=place)
     session: Session = guarded(made)
     return session
 

@@ -173,27 +173,38 @@ class Tenants:
     # -- sessions ---------------------------------------------------------------------------------------
 
     def new_session(self, who: str, store: ArtifactStore | None, shown: Callable[[str], str] = str,
-                    config: SandboxConfig | None = None) -> Session:
+                    config: SandboxConfig | None = None, place: list[int] | None = None) -> Session:
         """A new session of ``who`` (with ``config``: the service's policy with the image the client chose); its
-        files' URLs use the id ``shown`` makes of its id (see identity.View)."""
+        files' URLs use the id ``shown`` makes of its id (see identity.View). ``place``: the one `making` holds
+        for it, handed to the session as it is registered (counted once, never twice nor not at all)."""
         session_id = uuid.uuid4().hex
         folder = self._folder(f"session-{session_id}")
         session = self.sessions.create(session_id=session_id, output_dir=folder, config=config, owner=who,
                                        store=_served(store, f"/v1/sessions/{shown(session_id)}", folder))
-        with self._lock:
-            self._owners[session.id] = who
+        self._register(session, who, place)
         return session
 
+    def _register(self, session: Session, who: str, place: list[int] | None) -> None:
+        with self._lock:
+            self._owners[session.id] = who
+            if place and place[0]:
+                place[0] = 0
+                self._release_place(who)
+
+    def _release_place(self, who: str) -> None:
+        self._making[who] -= 1
+        if not self._making[who]:
+            del self._making[who]
+
     def restore_session(self, who: str, snapshot_id: str, store: ArtifactStore | None,
-                        shown: Callable[[str], str] = str) -> Session:
+                        shown: Callable[[str], str] = str, place: list[int] | None = None) -> Session:
         """A new session of ``who`` from their snapshot ``snapshot_id`` (SnapshotError when it is not theirs)."""
         session_id = uuid.uuid4().hex
         folder = self._folder(f"session-{session_id}")
         session = self.sessions.restore(snapshot_id, owner=who, session_id=session_id, output_dir=folder,
                                         store=_served(store, f"/v1/sessions/{shown(session_id)}", folder),
                                         policy=self.config)  # what the service offers now, not then
-        with self._lock:
-            self._owners[session.id] = who
+        self._register(session, who, place)
         return session
 
     def session(self, who: str, session_id: str) -> Session | None:
@@ -209,32 +220,38 @@ class Tenants:
         return session.output_dir
 
     def live_for(self, who: str) -> int:
-        """Sessions and held sandboxes of ``who`` (with those being made): one cap counts both."""
-        live = set(self.sessions.ids())
+        """Sessions and held sandboxes of ``who`` (with those being made or found again): one cap counts both."""
+        live = self._live_ids()
         with self._lock:
             return self._live_locked(who, live)
+
+    def _live_ids(self) -> set[str]:
+        # Adopting ones first: one adopted in between is then in both, never in neither.
+        adopting = self.sessions.adopting()
+        return adopting | set(self.sessions.ids())
 
     def _live_locked(self, who: str, live: set[str]) -> int:
         return self.held.count(who) + self._making.get(who, 0) + sum(
             1 for sid, o in self._owners.items() if o == who and sid in live)
 
     @contextlib.contextmanager
-    def making(self, who: str, cap: int) -> Iterator[None]:
+    def making(self, who: str, cap: int) -> Iterator[list[int]]:
         """Hold one of ``who``'s ``cap`` places while a session is made for it (a restore starts a sandbox and
         replays): taken with the check, so concurrent restores cannot all pass it; SessionLimitError when none
-        is free."""
-        live = set(self.sessions.ids())
+        is free. What it yields is the place: give it to new_session or restore_session, which hand it over."""
+        live = self._live_ids()
         with self._lock:
             if self._live_locked(who, live) >= cap:
                 raise SessionLimitError(f"{cap} sessions are live for this token; delete one")
             self._making[who] = self._making.get(who, 0) + 1
+        place = [1]
         try:
-            yield
+            yield place
         finally:
             with self._lock:
-                self._making[who] -= 1
-                if not self._making[who]:
-                    del self._making[who]
+                if place[0]:
+                    place[0] = 0
+                    self._release_place(who)
 
     def delete_session(self, session_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):

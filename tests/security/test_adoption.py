@@ -10,6 +10,7 @@ stricter policy resumes its kept sessions under that policy (judged from inside 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import tempfile
 import threading
@@ -21,9 +22,9 @@ import docker
 import httpx
 import pytest
 
-from nbexec import SandboxConfig
+from nbexec import SandboxConfig, SessionManager
 from nbexec.engine import durable
-from nbexec.errors import NotOfferedError
+from nbexec.errors import NotOfferedError, SessionLostError, SessionNotFoundError
 from nbexec.sandbox.docker.workdir import remove_tree
 
 from ..cluster import NODE_TOKEN, Server, client, node, wait_ready
@@ -56,7 +57,8 @@ def kept(docker_ready: None) -> Iterator[dict[str, Path]]:
         yield {"tmp": tmp, "state": state}
     finally:
         for container in claimed_containers(state):
-            container.remove(force=True)
+            with contextlib.suppress(docker.errors.NotFound):  # its node's adoption removed it meanwhile
+                container.remove(force=True)
         remove_tree(tmp)
 
 
@@ -174,3 +176,45 @@ def test_policy_of_a_resumed_session_is_todays() -> None:
         durable.under(SandboxConfig(), SandboxConfig(language="bash"))
     with pytest.raises(NotOfferedError, match=r"\(env, network changed\)"):
         durable.under(SandboxConfig(network=True, env={"A": "1"}), SandboxConfig())
+
+
+def test_sessions_being_adopted_count_against_their_tokens_cap(kept: dict[str, Path]) -> None:
+    """Attack (#36, attacker's read): a token at its cap of 1 restarts the node; while its kept session is being
+    found again, it asks for a new one. Before: 201 (two sessions under a cap of 1 once the adoption ended)."""
+    member = node(0, kept["tmp"], tag="adopt", sessions=1)
+    member.args += ["--state-dir", str(kept["state"])]
+    member.env.update({"NBEXEC_POOL_SIZE": "0", "NBEXEC_STARTUP_TIMEOUT": "15"})
+    member.start()
+    try:
+        wait_ready([member])
+        flooding = start_flood(member, kept["state"])
+        member.kill(signal.SIGKILL)
+        seconds_to_health(member)
+        assert status(member, flooding).status_code == 503
+        with client(member, NODE_TOKEN) as http:
+            extra = http.post("/v1/sessions")
+        assert extra.status_code == 429, extra.text
+        wait_until(lambda: status(member, flooding).status_code == 410, 60, "the adoption never ended")
+        with client(member, NODE_TOKEN) as http:  # a lost session holds no place
+            assert http.post("/v1/sessions").status_code == 201
+    finally:
+        if member.process is not None and member.process.poll() is None:
+            member.kill(signal.SIGTERM)
+
+
+@pytest.mark.parametrize(("age", "answer"), [(3600.0, "not found"), (60.0, "lost")], ids=["past-grace", "within"])
+def test_lost_markers_live_as_long_as_kept_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, age: float,
+                                                   answer: str) -> None:
+    """Attack (#36, attacker's read): every failed adoption leaves a marker. Before: markers never expired, so a
+    node whose sessions keep getting lost grew its state folder for ever. Now one lives as long as a dead holder's
+    kept sessions (NBEXEC_STATE_GRACE), then goes."""
+    monkeypatch.setenv("NBEXEC_STATE_GRACE", "600")
+    state = tmp_path / "state"
+    durable.mark_lost(durable.hold(state), "gone", "alice", "its sandbox was gone")
+    marker = state / f"gone{durable.LOST}"
+    os.utime(marker, (time.time() - age, time.time() - age))
+    manager = SessionManager(SandboxConfig(), state_dir=state)
+    assert manager.ids() == []
+    with pytest.raises(SessionLostError if answer == "lost" else SessionNotFoundError):
+        manager.get("gone")
+    assert marker.exists() == (answer == "lost")

@@ -10,6 +10,7 @@ code finds after the wake (a file the cells append to tells a replay from a chec
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,3 +244,19 @@ def test_a_local_session_closed_asleep_leaves_no_working_folder(cleanup_ledger: 
     assert not workdir.exists(), "a session closed asleep left its working folder (and /mnt/data) behind"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(workdir) not in mounts, "its data filesystem is still mounted"
+
+
+def test_an_abandoned_remote_sandbox_is_removed_from_its_node(member: cluster.Server,
+                                                              on_node: nbexec.SandboxConfig) -> None:
+    """Attack (#36, attacker's read): a kept session on a node whose adoption failed is abandoned. Before: the
+    remote source had the seam's no-op default, so its container ran on at the node until the node's own TTL."""
+    source = remote.RemoteSource.from_env()
+    handle = source.acquire(on_node, purpose="session")
+    try:
+        assert len(node_containers(member)) == 1
+        source.abandon(on_node, handle.describe())
+        wait_until(lambda: node_containers(member) == [], 30, "the abandoned sandbox still runs on its node")
+        source.abandon(on_node, {"kind": "remote", "url": "http://127.0.0.1:9", "id": "x"})  # not ours: nothing
+    finally:
+        with contextlib.suppress(nbexec.NbexecError):  # gone already: abandoned
+            source.release(handle, wait=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,8 @@ class FailingCheckpoints(LocalSource):
         self.release(handle, wait=True)  # the sandbox is gone once a record is returned
         return {"kind": "test"}
 
-    def wake(self, config: nbexec.SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
+    def wake(self, config: nbexec.SandboxConfig, record: dict[str, Any], folder: Path, *,
+             check: Callable[[], None] = lambda: None) -> SandboxHandle:
         raise SandboxError("the checkpoint is unreadable")
 
 

@@ -23,6 +23,8 @@ from nbexec.egress.proxy import Limits, Proxy
 from ..conftest import wait_until
 from ..test_egress import Server, _ask
 
+HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc"  # how a TLS ClientHello starts: what a tunnel must carry first
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
@@ -159,6 +161,7 @@ def test_the_byte_cap_counts_what_the_sandbox_sends(short: Path, sink: tuple[soc
             client.connect(str(path))
             client.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
             assert client.recv(4096).startswith(b"HTTP/1.1 200")
+            client.sendall(HELLO)  # a tunnel carries TLS only
             with contextlib.suppress(OSError):
                 for _ in range(100):  # 1.6 MB offered against a 100 kB cap
                     client.sendall(b"x" * 16_384)
@@ -444,3 +447,55 @@ def test_connect_to_the_plain_http_port_is_no_raw_tunnel(short: Path, port_80: l
     assert plain.startswith(b"HTTP/1.0 204"), plain[:300]  # plain http to the port still goes, judged
     assert port_80 == [("/plain", "127.0.0.1")], port_80
     assert [(c.allowed, "CONNECT to port 80" in (c.reason or "")) for c in shown] == [(False, True), (True, False)]
+
+
+TUNNELLED = b"GET /tunnelled HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize("when", ["with-the-head", "after-the-answer", "one-byte-at-a-time"])
+def test_a_tunnel_to_another_plain_http_port_carries_no_request(gate: tuple[Proxy, Path], server: Server,
+                                                                when: str) -> None:
+    """Attack (#36, attacker's read): a rule opening a plain-http port other than 80 (here the loopback server's)
+    made CONNECT to it a raw tunnel, and a request in it went on with any Host. A tunnel carries TLS only: its
+    first bytes must be a ClientHello, else it is refused (403 before any upstream connection, or closed)."""
+    started, path = gate
+    head = f"CONNECT 127.0.0.1:{server.port} HTTP/1.1\r\n\r\n".encode()
+    with socket.socket(socket.AF_UNIX) as client:
+        client.settimeout(10)
+        client.connect(str(path))
+        client.sendall(head + TUNNELLED if when == "with-the-head" else head)
+        answer = client.recv(65536)
+        with contextlib.suppress(OSError):  # a reset while sending is the tunnel closed too
+            for part in ([] if when == "with-the-head" else [TUNNELLED] if when == "after-the-answer"
+                         else [bytes([byte]) for byte in TUNNELLED[:8]]):
+                client.sendall(part)
+        with contextlib.suppress(OSError):
+            while chunk := client.recv(65536):
+                answer += chunk
+    shown, _ = started.take()
+    assert not [seen for seen in server.seen if seen[0] == "/tunnelled"], "the tunnelled request reached the server"
+    assert b"hello from" not in answer, answer[:300]
+    assert answer.startswith(b"HTTP/1.1 403" if when == "with-the-head" else b"HTTP/1.1 200"), answer[:300]
+    assert "TLS" in (shown[-1].reason or ""), shown[-1]
+    plain = _ask(path, f"GET http://127.0.0.1:{server.port}/plain HTTP/1.1\r\nHost: other.example\r\n\r\n".encode())
+    assert plain.endswith(b"hello from the allowed server"), plain[:300]  # plain http still goes, judged
+    assert ("/plain", f"127.0.0.1:{server.port}") in server.seen
+
+
+@given(data=st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(lambda tail: HELLO + tail)),
+       cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=6))
+def test_a_tunnels_start_passes_whole_or_nothing(data: bytes, cuts: list[int]) -> None:
+    """However the client's bytes are split, a tunnel passes them all, in order, when they open with a TLS
+    ClientHello record, and none of them otherwise (what is held before the ninth byte is never sent)."""
+    gate, sent = request.TlsStart(), b""
+    edges = [0, *sorted(cut for cut in cuts if cut < len(data)), len(data)]
+    for start, end in itertools.pairwise(edges):
+        sent += gate.feed(data[start:end])
+    record = int.from_bytes(data[3:5], "big")
+    hello = len(data) >= 9 and data[0] == 0x16 and data[1] == 3 and data[2] <= 4 and data[5] == 1 \
+        and 0 < record <= 16384 + 2048 and 38 <= int.from_bytes(data[6:9], "big") <= record - 4
+    if hello:
+        assert sent == data and gate.problem is None
+    else:
+        assert sent == b""
+        assert gate.problem is not None or len(data) < 9

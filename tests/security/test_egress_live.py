@@ -6,9 +6,12 @@ client gets, and what stays unchanged after a refused change."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import os
 import socket
+import ssl
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -26,8 +29,21 @@ from .. import cluster
 from ..conftest import IMAGE, wait_until
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """A server context with a self-signed certificate (a tunnel carries TLS only)."""
+    folder = Path(tempfile.mkdtemp())
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / "key.pem"),
+                    "-out", str(folder / "cert.pem"), "-days", "1", "-subj", "/CN=127.0.0.1"],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    return context
+
+
 class KeepAlive:
-    """A loopback HTTP/1.1 server that keeps connections open and records each path it is asked for."""
+    """A loopback HTTP/1.1 server that keeps connections open and records each path it is asked for; a
+    connection that starts with a TLS handshake (a tunnel's) is served over TLS."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
@@ -35,6 +51,15 @@ class KeepAlive:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:  # the name socketserver calls
+                if self.request.recv(1, socket.MSG_PEEK) == b"\x16":
+                    self.request = _tls().wrap_socket(self.request, server_side=True)
+                super().setup()
+
+            def finish(self) -> None:  # the server closes the socket it accepted, not the TLS one made of it
+                super().finish()
+                self.request.close()
 
             def do_GET(self) -> None:  # the name http.server calls
                 seen.append(self.path)
@@ -160,7 +185,9 @@ def _tunnel(path: Path, rule: str) -> tuple[socket.socket, bytes]:
     sock.settimeout(10)
     sock.connect(str(path))
     sock.sendall(f"CONNECT {rule} HTTP/1.1\r\n\r\n".encode())
-    return sock, _answer(sock)
+    answer = _answer(sock)
+    return (ssl._create_unverified_context().wrap_socket(sock) if answer.startswith(b"HTTP/1.1 200") else sock,
+            answer)
 
 
 def test_an_open_tunnel_to_a_host_denied_is_closed(gate: tuple[Proxy, Path], hosts: list[KeepAlive]) -> None:
@@ -234,7 +261,7 @@ def test_a_proxy_in_a_folder_with_a_long_name_serves(tmp_path: Path, hosts: list
 # -- the real sandbox: Session.allow_hosts / deny_hosts ------------------------------------------------------------
 
 _SETUP = """
-import http.client, socket
+import http.client, socket, ssl
 conn = http.client.HTTPConnection('127.0.0.1', 3128, timeout=10)
 def get(port, path, again=True):
     try:
@@ -260,6 +287,7 @@ def ask(sock, request):
         return type(exc).__name__
 tunnel = socket.create_connection(('127.0.0.1', 3128), timeout=10)
 print('open', tunnel.sendall(b'CONNECT 127.0.0.1:{a} HTTP/1.1\\r\\n\\r\\n') or tunnel.recv(1000)[:12])
+tunnel = ssl._create_unverified_context().wrap_socket(tunnel)  # a tunnel carries TLS only
 print('t1', ask(tunnel, b'GET /t1 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'))
 print('k1', get({a}, '/k1'))
 """
@@ -284,7 +312,7 @@ def test_a_running_session_changes_its_allowlist(hosts: list[KeepAlive], cleanup
                              + _get(first.port, "k2") + "\n" + _get(first.port, "k2b") + "\n"
                              + _get(second.port, "b1"))
         assert denied.ok, denied.error
-        assert "t2 b''" in denied.stdout or "t2 Connection" in denied.stdout or "t2 Broken" in denied.stdout, \
+        assert any(f"t2 {end}" in denied.stdout for end in ("b''", "Connection", "Broken", "SSL")), \
             denied.stdout
         # The proxy carries one request per connection: the keep-alive's second request is not carried (the
         # client sees the connection closed), and its retry, on a new connection, meets the new rules.

@@ -353,6 +353,33 @@ def test_host_pip_time_counts_inside_the_execution_time_limit(world: World, how:
     assert record.status == "failed" and "time limit" in (record.reason or ""), record
 
 
+def test_an_interrupt_during_the_packages_after_a_wake_ends_the_run(world: World, cleanup_ledger: None) -> None:
+    """A session woken by replay, then its pip line's host pip held by the index (#36): before, the interrupt was
+    lost and the run waited for its whole limit (60 s). The bound proves "ends": pip stopped, no cell run."""
+    name = "nbexec-held-after-wake"
+    reached, released = world.index.hold(name)
+    config = _config(world.index.url, _public_folder("nbexec-evil-cache-") / "cache", timeout=60, runtime="runc")
+    session = nbexec.Session(config)
+    try:
+        assert session.run("x = 1").ok and session.hibernate() and session.status == "asleep"
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(session.run, f"%pip install {name}\nprint('ran', x)\n")
+            try:
+                wait_until(reached.is_set, 120, "the host never asked the index for the held project")
+                asked = time.monotonic()
+                session.interrupt()
+                result = running.result(timeout=90)
+                took = time.monotonic() - asked
+            finally:
+                released.set()
+    finally:
+        session.close()
+    print(f"the run ended {took:.2f} s after the interrupt")  # shown with -s
+    assert took < 3, f"the run ended {took:.1f} s after the interrupt"
+    assert not result.ok and "ran" not in result.stdout, result.stdout
+    assert result.error is not None and "interrupted" in result.error.evalue, result.error
+
+
 # -- hostile wheels: refused with a reason, nothing provided -----------------------------------------------------
 
 def _wheel_shapes(folder: Path) -> dict[str, Path]:

@@ -8,6 +8,9 @@ node, and the snapshot folder on disk (NBEXEC_SNAPSHOT_DIR).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
 import re
 import threading
 import time
@@ -20,8 +23,10 @@ import nbformat
 import pytest
 
 import nbexec
+from nbexec.engine import snapshots
 from nbexec.engine.snapshots import SnapshotStore
 from nbexec.errors import SessionLimitError
+from nbexec.files import transfer
 from nbexec.service.settings import ServerSettings
 
 from ..conftest import IMAGE
@@ -127,15 +132,21 @@ def node(docker_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         yield service, store
 
 
+def snapshot_of(client: Any) -> str:
+    """A snapshot of a new session of ``client``'s (one cell run in it); the session is deleted after."""
+    session = client.post("/v1/sessions").json()["id"]
+    try:
+        assert client.post(f"/v1/sessions/{session}/execute", json={"code": "x = 1"}).json()["ok"]
+        snapshot: str = client.post(f"/v1/sessions/{session}/snapshot").json()["snapshot"]
+    finally:
+        client.delete(f"/v1/sessions/{session}")
+    return snapshot
+
+
 def test_http_snapshots_list_delete_per_token(node: Any) -> None:
     service, store = node
     with service.client(TOKEN_A) as alice, service.client(TOKEN_B) as mallory:
-        session = alice.post("/v1/sessions").json()["id"]
-        try:
-            assert alice.post(f"/v1/sessions/{session}/execute", json={"code": "x = 1"}).json()["ok"]
-            snapshot = alice.post(f"/v1/sessions/{session}/snapshot").json()["snapshot"]
-        finally:
-            alice.delete(f"/v1/sessions/{session}")
+        snapshot = snapshot_of(alice)
         listed_b = mallory.get("/v1/snapshots")
         assert listed_b.status_code == 200 and snapshot not in listed_b.text, listed_b.text
         assert mallory.delete(f"/v1/snapshots/{snapshot}").status_code == 404
@@ -152,12 +163,7 @@ def test_http_snapshot_expires(node: Any, monkeypatch: pytest.MonkeyPatch) -> No
     service, store = node
     monkeypatch.setenv("NBEXEC_SNAPSHOT_TTL", "2")
     with service.client(TOKEN_A) as alice:
-        session = alice.post("/v1/sessions").json()["id"]
-        try:
-            assert alice.post(f"/v1/sessions/{session}/execute", json={"code": "x = 1"}).json()["ok"]
-            snapshot = alice.post(f"/v1/sessions/{session}/snapshot").json()["snapshot"]
-        finally:
-            alice.delete(f"/v1/sessions/{session}")
+        snapshot = snapshot_of(alice)
         assert snapshot.split(".")[0] in folders(store)
         time.sleep(3)
         late = alice.post("/v1/sessions", json={"from_snapshot": snapshot})
@@ -194,3 +200,54 @@ def test_concurrent_takes_stay_within_the_owners_cap(tmp_path: Path) -> None:
         thread.join(60)
     assert outcomes.count("made") == 2 and outcomes.count("refused") == 8, outcomes
     assert store.count("token-a") == 2 and store.count("token-b") == 0
+
+
+class _SlowFiles:
+    """A copy of /mnt/data that writes one file and takes ``seconds``: longer than the store's TTL."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.copying = seconds, threading.Event()
+
+    def snapshot(self, files: Any, limits: Any) -> Any:
+        transfer.replace(files, "kept.txt", b"kept")
+        self.copying.set()
+        time.sleep(self.seconds)
+        entry = types.SimpleNamespace(name="kept.txt", sha256=hashlib.sha256(b"kept").hexdigest(), size=4)
+        return types.SimpleNamespace(skipped=[], files=[entry])
+
+
+def test_expiry_never_judges_a_snapshot_being_made(tmp_path: Path) -> None:
+    """Attack (#36, attacker's read): a take slower than the TTL while another owner's listing runs expiry. Before:
+    the half-made folder was judged by its mtime and removed under the take, whose id then named nothing."""
+    store = SnapshotStore(tmp_path / "snaps", key=b"k" * 32, ttl=1.5)
+    copy = _SlowFiles(3.5)
+    made: list[str] = []
+    taker = threading.Thread(target=lambda: made.append(store.take("token-a", nbexec.SandboxConfig(),
+                                                                   nbformat.v4.new_notebook(), copy)))  # type: ignore[arg-type]
+    taker.start()
+    assert copy.copying.wait(10)
+    while taker.is_alive():  # expiry runs over and over while the take is under way
+        assert store.listing("token-a") == [], "a half-made snapshot was listed"
+        time.sleep(0.2)
+    taker.join()
+    restored = store.open("token-a", made[0])
+    with restored.open_file("kept.txt") as handle:
+        assert handle.read() == b"kept"
+    assert [s.id for s in store.listing("token-a")] == made
+
+
+def test_a_take_that_died_is_swept_once_unlocked_and_old(tmp_path: Path) -> None:
+    """A folder left by a take whose process died goes after the TTL; one a live take holds stays."""
+    store = SnapshotStore(tmp_path / "snaps", key=b"k" * 32, ttl=1.0)
+    store.listing("token-a")
+    dead, live = (store.root / f"{name * 32}{snapshots.MAKING}" for name in "ab")
+    for folder in (dead, live):
+        folder.mkdir(mode=0o700)
+        os.utime(folder, (time.time() - 60, time.time() - 60))
+    held = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        store.listing("token-b")
+        assert (dead.exists(), live.exists()) == (False, True)
+    finally:
+        os.close(held)

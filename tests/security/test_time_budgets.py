@@ -87,75 +87,69 @@ def _let_go(session: Session) -> None:
         sandbox.kill()
 
 
-def test_silent_requests_on_a_flooding_kernel_end_within_their_bound(cleanup_ledger: None) -> None:
+def waited(session: Session, call: Callable[[], Any], what: str) -> Timed:
+    """``call`` timed in a thread given HANG seconds; past them the test fails naming ``what``, and the sandbox
+    under the call is killed so that its thread ends with the test."""
+    thread, seen = timed(call)
+    thread.join(HANG)
+    if not seen.done:
+        _let_go(session)
+        thread.join(30)
+    assert seen.done, f"{what} had not returned after {HANG:g} s"
+    assert seen.error is None, seen.error
+    return seen
+
+
+@pytest.fixture
+def flooded(cleanup_ledger: None) -> Iterator[Session]:
+    """A session whose kernel runs FLOOD from its first cell on; closed after the test."""
+    session = Session(cfg())
+    try:
+        assert session.run(FLOOD).ok
+        yield session
+    finally:
+        session.close()
+
+
+def test_silent_requests_on_a_flooding_kernel_end_within_their_bound(flooded: Session) -> None:
     """The hidden path (the package set-up's, the replay's): each silent request ends within its own limit and
     the fixed tail read past its reply, and the host CPU of the waiting thread stays bounded."""
-    session = Session(cfg())
-    try:
-        assert session.run(FLOOD).ok
-        sandbox = session._sandbox  # the hidden path itself, as the engine's package set-up calls it
-        assert sandbox is not None
-        thread, seen = timed(lambda: [sandbox.run_hidden("pass", HIDDEN_LIMIT) for _ in range(HIDDEN_CALLS)])
-        thread.join(HANG)
-        if not seen.done:
-            _let_go(session)
-            thread.join(30)
-        assert seen.done, f"{HIDDEN_CALLS} silent requests had not returned after {HANG:g} s"
-        assert seen.error is None, seen.error
-        bound = HIDDEN_CALLS * (HIDDEN_LIMIT + kernel.TAIL)
-        assert seen.wall < bound + 3, (seen.wall, bound)  # each ends by its limit and the tail: not "fast"
-        assert seen.cpu < bound, seen.cpu
-    finally:
-        session.close()
+    sandbox = flooded._sandbox  # the hidden path itself, as the engine's package set-up calls it
+    assert sandbox is not None
+    seen = waited(flooded, lambda: [sandbox.run_hidden("pass", HIDDEN_LIMIT) for _ in range(HIDDEN_CALLS)],
+                  f"{HIDDEN_CALLS} silent requests")
+    bound = HIDDEN_CALLS * (HIDDEN_LIMIT + kernel.TAIL)
+    assert seen.wall < bound + 3, (seen.wall, bound)  # each ends by its limit and the tail: not "fast"
+    assert seen.cpu < bound, seen.cpu
 
 
-def test_a_flooding_kernel_cannot_hold_a_wake_by_replay(cleanup_ledger: None) -> None:
+def test_a_flooding_kernel_cannot_hold_a_wake_by_replay(flooded: Session) -> None:
     """A slept session whose replay starts the flood: run(timeout=20) wakes it (two silent requests) and returns,
     its host CPU bounded; the flood's messages belong to another request and are read past, not waited out."""
-    session = Session(cfg())
-    try:
-        assert session.run(FLOOD).ok
-        assert session.run("x = 41").ok
-        assert session.hibernate()
-        thread, seen = timed(lambda: session.run("print(x + 1)", timeout=20))
-        thread.join(HANG)
-        if not seen.done:
-            _let_go(session)
-            thread.join(30)
-        assert seen.done, f"run(timeout=20) on a woken flooding session had not returned after {HANG:g} s"
-        result = seen.value
-        assert seen.error is None, seen.error
-        assert result.restored == "replay" and "42" in result.stdout, (result.stdout[-200:], result.notes)
-        assert seen.wall < 28, seen.wall  # within its limit and the interrupt's grace: ends, not "fast"
-        assert seen.cpu < 15, seen.cpu
-    finally:
-        session.close()
+    assert flooded.run("x = 41").ok
+    assert flooded.hibernate()
+    seen = waited(flooded, lambda: flooded.run("print(x + 1)", timeout=20),
+                  "run(timeout=20) on a woken flooding session")
+    result = seen.value
+    assert result.restored == "replay" and "42" in result.stdout, (result.stdout[-200:], result.notes)
+    assert seen.wall < 28, seen.wall  # within its limit and the interrupt's grace: ends, not "fast"
+    assert seen.cpu < 15, seen.cpu
 
 
-def test_close_ends_a_silent_request_that_is_waiting(cleanup_ledger: None) -> None:
+def test_close_ends_a_silent_request_that_is_waiting(flooded: Session) -> None:
     """close() from another thread, while the wake's replay waits on a long silent cell under a flood: close
     returns within a few seconds, and the waiting call ends with it."""
-    session = Session(cfg())
-    try:
-        assert session.run(FLOOD).ok
-        # Sleeps only when replayed (the marker file is made after): a silent request that takes long.
-        assert session.run("import os, time\nif os.path.exists('/mnt/data/replayed'):\n    time.sleep(25)\n").ok
-        session.upload(b"1", "replayed")
-        assert session.hibernate()
-        thread, seen = timed(lambda: session.run("1", timeout=30))
-        time.sleep(4)  # the wake is in its replay by now (a fresh kernel starts in about a second)
-        assert not seen.done, "the replay ended before close was called: the test proves nothing"
-        closing, closed = timed(session.close)
-        closing.join(HANG)
-        if not closed.done:
-            _let_go(session)
-        thread.join(30)
-        assert closed.done, f"close() had not returned after {HANG:g} s"
-        assert closed.error is None, closed.error
-        assert closed.wall < 5, closed.wall  # about a second: the sandbox is stopped, the wait ends
-        assert seen.done and (seen.error is not None or not seen.value.ok), seen
-    finally:
-        session.close()
+    # Sleeps only when replayed (the marker file is made after): a silent request that takes long.
+    assert flooded.run("import os, time\nif os.path.exists('/mnt/data/replayed'):\n    time.sleep(25)\n").ok
+    flooded.upload(b"1", "replayed")
+    assert flooded.hibernate()
+    thread, seen = timed(lambda: flooded.run("1", timeout=30))
+    time.sleep(4)  # the wake is in its replay by now (a fresh kernel starts in about a second)
+    assert not seen.done, "the replay ended before close was called: the test proves nothing"
+    closed = waited(flooded, flooded.close, "close()")
+    thread.join(30)
+    assert closed.wall < 5, closed.wall  # about a second: the sandbox is stopped, the wait ends
+    assert seen.done and (seen.error is not None or not seen.value.ok), seen
 
 
 # -- a node's hidden route ------------------------------------------------------------------------------------

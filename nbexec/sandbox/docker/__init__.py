@@ -11,6 +11,7 @@
     image      the runtime image: build and describe
     recipe     what a named image is built from, checked, and the hash its tag carries (pure)
     named      named images: build one on the runtime image unless its inputs were built before, list them
+    supervisor a process supervisor inside a sandbox (docker exec) for the E2B door: processes, a pty, files
 
 May import: nbexec's values, files, egress, and the kernel wire of `nbexec.sandbox`.
 """

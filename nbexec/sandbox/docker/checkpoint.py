@@ -22,11 +22,9 @@ A checkpoint is hostile data on its way back: copied into ``folder`` private (07
 size kept in the record, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all (past it the copy stops, is removed
 and the checkpoint refused); ``wake`` copies only regular files (no links, nothing added nor missing) through
 descriptors, hashing them, within the same cap, and hands them to runsc alone. While a restored kernel binds its
-sockets its runtime folder (a host folder) is open to the sandbox's code; once locked it must hold only the
-kernel's sockets and the wake file: anything else the code made there refuses the wake (its container, and a
-writer holding a file open there, removed).
-`supported` probes whether a runtime can (under runc CRIU fails on this kernel's vDSO: ``hibernate`` returns None).
-"""
+sockets its runtime folder is open to the sandbox's code, so it is a 64 KiB tmpfs (a file opened and unlinked there
+writes no further); locked, it must hold only the sockets and the wake file (anything else refuses the wake).
+`supported` probes whether a runtime can (under runc CRIU fails on this kernel's vDSO: ``hibernate`` returns None)."""
 
 from __future__ import annotations
 
@@ -42,6 +40,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
 
-from . import agent, daemon, leftovers, pool
+from . import agent, daemon, datafs, leftovers, pool
 from .container import Sandbox
 from .options import KERNEL_PORTS, Place, connection_info, container_options
 from .workdir import claim_of, remove_tree
@@ -60,10 +59,10 @@ log = logging.getLogger(__name__)
 
 NAME = "nbexec"  # the checkpoint's name in Docker's data root
 CHECKPOINT_SLACK = 64 * 1024**2  # a checkpoint may be this much larger than the sandbox's memory limit
+RUNTIME_BYTES, RUNTIME_INODES = 64 * 1024, 32  # a restored runtime folder: sockets and the wake file need no more
 RECORD_VERSION = 1
 _restoring = threading.Lock()  # two restores of one template in this process never share containerd's copy
-_SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
-_CHUNK = 1 << 20
+_SOCKETS, _CHUNK = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values()), 1 << 20
 _probed: dict[str, tuple[bool, float, str]] = {}  # runtime -> (the answer, when it was found, why not)
 _probe_lock = threading.Lock()
 PROBE_AGAIN = 900.0  # seconds after which a "no" is asked again (it may have met an engine restarting)
@@ -132,8 +131,7 @@ def hibernate(sandbox: Sandbox, folder: Path) -> dict[str, Any] | None:
 
 
 def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
-    """Quiesce the kernel, checkpoint the container into Docker's data root, copy it into ``folder`` privately,
-    and remove the container (its working folder, /mnt/data with it, stays where it is)."""
+    """Quiesce the kernel, checkpoint the container, copy it into ``folder`` privately, remove the container."""
     config = sandbox.config
     wake, go = agent.names(secrets.token_hex(8))
     code = agent.code(wake, go, patience=config.startup_timeout + 10)  # it outwaits the host's wait for its reply
@@ -173,24 +171,24 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
             "files": files}  # no key: every restore sets a fresh one
 
 
-def restore(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
+def restore(config: SandboxConfig, record: dict[str, Any], folder: Path,
+            check: Callable[[], None] = lambda: None) -> Sandbox:
     """The hibernated sandbox of ``record`` running again: same id and working folder, in a new container started
-    from the checked checkpoint, its kernel reconnected; SandboxError (and nothing left behind) otherwise."""
+    from the checked checkpoint, its kernel reconnected (``check`` polled); SandboxError (nothing left) otherwise."""
     files = _checked_record(record, config)
     sandbox = Sandbox(config, record["sandbox_id"], Path(record["workdir"]))
     sandbox.uid, sandbox.gid = int(record["uid"]), int(record["gid"])
     sandbox.data_fs = True  # the engine keeps the working folder, its data filesystem mounted
     sandbox.disk = space.reserve(space.sandbox_needs(config, sandbox.workdir), config.disk_margin_bytes)
     try:
-        return _start_from(sandbox, record, files, folder)
+        return _start_from(sandbox, record, files, folder, check)
     except BaseException:
         sandbox.disk.release()
         raise
 
 
 def from_template(config: SandboxConfig, record: dict[str, Any], folder: Path) -> Sandbox:
-    """A NEW sandbox (its own id, working folder and empty /mnt/data) whose kernel is the checkpoint of
-    ``record``: a template, or a fork. Its processes keep the template's uid (they were made with it)."""
+    """A NEW sandbox (own id and folders) whose kernel is ``record``'s checkpoint (a template, a fork; its uid)."""
     files = _checked_record(record, config)
     sandbox = Sandbox.prepare(config, ids=(int(record["uid"]), int(record["gid"])))
     try:
@@ -200,10 +198,9 @@ def from_template(config: SandboxConfig, record: dict[str, Any], folder: Path) -
         raise
 
 
-def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple[int, str]],
-                folder: Path) -> Sandbox:
-    """Copy the checkpoint into a new container, start it from it with a fresh key and session id (every
-    sandbox restored from one image gets its own), and reconnect."""
+def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple[int, str]], folder: Path,
+                check: Callable[[], None] = lambda: None) -> Sandbox:
+    """Start a new container from the checkpoint with a fresh key and session id; reconnect."""
     config, client, container = sandbox.config, daemon.connect(), None
     copies = space.reserve([space.Need(Path(daemon.root_dir()), sum(size for size, _ in files.values()) * 2,
                                        "the engine's copies of the memory image it restores")],
@@ -217,21 +214,24 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
         _copy_in(folder / "checkpoint", target, files)
         fresh = {"key": sandbox.connection["key"], "session": secrets.token_hex(16)}
         _open_runtime(sandbox.runtime_dir, str(record["wake"]), json.dumps(fresh).encode())
-        with _restoring, daemon.translated("restore a sandbox"):  # one at a time: a copy is removed once used
-            try:
+        # One at a time (a copy is removed once used); another's long restore never holds this wake past its check.
+        _wait(lambda: _restoring.acquire(timeout=0.05), config.startup_timeout, "another restore held on", check)
+        try:
+            with daemon.translated("restore a sandbox"):
                 response = client.api.post(client.api._url("/containers/{0}/start", container.id),
                                            params={"checkpoint": NAME})
-            finally:
-                leftovers.remove_copies(files)  # containerd's copy of what it restored from
-            client.api._raise_for_status(response)
+        finally:
+            leftovers.remove_copies(files)  # containerd's copy of what it restored from
+            _restoring.release()
+        client.api._raise_for_status(response)
         sandbox.attach(container)
         with daemon.translated("remove a restored checkpoint"):  # read; the next hibernate writes its own
             client.api._raise_for_status(client.api._delete(
                 client.api._url("/containers/{0}/checkpoints/{1}", container.id, NAME)))
         _wait(lambda: all((sandbox.runtime_dir / name).exists() for name in _SOCKETS), config.startup_timeout,
-              "the restored kernel did not bind its sockets again")
+              "the restored kernel did not bind its sockets again", check)
         _lock_sockets(sandbox.runtime_dir, str(record["wake"]))
-        sandbox.connect_kernel()
+        sandbox.connect_kernel(check)
         (sandbox.runtime_dir / str(record["wake"])).unlink(missing_ok=True)
     except BaseException:
         if container is not None:
@@ -287,8 +287,8 @@ def _copy_out(source: Path, target: Path, cap: int) -> dict[str, list[Any]]:
 
 
 def _copy_in(source: Path, target: Path, files: dict[str, tuple[int, str]]) -> None:
-    """Copy the kept checkpoint into Docker's data root: exactly the record's files, each a regular file of its
-    recorded size and sha256 (hashed as it is copied); SandboxError at the first difference."""
+    """Copy the kept checkpoint into Docker's data root: exactly the record's files, each regular, of its recorded
+    size and sha256 (hashed as it is copied); SandboxError at the first difference."""
     fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         if sorted(os.listdir(fd)) != sorted(files):
@@ -329,8 +329,14 @@ def _copy_file(src_dir: int, dst_dir: int, name: str, *, limit: int | None) -> t
 
 
 def _open_runtime(runtime_dir: Path, wake: str, content: bytes) -> None:
-    """Let the restored kernel bind its sockets again: the old socket files removed, the folder writable until it
-    is up (`Sandbox.connect_kernel` locks it), and the wake file its agent waits for."""
+    """Let the restored kernel bind its sockets again: the folder a small tmpfs (what the restored code writes there
+    while it is open stays within RUNTIME_BYTES, named or not), the old socket files removed, the folder writable
+    until it is up (`Sandbox.connect_kernel` locks it), and the wake file its agent waits for."""
+    if not os.path.ismount(runtime_dir):  # the first restore into this working folder
+        try:
+            datafs.mount_small(runtime_dir, size=RUNTIME_BYTES, inodes=RUNTIME_INODES)
+        except OSError as exc:
+            raise SandboxError(f"could not cap the restored sandbox's runtime folder: {exc}") from exc
     fd = os.open(runtime_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for name in os.listdir(fd):
@@ -382,9 +388,10 @@ def _lock_sockets(runtime_dir: Path, wake: str) -> None:
                            "for its kernel's sockets: not woken")
 
 
-def _wait(done: Any, timeout: float, message: str) -> None:
+def _wait(done: Any, timeout: float, message: str, check: Callable[[], None] = lambda: None) -> None:
     deadline = time.monotonic() + timeout
     while not done():
+        check()
         if time.monotonic() > deadline:
             raise SandboxError(f"{message} within {timeout:g} s")
         time.sleep(0.005)

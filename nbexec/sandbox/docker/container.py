@@ -1,9 +1,8 @@
 """One throwaway container with a ready IPython kernel, driven from the host over ZMQ ipc:// sockets.
 
 The container has no network interface but loopback (by default); the kernel's sockets live in a host folder
-bind-mounted at /run/nbexec, and the sandbox's data filesystem (see `datafs`) is bind-mounted at /mnt/data.
-Once the kernel is up, the socket folder is made read-only to the sandbox so the code cannot swap the sockets
-for links.
+bind-mounted at /run/nbexec, and the sandbox's data filesystem (see `datafs`) is bind-mounted at /mnt/data. Once
+the kernel is up, the socket folder is made read-only to the sandbox (the code cannot swap the sockets for links).
 """
 
 from __future__ import annotations
@@ -190,23 +189,23 @@ class Sandbox(Sleeper):
         self.init_process = daemon.process_identity(container.attrs.get("State", {}).get("Pid"))
         self.freezer = datafs.Freezer.of_process(self.init_process[0]) if self.init_process else None
 
-    def connect_kernel(self) -> None:
-        """Wait for the kernel's sockets, then for a kernel_info reply and a first iopub message."""
+    def connect_kernel(self, check: Callable[[], None] = lambda: None) -> None:
+        """Wait for the kernel's sockets, its kernel_info reply and a first iopub message; ``check`` between polls."""
         deadline = time.monotonic() + self.config.startup_timeout
         shell = self.runtime_dir / f"kernel-{KERNEL_PORTS['shell_port']}"
         iopub = self.runtime_dir / f"kernel-{KERNEL_PORTS['iopub_port']}"
         delay, next_check = 0.002, time.monotonic() + 0.25
         while not (shell.exists() and iopub.exists()):
             if time.monotonic() > next_check:  # asking Docker costs a few ms: not on every poll
-                self._check_startup(deadline)
+                self._check_startup(deadline, check)
                 next_check = time.monotonic() + 0.25
             time.sleep(delay)
             delay = min(delay * 1.5, 0.02)
         self.client = self.open_client()
-        self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline))
+        self.language_info = self.client.wait_ready(lambda: self._check_startup(deadline, check))
         # The kernel is fully up (it rewrites its connection file late in start-up): now lock the folder.
         self._lock_runtime()
-        self.client.wait_subscribed(lambda: self._check_startup(deadline))
+        self.client.wait_subscribed(lambda: self._check_startup(deadline, check))
         log.debug("sandbox %s ready in %.3f s", self.id, time.monotonic() - self.started_at)
 
     def open_client(self) -> kernel.KernelClient:
@@ -223,7 +222,8 @@ class Sandbox(Sleeper):
         if running_as_root():
             os.chmod(self.runtime_dir, 0o555)
 
-    def _check_startup(self, deadline: float) -> None:
+    def _check_startup(self, deadline: float, check: Callable[[], None]) -> None:
+        check()  # a wake's: it raises past the run's limit, or once interrupted
         state = self.state()
         if not state.running:
             logs = self._logs()

@@ -82,6 +82,17 @@ def create(mountpoint: Path, image: Path, *, size: int, inodes: int, owner: tupl
     os.chmod(mountpoint, 0o755)
 
 
+def mount_small(mountpoint: Path, *, size: int, inodes: int) -> None:
+    """Mount a tmpfs of ``size`` bytes and ``inodes`` inodes (root's, 0700) on ``mountpoint``: a host folder the
+    sandbox may write into for a while, whose size the kernel caps whatever the sandbox names or unlinks there.
+    Unmounted with the working folder (`workdir.remove_tree`). Raises OSError when the mount fails."""
+    try:
+        _run("mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes},mode=0700,nosuid,nodev,noexec",
+             "nbexec-run", str(mountpoint))
+    except subprocess.SubprocessError as exc:  # mount did not end in time
+        raise OSError(f"mount -t tmpfs failed: {exc}") from exc
+
+
 def unmount(mountpoint: Path) -> None:
     """Unmount a data filesystem (its loop device is released with it: mounted with -o loop, autoclear)."""
     try:

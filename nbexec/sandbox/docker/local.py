@@ -4,6 +4,7 @@ started for themselves, each a `container.Sandbox` (the local SandboxHandle)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,9 @@ class LocalSource(SandboxSource):
         `checkpoint`)."""
         return checkpoint.hibernate(_own(handle), folder)
 
-    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
-        return checkpoint.restore(config, record, folder)
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path, *,
+             check: Callable[[], None] = lambda: None) -> SandboxHandle:
+        return checkpoint.restore(config, record, folder, check)
 
     def discard(self, record: dict[str, Any], folder: Path) -> None:
         """Remove the working folder (its /mnt/data, unmounted first) a checkpoint record kept: only a folder of

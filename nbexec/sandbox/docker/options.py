@@ -14,7 +14,7 @@ import docker.types
 
 from nbexec import languages
 from nbexec.config import SandboxConfig
-from nbexec.sandbox.source import DATA_MOUNT, INPUT_MOUNT, PACKAGES_MOUNT, WHEELS_MOUNT
+from nbexec.sandbox.source import DATA_MOUNT, HOME_ALIAS, INPUT_MOUNT, PACKAGES_MOUNT, WHEELS_MOUNT
 
 from . import daemon, egress
 
@@ -66,6 +66,8 @@ def container_options(config: SandboxConfig, role: str, place: Place) -> dict[st
                   PACKAGES_MOUNT: f"rw,nosuid,nodev,exec,size={config.tmp_size_bytes},uid={uid},gid={gid},"
                                   "mode=700"},
         "mounts": [docker.types.Mount(DATA_MOUNT, str(place.workdir / "data"), type="bind"),
+                   # The same folder again where E2B's clients look for it (nbexec.service.e2b): no new bytes.
+                   docker.types.Mount(HOME_ALIAS, str(place.workdir / "data"), type="bind"),
                    docker.types.Mount(WHEELS_MOUNT, str(place.workdir / "wheels"), type="bind", read_only=True),
                    docker.types.Mount(RUNTIME_MOUNT, str(place.workdir / "run"), type="bind")]
         + ([docker.types.Mount(INPUT_MOUNT, config.input_dir, type="bind", read_only=True)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,12 @@ class RemoteSource(SandboxSource):
         self.cluster.held(client.url, 1)
         return handle
 
+    def abandon(self, config: SandboxConfig, record: dict[str, Any]) -> None:
+        """Remove the sandbox a ``describe`` record names from its node without a call to its kernel (a DELETE: the
+        node removes its container); nothing when the record names no sandbox on a node of NBEXEC_NODES."""
+        with contextlib.suppress(NbexecError):  # a node that is gone took it along
+            self._found(config, record).destroy()
+
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         """Remove the sandbox from its node (a one-shot's in the node's background either way)."""
         if not isinstance(sandbox, RemoteHandle):
@@ -183,8 +190,10 @@ class RemoteSource(SandboxSource):
         self.cluster.held(handle.client.url, -1)  # asleep: no kernel of this process's on the node until woken
         return {**handle.describe(), "asleep": "checkpoint"}
 
-    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path) -> SandboxHandle:
-        """The sandbox a ``hibernate`` record names, its memory restored on its node."""
+    def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path, *,
+             check: Callable[[], None] = lambda: None) -> SandboxHandle:
+        """The sandbox a ``hibernate`` record names, its memory restored on its node (one call, bounded by the
+        node client's own timeout: ``check`` is not polled)."""
         handle = self._found(config, record)
         try:
             handle.wake_memory()
