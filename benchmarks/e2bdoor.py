@@ -5,7 +5,7 @@
 Rows: a sandbox from the warm pool (E2B's `Sandbox.create()`, nbexec's `POST /v1/sandboxes`), a cell
 (`run_code("print(1)")`, `POST /v1/sessions/{id}/execute`), and a command (`commands.run("echo hi")`, and the
 same through a session cell with `subprocess`). The pool is refilled before each create sample, which is how a
-tool call meets it. Prints a Markdown table (the README's benchmark section keeps the last one)."""
+tool call meets it. Prints a Markdown table (docs/benchmark.md keeps the last one)."""
 
 from __future__ import annotations
 

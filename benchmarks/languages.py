@@ -1,5 +1,6 @@
 """Each language's pool and throughput: pooled and cold one-shot latency, a session's run, and executions per second
-from 2 callers, for Python, R, Deno and Bash with the same sandbox and limits (the README's per-language table).
+from 2 callers, for Python, R, Deno and Bash with the same sandbox and limits (the per-language table in
+docs/languages.md).
 
     .venv/bin/python benchmarks/languages.py                       # about 5 minutes
     .venv/bin/python benchmarks/languages.py --samples 5 --duration 10 --languages r bash

@@ -1,10 +1,16 @@
 """nbexec: run untrusted Python as a notebook in a throwaway, locked-down Docker sandbox."""
 
 from .config import SandboxConfig, from_env
+from .engine.budget import OutputCallback
 from .engine.execute import execute_notebook, execute_notebook_async
+from .engine.judge import JudgeItem, judge, judge_many
+from .engine.judgevalues import Comparison, JudgeResult, Limits, Test, TestResult
 from .engine.manager import SessionManager
+from .engine.many import BatchItem, execute_many, execute_many_async
+from .engine.options import BatchOptions, ExecuteOptions, RestoreOptions, SessionOptions
 from .engine.session import Session
 from .errors import (
+    CellTooLargeError,
     ConfigError,
     DiskSpaceError,
     DockerError,
@@ -17,6 +23,10 @@ from .errors import (
     NodeLostError,
     NodeUnavailableError,
     NotebookError,
+    NotOfferedError,
+    PackageError,
+    PackageLimitError,
+    PackageRefusedError,
     ProtocolError,
     SandboxError,
     SessionBusyError,
@@ -26,34 +36,65 @@ from .errors import (
     SessionLimitError,
     SessionLostError,
     SessionNotFoundError,
+    SessionPendingError,
     SnapshotError,
     StorageError,
     WakeStoppedError,
 )
+from .files.artifacts import Collection
+from .files.transfer import FileChunks
+from .kinds import ErrorKind, PackageStatus, RestoredBy, SessionStatus, UploadKind, UploadStatus
 from .notebook.links import rewrite as rewrite_links
-from .result import CellError, ExecutionResult, File, Image, SkippedFile, Upload
+from .overrides import ConfigOverrides, RunOverrides
+from .result import CellError, Connection, ExecutionResult, File, Image, Package, SkippedFile, Upload
+from .stores.storage import ArtifactStore, LocalStore
 from .stores.storage import from_env as store_from_env
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArtifactStore",
+    "BatchItem",
+    "BatchOptions",
     "CellError",
+    "CellTooLargeError",
+    "Collection",
+    "Comparison",
     "ConfigError",
+    "ConfigOverrides",
+    "Connection",
     "DiskSpaceError",
     "DockerError",
     "DockerUnavailableError",
+    "ErrorKind",
+    "ExecuteOptions",
     "ExecutionResult",
     "File",
+    "FileChunks",
     "FileTooLargeError",
     "FileTransferError",
     "Image",
     "ImageNotFoundError",
+    "JudgeItem",
+    "JudgeResult",
+    "Limits",
+    "LocalStore",
     "NbexecError",
     "NodeError",
     "NodeLostError",
     "NodeUnavailableError",
+    "NotOfferedError",
     "NotebookError",
+    "OutputCallback",
+    "Package",
+    "PackageError",
+    "PackageLimitError",
+    "PackageRefusedError",
+    "PackageStatus",
     "ProtocolError",
+    "RestoreOptions",
+    "RestoredBy",
+    "RunOverrides",
     "SandboxConfig",
     "SandboxError",
     "Session",
@@ -65,15 +106,26 @@ __all__ = [
     "SessionLostError",
     "SessionManager",
     "SessionNotFoundError",
+    "SessionOptions",
+    "SessionPendingError",
+    "SessionStatus",
     "SkippedFile",
     "SnapshotError",
     "StorageError",
+    "Test",
+    "TestResult",
     "Upload",
+    "UploadKind",
+    "UploadStatus",
     "WakeStoppedError",
     "__version__",
+    "execute_many",
+    "execute_many_async",
     "execute_notebook",
     "execute_notebook_async",
     "from_env",
+    "judge",
+    "judge_many",
     "rewrite_links",
     "store_from_env",
 ]

@@ -20,6 +20,7 @@ from .names import (
     named_image_tag,
     not_allowed,
 )
+from .overrides import ConfigOverrides, Unpack
 
 DEFAULT_IMAGE = "nbexec-jupyter:latest"
 KERNELS_IMAGE = "nbexec-kernels:latest"
@@ -29,7 +30,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MIN_TOKEN_CHARS = 16  # every bearer token nbexec accepts or sends (serve, router, node token, MCP over HTTP)
-SANDBOX_SOURCES = ("local", "remote")  # the places sandboxes come from (nbexec.engine.sources.for_config)
+SANDBOX_SOURCES = ("local", "remote", "ray")  # the places sandboxes come from (nbexec.engine.sources.for_config)
+TEST_SOURCES: set[str] = set()  # names only tests add (nbexec.engine.sources.register_for_tests): "fake"
 MAX_OPEN = 16  # connections one sandbox holds through its egress proxy at once (max_open_connections)
 IDLE_TIMEOUT = 60.0  # seconds a tunnel may move nothing (egress_idle_timeout); also the pace's window
 MIN_RATE = 1024  # bytes per second a tunnel must average over each such window (egress_min_rate)
@@ -127,8 +129,8 @@ class SandboxConfig:
     runtime: str | None = field(default=None, metadata=_doc("OCI runtime, e.g. runsc for gVisor (default: Docker's)."))
     input_dir: str | None = field(default=None, metadata=_doc("Host folder mounted read-only at /mnt/input."))
     link_input: bool = field(default=False, metadata=_doc(
-        "Link the entries of input_dir (up to 200, not hidden ones) from the working folder /mnt/data, so relative "
-        "paths read the files next to a notebook; new files still land in /mnt/data."))
+        "Copy the entries of input_dir (up to 200, not hidden ones) into the working folder /mnt/data, so relative "
+        "paths read, overwrite and write next to a notebook; the host's folder is never written (see inputcopy)."))
     warm_imports: tuple[str, ...] = field(default=("numpy", "pandas", "matplotlib.pyplot"), metadata=_doc(
         "Modules a waiting kernel imports in advance (only sys.modules changes)."))
     pool_size: int = field(default=2, metadata=_doc("Warm sandboxes kept ready for one-shot calls (0: none)."))
@@ -136,8 +138,8 @@ class SandboxConfig:
     interrupt_grace: float = field(default=5.0, metadata=_doc(
         "Seconds an interrupted cell gets to stop before the sandbox is killed."))
     source: str = field(default="local", metadata=_doc(
-        "Where sandboxes come from: local (this host's Docker engine, warm pool) or remote (the nodes of "
-        "NBEXEC_NODES; the default when it is set)."))
+        "Where sandboxes come from: local (this host's Docker engine, warm pool), remote (the nodes of "
+        "NBEXEC_NODES; the default when it is set) or ray (the nodes of the Ray cluster, the ray extra)."))
 
     # -- packages (see nbexec.packages): resolved and downloaded on the host, installed offline in the sandbox --
     packages: str = field(default="allowlist", metadata=_doc(
@@ -192,7 +194,7 @@ class SandboxConfig:
         if parse_size(self.memory) < 64 * 1024**2:
             raise ConfigError(f"memory {self.memory!r} is too small: a kernel needs at least 64m")
         if not 0 < self.cpus <= 256:
-            raise ConfigError(f"cpus must be above 0, got {self.cpus}")
+            raise ConfigError(f"cpus must be above 0 and at most 256, got {self.cpus}")
         for name in ("timeout", "startup_timeout", "interrupt_grace"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be above 0, got {getattr(self, name)}")
@@ -225,7 +227,7 @@ class SandboxConfig:
             languages.canonical(name, "languages entry") for name in self.languages)))
         if not (isinstance(self.kernels_image, str) and DOCKER_REFERENCE.fullmatch(self.kernels_image)):
             raise ConfigError(f"kernels_image {str(self.kernels_image)[:80]!r} is not a Docker image reference")
-        if self.source not in SANDBOX_SOURCES:
+        if self.source not in SANDBOX_SOURCES and self.source not in TEST_SOURCES:
             raise ConfigError(f"source must be one of {', '.join(SANDBOX_SOURCES)}, got {self.source!r}")
         if self.user is not None and not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", self.user):
             raise ConfigError(f"user must be a non-zero uid or uid:gid with a non-zero gid, got {self.user!r} "
@@ -281,9 +283,10 @@ class SandboxConfig:
         shown["env"] = sorted(self.env)  # names only: values may be secrets
         return "SandboxConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
-    def replace(self, **changes: Any) -> SandboxConfig:
+    def replace(self, **changes: Unpack[ConfigOverrides]) -> SandboxConfig:
         """Return a copy with some fields changed; ``None`` values are ignored."""
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+        kept: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **kept)
 
     @property
     def image_tag(self) -> str:
@@ -373,7 +376,7 @@ def _parse_field_bool(raw: str) -> bool:
     return lowered in {"1", "true", "yes", "on"}
 
 
-def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> SandboxConfig:
+def from_env(environ: Mapping[str, str] | None = None, **overrides: Unpack[ConfigOverrides]) -> SandboxConfig:
     """Build a SandboxConfig from NBEXEC_* variables (the only place nbexec reads them), then apply overrides.
 
     NBEXEC_<FIELD> sets a field (NBEXEC_MEMORY=2g, NBEXEC_NETWORK=1, NBEXEC_WARM_IMPORTS=numpy,pandas);

@@ -41,8 +41,10 @@ class ConfigError(NbexecError, ValueError):
 
 
 class CellTooLargeError(ConfigError):
-    """A cell is larger than one cell may be (the kernel echoes it back, within the frame limit): refused before
-    a sandbox starts. Its message is for the caller (an HTTP 413, a tool error)."""
+    """A cell is larger than one cell may be, so it was refused before a sandbox started.
+
+    The limit exists because the kernel echoes a cell back, within the frame limit. The message is for the
+    caller (an HTTP 413, a tool error)."""
 
 
 class NotOfferedError(ConfigError):
@@ -75,8 +77,9 @@ class ProtocolError(SandboxError):
 
 
 class DiskSpaceError(SandboxError):
-    """The host's free disk, less what sandboxes already admitted may still write, is below what one more sandbox
-    may write plus the margin (``disk_margin``): it was not started. ``reason`` says so without host paths."""
+    """The host lacks the free disk one more sandbox may write, plus ``disk_margin``; it was not started.
+
+    Free disk here means less what admitted sandboxes may still write. ``reason`` says so without host paths."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
@@ -96,8 +99,9 @@ class SessionBusyError(SessionError):
 
 
 class WakeStoppedError(SessionBusyError):
-    """A run's wake from a checkpoint was interrupted or ran out of the run's time limit before the kernel was back:
-    nothing ran, and the session sleeps on with its memory and files (the next call wakes it again)."""
+    """A run's wake from a checkpoint was interrupted, or ran out of time, before the kernel was back.
+
+    Nothing ran. The session sleeps on with its memory and files, and the next call wakes it again."""
 
 
 class SessionClosedError(SessionError):
@@ -145,6 +149,14 @@ class NodeLostError(NodeError):
     """The node was lost while it ran the call. The code may have run, so it is not retried."""
 
 
+def lost_sandbox(detail: str, purpose: str) -> NbexecError:
+    """What a call on a far sandbox whose node went away raises: a session's state is gone; a one-shot's run may
+    have happened, so it is not retried."""
+    if purpose == "session":
+        return SessionLostError(f"{detail}. Files already downloaded stay; start a new session.")
+    return NodeLostError(f"{detail}; the execution is not retried, since it may have run")
+
+
 class FileTransferError(NbexecError):
     """A file could not be put into or fetched from /mnt/data."""
 
@@ -158,8 +170,9 @@ class PackageError(NbexecError):
 
 
 class PackageRefusedError(PackageError):
-    """The package policy refused something the resolution reached (a direct reference, a dependency that is not
-    on the allowlist); nothing of the request was provided."""
+    """The package policy refused something the resolution reached; nothing of the request was provided.
+
+    For example a direct reference, or a dependency that is not on the allowlist."""
 
 
 class PackageLimitError(PackageError):

@@ -29,8 +29,8 @@ class HostConfig:
         "NBEXEC_SHARED_OUTPUT=1: output folders and files nbexec makes are readable (never writable) by other "
         "local users, 0755/0644 instead of 0700/0600 (the private roots in the temporary folder stay 0700)."))
     nodes: tuple[str, ...] = field(default=(), metadata=_doc(
-        "NBEXEC_NODES=http://n1:8080,http://n2:8080: run sandboxes on these `nbexec serve` nodes (or one router) "
-        "instead of the local Docker engine; results and files come back to this host."))
+        "NBEXEC_NODES=http://n1:8080,n2=http://n2:8080 (URL or name=URL): run sandboxes on these `nbexec serve` "
+        "nodes (or one router) instead of the local Docker engine; results and files come back to this host."))
     node_token: str = field(default="", repr=False, metadata=_doc(
         "NBEXEC_NODE_TOKEN: the bearer token sent to the nodes (one of their API tokens)."))
 
@@ -53,6 +53,13 @@ def host_from_env(environ: Mapping[str, str] | None = None) -> HostConfig:
     if shared not in {"", "1", "0", "true", "false", "yes", "no", "on", "off"}:
         raise ConfigError(f"NBEXEC_SHARED_OUTPUT={shared!r} is not 1 or 0")
     values["shared_output"] = shared in {"1", "true", "yes", "on"}
-    values["nodes"] = tuple(u.strip() for u in environ.get("NBEXEC_NODES", "").split(",") if u.strip())
+    values["nodes"] = tuple(_url(u) for u in environ.get("NBEXEC_NODES", "").split(",") if u.strip())
     values["node_token"] = environ.get("NBEXEC_NODE_TOKEN", "").strip()
     return HostConfig(**values)
+
+
+def _url(entry: str) -> str:
+    """The URL of one NBEXEC_NODES entry: ``URL`` or ``name=URL`` as `nbexec serve --nodes` takes them (a node
+    names itself in its answers, so the name here is only for the reader)."""
+    name, equals, url = entry.strip().partition("=")
+    return url.strip() if equals and "://" not in name else entry.strip()

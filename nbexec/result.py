@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from nbformat import NotebookNode
 
-ERROR_KINDS = ("exception", "timeout", "oom", "kernel_died", "limit", "protocol")
+from .kinds import ERROR_KINDS, ErrorKind, PackageStatus, RestoredBy, UploadKind, UploadStatus
+
 _HOST = {"host": True}  # a path on this host: never in the public shape
 _T = TypeVar("_T")
 
@@ -27,7 +28,7 @@ class _Value:
     """The JSON shape of a value type, read off its dataclass fields (see the module docstring)."""
 
     def to_dict(self, *, public: bool = False) -> dict[str, Any]:
-        """The documented JSON shape (see the README); ``public`` leaves out every path on this host."""
+        """The documented JSON shape (docs/library.md, "Result JSON"); ``public`` leaves out every path on this host."""
         return {f.name: _dump(getattr(self, f.name), f, public) for f in _fields(type(self), public)}
 
     @classmethod
@@ -72,6 +73,10 @@ def _load(kind: Any, data: Any, where: str) -> Any:
         return _load(next(a for a in args if a is not type(None)), data, where)
     if isinstance(kind, type) and issubclass(kind, _Value):
         return _load_value(kind, data, where)
+    if origin is typing.Literal:  # a word of nbexec.kinds: only the listed ones
+        if not isinstance(data, str) or data not in args:
+            raise ValueError(f"{where} is not one of {', '.join(args)}")
+        return data
     if origin is tuple:
         if not isinstance(data, list):
             raise ValueError(f"{where} is not a list")
@@ -130,6 +135,8 @@ def _schema(kind: Any, public: bool) -> dict[str, Any]:
         required = [f.name for f in _fields(kind, public)]
         return {"type": "object", "title": kind.__name__, "properties": properties, "required": required,
                 "additionalProperties": True}  # a field the result gains reaches clients before they know it
+    if origin is typing.Literal:
+        return {"type": "string", "enum": list(args)}
     if origin is tuple:
         return {"type": "array", "items": _schema(args[0], public)}
     if origin is dict:
@@ -146,8 +153,12 @@ class CellError(_Value):
     ename: str
     evalue: str
     traceback: tuple[str, ...]
-    kind: str = "exception"
+    kind: ErrorKind = "exception"
     cell_index: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ERROR_KINDS:  # a word the docs do not list never reaches a caller
+            raise ValueError(f"CellError.kind {self.kind!r} is not one of {', '.join(ERROR_KINDS)}")
 
     @property
     def traceback_text(self) -> str:
@@ -201,8 +212,8 @@ class Upload(_Value):
     skipped (a cap). ``url`` is set when the file can be fetched; ``reason`` says why not."""
 
     name: str
-    kind: str
-    status: str
+    kind: UploadKind
+    status: UploadStatus
     url: str | None
     reason: str | None = None
     blob: str | None = None
@@ -218,7 +229,7 @@ class Package(_Value):
     failed (it could not be resolved or installed). ``reason`` says why for the last two."""
 
     name: str
-    status: str
+    status: PackageStatus
     version: str | None = None
     sha256: str | None = None
     filename: str | None = None
@@ -272,7 +283,7 @@ class ExecutionResult(_Value):
     connections: tuple[Connection, ...] = ()  # network="allowlist": every connection tried (nbexec.egress)
     node: str | None = None  # the node that ran it (NBEXEC_NODES, `nbexec serve`); None for a local run
     exit_code: int | None = None  # Session.shell: the command's exit status (None for code, or when it never ended)
-    restored: str | None = None  # a sleeping session woke for this run: memory back by "checkpoint" or "replay"
+    restored: RestoredBy | None = None  # a sleeping session woke for this run: memory back by "checkpoint" or "replay"
 
     @classmethod
     def from_dict(cls, data: Any, notebook: NotebookNode | None = None) -> ExecutionResult:

@@ -4,7 +4,8 @@
 Every module of the package belongs to a layer (the first matching prefix of LAYERS, top to bottom). A module may
 import modules of its own layer or of lower ones, never a higher one; no two modules (nor two folders) import each
 other, however indirectly; `config` imports no feature; no module imports another module's private (``_name``)
-names. Imports only for type checking count too: a type is an arrow as well. Exits 1 and lists what is wrong.
+names; only the source registry and the CLI import a backend package (BACKENDS, with the listed exceptions).
+Imports only for type checking count too: a type is an arrow as well. Exits 1 and lists what is wrong.
 
     scripts/layers.py           # check
     scripts/layers.py --graph   # print each module's imports, layer by layer
@@ -21,24 +22,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "nbexec"
 
+BACKENDS = ("nbexec.sandbox.docker", "nbexec.sandbox.fake", "nbexec.sandbox.remote",
+            "nbexec.sandbox.ray")  # behind the seam
+BACKEND_USERS = ("nbexec.engine.sources", "nbexec.cli")  # the source registry and the CLI: the only ways in
+# Who else imports a backend, what of it, and why. A new entry is a design conversation (docs/design/backends.md).
+BACKEND_EXCEPTIONS = {
+    # The node's routes and the router speak the remote backend's wire (its frames, URL paths, node health).
+    "nbexec.service": ("nbexec.sandbox.remote.frames", "nbexec.sandbox.remote.paths", "nbexec.sandbox.remote.nodes"),
+    # The E2B door's processes, ports and code contexts run through the local sandbox's supervisor.
+    "nbexec.service.e2b": ("nbexec.sandbox.docker",),
+    # A Ray node's agent runs that node's local source; the driver reads its answers with the remote backend's
+    # hostile-input readers (frames, listings, files, node ranking), so both backends read a node the same way.
+    "nbexec.sandbox.ray": ("nbexec.sandbox.docker.local", "nbexec.sandbox.remote.frames",
+                           "nbexec.sandbox.remote.files", "nbexec.sandbox.remote.nodes"),
+}
+
 # Top to bottom. A prefix names a module or a folder (everything under it).
 LAYERS: list[tuple[str, ...]] = [
     ("nbexec.cli",),
     ("nbexec.service", "nbexec.integrations"),
     ("nbexec",),  # the package's __init__: the public API
     ("nbexec.engine",),
-    ("nbexec.sandbox.docker", "nbexec.sandbox.remote"),  # the sources behind the seam
+    BACKENDS,  # the sources behind the seam
     ("nbexec.packages", "nbexec.stores"),
     ("nbexec.sandbox.source",),  # the seam: what the engine, packages and the service use of a sandbox
     ("nbexec.sandbox",),  # the kernel wire: kernel, messages, lasterror, zmtp
     ("nbexec.egress", "nbexec.files"),
     ("nbexec.notebook",),
-    ("nbexec.config", "nbexec.hostconfig", "nbexec.languages", "nbexec.names", "nbexec.result"),
-    ("nbexec.errors",),
+    ("nbexec.config", "nbexec.hostconfig", "nbexec.judgelangs", "nbexec.languages", "nbexec.names", "nbexec.result"),
+    ("nbexec.errors", "nbexec.kinds", "nbexec.overrides"),  # kinds, overrides: typing words, nothing imported
 ]
 LEAVES = {  # what these may import at all
-    "nbexec.config": {"nbexec.errors", "nbexec.languages", "nbexec.names"},
+    "nbexec.config": {"nbexec.errors", "nbexec.languages", "nbexec.names", "nbexec.overrides"},
     "nbexec.hostconfig": {"nbexec.errors"},
+    "nbexec.judgelangs": {"nbexec.errors"},
     "nbexec.languages": {"nbexec.errors"},
     "nbexec.names": {"nbexec.errors"},
 }
@@ -85,6 +102,22 @@ def imports(path: Path, modules: set[str]) -> list[tuple[str, list[str], int]]:
         elif isinstance(node, ast.Import):
             found += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("nbexec")]
     return found
+
+
+def under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def backend_import(this: str, target: str) -> str | None:
+    """Why ``this`` may not import ``target``, or None: only the source registry and the CLI import a backend
+    (a backend imports itself; BACKEND_EXCEPTIONS lists the rest)."""
+    backend = next((b for b in BACKENDS if under(target, b)), None)
+    if backend is None or under(this, backend) or any(under(this, user) for user in BACKEND_USERS):
+        return None
+    allowed = [a for prefix, found in BACKEND_EXCEPTIONS.items() if under(this, prefix) for a in found]
+    if any(under(target, a) for a in allowed):
+        return None
+    return "a backend package, which only the source registry and the CLI import (scripts/layers.py BACKENDS)"
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -165,6 +198,8 @@ def check() -> list[str]:
                 problems.append(f"{where}: {this} imports {target}, a higher layer")
             if this in LEAVES and target not in LEAVES[this]:
                 problems.append(f"{where}: {this} may import only {sorted(LEAVES[this])}, not {target}")
+            if (why := backend_import(this, target)) is not None:
+                problems.append(f"{where}: {this} imports {target}: {why}")
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private:
                 problems.append(f"{where}: {this} imports private names of {target}: {', '.join(private)}")

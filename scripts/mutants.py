@@ -8,7 +8,7 @@ pass (failed, timed out, crashed, or could not even be collected); every other m
 fast test reaches it) must be listed in tests/mutants-equivalent.yaml with why it cannot be told apart from the
 original. The run happens in a scratch copy of the tree, so the work tree gets no ``mutants/`` folder.
 
-    scripts/mutants.py                   # every mutant in scope (the full run; see the README for its time)
+    scripts/mutants.py                   # every mutant in scope (the full run; docs/development.md has its time)
     scripts/mutants.py --tier ci         # a fixed-seed sample of the stable modules' mutants (tests/test_mutants.py)
     scripts/mutants.py --module zmtp     # one module's mutants (repeatable)
     scripts/mutants.py --keep            # keep the scratch folder (then `mutmut browse` or `mutmut show` there)
@@ -229,6 +229,21 @@ def refresh(scratch: Path, modules: list[str]) -> None:
                 shutil.copy2(ROOT / name, folder / name)
 
 
+def _changed(modules: list[str]) -> bool:
+    """Whether the ci tier must run: a judged module, this script, the equivalents or the fast tests changed since
+    the last landed commit (scripts/changed.py); True when that is unknown."""
+    from changed import VARIABLE, changed, touches
+
+    found = changed()
+    covered = [SCOPE[m][0] for m in modules] + ["scripts/mutants.py", "scripts/mutations.py", "pyproject.toml",
+                                                   "tests/mutants-equivalent.yaml"]
+    fast_tests = ("tests/test_fuzz", "tests/test_edges", "tests/test_mutants.py")  # what kills the sample
+    if found is None or touches(found, covered) or any(path.startswith(fast_tests) for path in found):
+        return True
+    print(f"stable: no judged module, nor its fast tests, changed since ${VARIABLE}: the ci sample is skipped")
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", choices=("ci", "all"), default="all")
@@ -240,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, metavar="DIR", help="a kept scratch folder: only print its figures")
     args = parser.parse_args(argv)
     modules = args.module or [m for m in SCOPE if args.tier == "all" or SCOPE[m][2]]
+    if args.tier == "ci" and not args.module and not _changed(modules):
+        return 0
     started = time.monotonic()
     scratch = args.report or args.again or scratch_copy(ROOT)
     try:

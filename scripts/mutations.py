@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prove the tests guard each guarantee: remove it with a small code change (a mutant) and see a test fail.
 
-The register, tests/guarantees.yaml, lists every guarantee the README and SECURITY.md make, each with the shapes of
+The register, tests/guarantees.yaml, lists every guarantee the docs and SECURITY.md make, each with the shapes of
 hostile input its tests cover (``shapes``: wrong, empty, truncated, replayed... as the class has them) and one or
 more mutations: a file, an exact text that must occur there exactly once, its replacement, and the tests that must
 notice. For each mutation this script copies the tracked tree to a scratch folder, applies it, runs only the
@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({sum(m.ci for m in mutations)} in the ci tier)")
         return 0
     chosen = [m for m in mutations if (m.id in args.only if args.only else args.tier == "all" or m.ci)]
+    if args.tier == "ci" and not args.only:
+        chosen = _changed_only(chosen)
     unknown = set(args.only) - {m.id for m in mutations}
     if unknown:
         print(f"unknown mutation ids: {sorted(unknown)}", file=sys.stderr)
@@ -275,6 +277,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.control:
         return _report_control(chosen, timeout=args.timeout * 4, workers=args.workers)
     return _run_all(chosen, timeout=args.timeout, workers=args.workers, started=started)
+
+
+def _changed_only(chosen: list[Mutation]) -> list[Mutation]:
+    """The ci tier in CI: only the mutations whose file or tests changed since the last landed commit
+    (scripts/changed.py); all of them when that is unknown."""
+    from changed import VARIABLE, changed, touches
+
+    found = changed()
+    if found is None:
+        return chosen
+    kept = [m for m in chosen if touches(found, [m.file, *(test.split("::")[0] for test in m.tests)])]
+    print(f"{len(kept)} of {len(chosen)} ci-tier mutations cover files changed since ${VARIABLE}; the rest skipped: "
+          + ", ".join(m.id for m in chosen if m not in kept), flush=True)
+    return kept
 
 
 def _run_all(chosen: list[Mutation], *, timeout: float, workers: int, started: float) -> int:

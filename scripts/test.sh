@@ -9,7 +9,7 @@
 # Extra arguments go to every pytest run. The fast tier runs with the engine unreachable (DOCKER_HOST points
 # nowhere), so a test that needs Docker without saying so fails there instead of passing by luck.
 # The suite waits on containers more than it computes: on 2 cores, 3 processes run it in less than half the time of
-# one (the README's development section has the figures). The `alone` tests need the engine to themselves.
+# one (docs/development.md has the figures). The `alone` tests need the engine to themselves.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tier=all

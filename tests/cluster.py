@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.docker import daemon
-from nbexec.sandbox.docker.workdir import remove_tree
 
 from .azurite import free_port
 from .conftest import LONG_LIVED_CHILDREN, wait_until
@@ -78,6 +78,14 @@ class Server:
                                                  filters={"label": f"{daemon.LABEL_NODE}={self.name}"})
         return [(c.attrs.get("Names") or ["/"])[0] for c in found]
 
+    def remove_containers(self) -> None:
+        """Remove what this node's processes left (after a test judged it): a node that failed, hung or lost its
+        engine mid-test (a restart of the engine) must not leave containers to the rest of the suite, since no
+        later node of this name will sweep them."""
+        for found in daemon.connect().containers.list(all=True, filters={"label": f"{daemon.LABEL_NODE}={self.name}"}):
+            with contextlib.suppress(Exception):  # gone meanwhile
+                found.remove(force=True)
+
 
 def stop(*servers: Server) -> None:
     """SIGTERM to each server still running, each given its minute; then the first that did not exit is reported
@@ -126,6 +134,7 @@ def running_node(tag: str, env: dict[str, str], *, running: int = 8, sessions: i
             server.kill(signal.SIGTERM)
             wait_until(lambda: not server.containers(), 60, f"the node {server.name} left containers behind")
         finally:
+            server.remove_containers()  # judged above; on a failure, nothing is left to later tests
             remove_tree(tmp)  # its TMPDIR in /tmp (what a leak leaves there was judged by the tests)
 
 

@@ -9,11 +9,13 @@ temporary folder private to this test session (TMPDIR), and processes by being c
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import os
 import re
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -26,17 +28,20 @@ import pytest
 from hypothesis import settings
 
 import nbexec
+from nbexec import judgelangs
 from nbexec.errors import ImageNotFoundError
+from nbexec.files import mounts
 from nbexec.files.folders import work_root
-from nbexec.sandbox.docker import daemon, datafs, image, kernels, pool
+from nbexec.files.workdir import remove_tree
+from nbexec.sandbox.docker import daemon, image, judgeimage, kernels, pool
 from nbexec.sandbox.docker.container import Sandbox
-from nbexec.sandbox.docker.workdir import remove_tree
 
 from . import azurite as azurite_module
 from . import (
     cloudstores,
     fuzzing,  # noqa: F401  (registers the hypothesis profiles)
 )
+from .changes import changed
 
 # The property-based tests run the bounded, derandomized profile unless another is asked for (tests/fuzzing.py).
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -45,6 +50,8 @@ FILES = Path(__file__).parent / "files"
 IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)
 # the R, Deno and Bash kernels on IMAGE (the `kernels_image` fixture)
 KERNELS = os.environ.get("NBEXEC_KERNELS_IMAGE", nbexec.SandboxConfig().kernels_image)
+JUDGE = os.environ.get("NBEXEC_JUDGE_IMAGE", judgelangs.IMAGE)  # the compilers on IMAGE (the `judge_image` fixture)
+JUDGE_BUILD_S = 1800  # how long a test process waits for another's build of the judge image
 T = TypeVar("T")
 LONG_LIVED_CHILDREN: set[int] = set()  # child processes a session fixture keeps (Azurite), not leaks
 
@@ -54,6 +61,9 @@ LONG_LIVED_CHILDREN: set[int] = set()  # child processes a session fixture keeps
 # engine unreachable, so a test that forgets fails there instead of passing by luck.
 _DOCKER_FIXTURES = frozenset({"docker_ready"})
 _TOOL_FIXTURES = frozenset({"azurite", "browser"})  # Node's Azurite, Debian's Chromium: installed after the fast tier
+# A Ray cluster of three nodes (about 1.4 GB and its own CPU): one at a time, after the parallel part, so that
+# worker processes do not each start one.
+_ALONE_FIXTURES = frozenset({"ray_cluster"})
 
 
 def _tier(item: pytest.Item) -> str | None:
@@ -67,14 +77,33 @@ def _tier(item: pytest.Item) -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with the tier it needs; then the tests that take minutes run first: spread over processes
     (scripts/test.sh), the rest fills around them instead of one process ending the run alone with them."""
     for item in items:
         tier = _tier(item)
         if tier:
             item.add_marker(tier)
+        if set(getattr(item, "fixturenames", ())) & _ALONE_FIXTURES:
+            item.add_marker("alone")
+    _changed_only(config, items)
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+def _changed_only(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test module with ``COVERS`` (paths) re-runs what other modules test, under another runtime: in CI it runs
+    only when one of those paths changed since the last landed commit (scripts/changed.py)."""
+    found = changed.changed()
+    if found is None:
+        return
+    skipped = [item for item in items if (covers := getattr(getattr(item, "module", None), "COVERS", None))
+               is not None and not changed.touches(found, covers)]
+    if skipped:
+        gone = set(skipped)
+        items[:] = [item for item in items if item not in gone]
+        config.hook.pytest_deselected(items=skipped)
+        print(f"\n{len(skipped)} tests deselected: nothing they cover changed since ${changed.VARIABLE}",
+              file=sys.stderr)
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, message: str, *, interval: float = 0.05) -> T:
@@ -169,6 +198,14 @@ def waiting_sandboxes() -> list[Sandbox]:
     with pool._lock:
         pools = list(pool._pools.values())
     return [s for p in pools for s in list(p._ready)]
+
+
+def pools_starting() -> int:
+    """Sandboxes this process's pools are starting now: each ends waiting (not a leak) or destroyed, within its own
+    bounds (a mount's 30 s, the start-up limit), so the ledger waits for them before it counts."""
+    with pool._lock:
+        pools = list(pool._pools.values())
+    return sum(p._starting for p in pools)
 
 
 def unaccounted_containers() -> list[str]:
@@ -292,6 +329,33 @@ def kernels_image(docker_ready: None) -> str:
     return KERNELS
 
 
+@pytest.fixture(scope="session")
+def judge_image(docker_ready: None) -> str:
+    """The judge image on the tests' runtime image (`nbexec image build --kernels judge`), built at each test
+    session's first use: Docker's cache answers in seconds when nothing it is built from changed; a first build
+    takes minutes (Debian's compilers; docs/images.md). One build at a time on this machine (a lock file), as every
+    pytest-xdist worker has its own session."""
+    with open(f"/tmp/nbexec-judge-build-{os.getuid()}.lock", "w") as lock:
+        deadline = time.monotonic() + JUDGE_BUILD_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test process built the judge image for over {JUDGE_BUILD_S} s",
+                                pytrace=False)
+                time.sleep(1)
+        judgeimage.build(base=IMAGE, tag=JUDGE, progress=lambda line: None, options=image.BuildOptions())
+    return JUDGE
+
+
+@pytest.fixture
+def judge_config(cleanup_ledger: None, judge_image: str) -> nbexec.SandboxConfig:
+    """The default limits on the judge image, without a pool or warm imports (the compilers are what is measured)."""
+    return nbexec.SandboxConfig(image=judge_image, pool_size=0, warm_imports=())
+
+
 def _kernels_of(tag: str) -> tuple[str, ...]:
     try:
         return kernels.of_image(tag)
@@ -308,7 +372,7 @@ def _no_leftovers_at_end(_private_tmp: Path, tmp_path_factory: pytest.TempPathFa
     # Test folders are outside this session's TMPDIR when pytest-xdist gives them: a data filesystem a test left
     # mounted there would outlive the run (and stop pytest from deleting its old folders).
     base = tmp_path_factory.getbasetemp()
-    mounted = datafs.unmount_all(base)
+    mounted = mounts.unmount_all(base)
     assert mounted == [], f"data filesystems left mounted under the tests' folders: {mounted}"
     try:
         left = own_containers(include_pool=True)
@@ -351,6 +415,7 @@ def cleanup_ledger(docker_ready: None) -> Iterator[None]:
     outputs_before = set(output_root().iterdir()) if output_root().is_dir() else set()
     yield
     pool.wait_for_teardown()
+    settle(lambda: not pools_starting(), 90)
     settle(lambda: not unaccounted_containers(), 10)
     # A pool sandbox being started has its folder before its container: give it time to show up as one.
     settle(lambda: not _leaked_workdirs(), 20)

@@ -67,6 +67,8 @@ class Behaviour:
     run: str = "honest"  # honest | endless-line | tiny-objects | endless-error | hold
     session: str = "honest"  # GET /v1/sessions/{id}: honest | endless-json
     download: str = "honest"  # GET .../files/...: honest | endless
+    e2b: str = "honest"  # E2B's data plane: honest | endless-envelopes | huge-envelope | endless-lines | long-line
+    # (and E2B's list: honest | list-flood; its create: id-flood, a list of sandbox ids filling the answer's cap)
     hostile_bytes: int = 256 * MiB  # how much an "endless" answer sends before it gives up
 
 
@@ -244,6 +246,8 @@ def _answer(handler: BaseHTTPRequestHandler, node: FakeNode, method: str, path: 
     elif method == "GET" and "/files/" in path:
         if not _hostile(handler, node, "download", mode.download):
             _chunked(handler, 200, "application/octet-stream", [b"honest bytes"])
+    elif path.startswith("/e2b/"):
+        _e2b(handler, node, method, path)
     elif path.startswith("/v1/sessions/") and path.endswith("/brand-new-route"):
         _json(handler, 200, {"route": "brand-new", "method": method})
     else:
@@ -257,3 +261,47 @@ def _run(handler: BaseHTTPRequestHandler, node: FakeNode, session: str | None, h
     events = [b'event: output\ndata: {"cell_index": 0, "output_type": "stream", "name": "stdout", '
               b'"text": "honest\\n"}\n\n', b"event: result\ndata: " + json.dumps(result).encode() + b"\n\n"]
     _chunked(handler, 200, "text/event-stream", events)
+
+
+def _e2b(handler: BaseHTTPRequestHandler, node: FakeNode, method: str, path: str) -> None:
+    """E2B's door: a create (the node's own id), and the data plane as ``behaviour.e2b`` says."""
+    if method == "POST" and path in ("/e2b/v2/sandboxes", "/e2b/sandboxes") and node.behaviour.e2b == "id-flood":
+        _json(handler, 201, [{"sandboxID": "a"}] * (8 * MiB // 20 - 1))  # just under the router's 8 MiB cap
+    elif method == "POST" and path in ("/e2b/v2/sandboxes", "/e2b/sandboxes"):
+        _json(handler, 201, {"templateID": "base", "sandboxID": secrets.token_hex(16), "clientID": "fake",
+                             "envdVersion": "0.5.7", "envdAccessToken": "e" * 64, "trafficAccessToken": "t" * 64})
+    elif method == "GET" and path == "/e2b/v2/sandboxes":  # list-flood: pages of tiny objects, always one more
+        flood = node.behaviour.e2b == "list-flood"
+        body = b"[" + b"{}," * (80 * 1024) + b"{}]" if flood else b"[]"
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.send_header("X-Next-Token", "more" if flood else "")
+        handler.end_headers()
+        handler.wfile.write(body)
+        node.record("e2b-list", len(body))
+    elif path.startswith("/e2b/sandbox/"):
+        node.record("e2b", _chunked(handler, 200, *_e2b_answer(node.behaviour.e2b, node.behaviour.hostile_bytes)))
+    else:
+        _json(handler, 404, {"code": 404, "message": "Not Found"})
+
+
+def _envelope(message: bytes, flag: int = 0) -> bytes:
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+
+
+def _e2b_answer(mode: str, size: int) -> tuple[str, Any]:
+    """(content type, parts) of an answer on E2B's data plane: a Connect stream or the interpreter's JSON lines."""
+    stream = "application/connect+json"
+    output = _envelope(b'{"event":{"data":{"stdout":"' + b"eA==" * 16384 + b'"}}}')  # 64 KiB of "x"
+    if mode == "endless-envelopes":
+        return stream, (output for _ in range(size // len(output)))
+    if mode == "huge-envelope":  # declares 16 MiB (under a roomy total, over any message cap), then sends them
+        return stream, (b"\0\x01\x00\x00\x00" if i == 0 else b"x" * MiB for i in range(17))
+    if mode == "endless-lines":
+        line = b'{"type": "stdout", "text": "' + b"x" * 65536 + b'", "timestamp": "2026-01-01T00:00:00Z"}\n'
+        return "application/json", (line for _ in range(size // len(line)))
+    if mode == "long-line":
+        return "application/json", _endless(b'{"type": "stdout", "text": "', size)
+    return stream, [_envelope(b'{"event":{"start":{"pid":1}}}'), _envelope(b'{"event":{"end":{"exited":true}}}'),
+                    _envelope(b"{}", 2)]

@@ -35,7 +35,8 @@ def test_batch_reports_everything(cleanup_ledger: None, tmp_path: Path) -> None:
     (tmp_path / "input").mkdir()
     (tmp_path / "input" / "data.txt").write_text("from the host")
     started = time.monotonic()
-    done = nbexec("run", "nb", "-j", "2", "--timeout", "4", "-p", "scale", "3", "-p", "label", "'y'",
+    # 15 s: forever.py's limit, and room for plot.py's matplotlib on a loaded machine (4 s was not)
+    done = nbexec("run", "nb", "-j", "2", "--timeout", "15", "-p", "scale", "3", "-p", "label", "'y'",
                   "--mount-input", "input", "--junit-xml", "out/junit.xml", "--html-dir", "out/html",
                   "--output-dir", "out/runs", cwd=tmp_path)
     assert time.monotonic() - started < 120

@@ -33,10 +33,18 @@ REGISTER: dict[tuple[str, str, int], str] = {
         "deadline: ``deadline`` (raises past it); budget: commands before READY, each within the frame cap",
     ("nbexec/sandbox/zmtp.py", "receive", 0):
         "deadline: ``end`` (the caller's timeout counts even while data keeps coming); budget: max_message bytes",
-    ("nbexec/sandbox/docker/checkpoint.py", "_copy_file", 0):
+    ("nbexec/sandbox/docker/checkpointfiles.py", "_copy_file", 0):
         "deadline: none, a regular file of the host's disk read to its end; budget: ``limit`` + 1 bytes",
+    ("nbexec/sandbox/docker/inputcopy.py", "_chunks", 0):
+        "deadline: none, a regular file of the caller's input folder (fstat'ed, opened no-follow); budget: ``size``",
     ("nbexec/sandbox/docker/leftovers.py", "_digest", 0):
         "deadline: none, a regular file checked to be ``size`` bytes at fstat; budget: its size",
+    ("nbexec/service/batchrecord.py", "item", 0):
+        "deadline: none, a regular file of the node's own state folder (opened no-follow); budget: one line, read "
+        "past in 1 MiB chunks and never held",
+    ("nbexec/service/batchrecord.py", "load", 0):
+        "deadline: none, a regular file of the node's own state folder (opened no-follow); budget: ``total`` lines "
+        "(a repeated or out-of-range index ends it), each within RESULT_LINE",
     ("nbexec/service/streaming.py", "disconnected", 0):
         "deadline: the guarded task (first_or_gone cancels this wait when it ends); budget: one ASGI event a turn",
 }

@@ -165,7 +165,7 @@ def test_a_killed_node_fails_explicitly_and_comes_back(cluster: dict[str, Any], 
     library_run.start()
     for _, lines, _ in [streams[0], session_run]:
         assert _until_event(lines, ("output",))[1]["text"] == "started\n"
-    wait_until(lambda: victim.name in _running_on(victim), 30, "the library's one-shot never started")
+    wait_until(lambda: victim.name in _running_on(victim), 90, "the library's one-shot never started")  # under load
 
     victim.kill(signal.SIGKILL)
     kind, data = _until_event(streams[0][1], ("result", "error"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import time
 from collections.abc import Iterator
 
@@ -16,6 +15,7 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 import nbexec
 from nbexec.service.settings import ServerSettings
 
+from . import e2bsdk
 from .conftest import IMAGE, own_containers, wait_until
 from .test_server import TOKEN_A, TOKEN_B, Running, running
 
@@ -32,11 +32,7 @@ def door(docker_ready: None) -> Iterator[Running]:
 @pytest.fixture
 def sdk(door: Running, monkeypatch: pytest.MonkeyPatch) -> Running:
     """The three variables, and nothing else of E2B's."""
-    for name in [n for n in os.environ if n.startswith("E2B_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("E2B_API_URL", f"{door.url}/e2b")
-    monkeypatch.setenv("E2B_SANDBOX_URL", f"{door.url}/e2b/sandbox")
-    monkeypatch.setenv("E2B_API_KEY", TOKEN_A)
+    e2bsdk.point(monkeypatch, door.url, TOKEN_A)
     return door
 
 

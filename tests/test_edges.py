@@ -284,10 +284,21 @@ def test_a_message_of_exactly_max_frames_is_taken(pair: tuple[zmtp.Connection, s
         connection.receive(1)
 
 
-def test_the_byte_limit_counts_every_kept_frame_of_a_message(pair: tuple[zmtp.Connection, socket.socket]) -> None:
+@pytest.mark.parametrize("cut", [False, True], ids=["together", "each-frame-cut"])
+def test_the_byte_limit_counts_every_kept_frame_of_a_message(cut: bool,
+                                                            pair: tuple[zmtp.Connection, socket.socket]) -> None:
+    """Frames wholly in the buffer are read in one loop; a frame cut short is read a piece at a time: both count."""
     connection, theirs = pair
-    theirs.sendall(frame(b"a" * 400, more=True) + frame(b"b" * 400, more=True) + frame(b"c" * 300))
-    found = connection.receive(1)
+    parts = [frame(b"a" * 400, more=True), frame(b"b" * 400, more=True), frame(b"c" * 300)]
+    if cut:
+        for part in parts:
+            theirs.sendall(part[:100])
+            assert connection.receive(0.2) is None
+            theirs.sendall(part[100:])
+        found = connection.receive(1)
+    else:
+        theirs.sendall(b"".join(parts))
+        found = connection.receive(1)
     assert found is not None and found.sizes == (400, 400, 300)
     assert [bytes(f) if f is not None else None for f in found.frames] == [b"a" * 400, b"b" * 400, None]
 

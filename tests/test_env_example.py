@@ -27,6 +27,8 @@ _IMPLICIT = {
 }
 # Read by the SDKs the examples use, not by a line of ours.
 _SDK_READ = {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
+# Shipped into the sandbox and run there: they read the sandbox's environment, never the operator's.
+_IN_SANDBOX = {"nbexec/engine/judgerunner.py", "nbexec/engine/judgechecker.py", "nbexec/engine/judgeinit.py"}
 _DOCUMENTED = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)(=|<NAME>=)", re.MULTILINE)
 
 
@@ -38,7 +40,9 @@ def read_by_code() -> set[str]:
     """Every variable nbexec (and its examples) reads, from the source text and the config's fields."""
     names = {f"NBEXEC_{f.name.upper()}" for f in dataclasses.fields(SandboxConfig) if f.name != "env"}
     names.add("NBEXEC_ENV_")  # the prefix: NBEXEC_ENV_<NAME> passes NAME into the sandbox
-    for text in _sources("nbexec", "examples").values():
+    for path, text in _sources("nbexec", "examples").items():
+        if str(path.relative_to(ROOT)) in _IN_SANDBOX:
+            continue
         names.update(_READ.findall(text))
         names.update(v for marker, found in _IMPLICIT.items() if marker in text for v in found)
     return names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 import nbexec
 from nbexec import execute_notebook
+
+from .conftest import IMAGE
 
 
 def test_print_and_result_shape(config: nbexec.SandboxConfig) -> None:
@@ -149,9 +152,10 @@ def test_eight_at_once_each_sees_only_its_own_data(config: nbexec.SandboxConfig)
         assert [f.name for f in result.files] == [f"mine-{n}"]
 
 
-def test_missing_image_names_the_build_command(cleanup_ledger: None) -> None:
+def test_a_missing_image_is_named_with_the_images_here(cleanup_ledger: None) -> None:
     config = nbexec.SandboxConfig(image="nbexec-missing:none", pool_size=0)
-    with pytest.raises(nbexec.ImageNotFoundError, match="nbexec image build"):
+    with pytest.raises(nbexec.ImageNotFoundError, match=r"nbexec-missing:none is not here\. Images here: .*"
+                       + re.escape(IMAGE)):
         execute_notebook("1", config=config)
 
 

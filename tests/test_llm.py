@@ -50,7 +50,7 @@ def test_anthropic_tool_validates_against_the_sdk() -> None:
 
 def test_description_tells_the_truth() -> None:
     closed = tools.description(nbexec.SandboxConfig(timeout=30))
-    assert "no internet" in closed and "30 s" in closed and "/mnt/data" in closed and "fresh" in closed
+    assert "no internet" in closed and "30 seconds" in closed and "/mnt/data" in closed and "fresh" in closed
     opened = tools.description(nbexec.SandboxConfig(network=True), stateful=True)
     assert "internet access" in opened and "no internet" not in opened and "session_id" in opened
     per_connection = tools.description(nbexec.SandboxConfig(), stateful=True, by_session_id=False)
@@ -61,8 +61,8 @@ def test_description_states_the_configured_limits() -> None:
     config = nbexec.SandboxConfig(timeout=45, cell_timeout=10, memory="3g", cpus=2, max_output="200k",
                                   max_data="50m", max_files=30)
     text = tools.description(config)
-    for fact in ("45 s (10 s per cell)", "3g of memory", "2 CPU", "past 200k per call is dropped",
-                 "at most 30 50m of files in /mnt/data"):
+    for fact in ("45 seconds (10 seconds per cell)", "3 GB of memory", "2 CPUs", "past 200 KB per call is dropped",
+                 "at most 30 files (50 MB in all) in /mnt/data"):
         assert fact in text, fact
 
 
@@ -202,7 +202,7 @@ def test_mcp_server_over_stdio(cleanup_ledger: None) -> None:
     assert out["schema"] == tools.json_schema()  # the same arguments model as the OpenAI and Anthropic tools
     assert not out["first"].is_error and not out["second"].is_error
     assert out["error"].is_error  # the code raised: the client is told, not only the text
-    assert "session_id" not in out["description"] and "1g of memory" in out["description"]
+    assert "session_id" not in out["description"] and "1 GB of memory" in out["description"]
     assert [c.type for c in out["second"].content] == ["text", "image"]
     assert out["second"].content[0].text.startswith("42")
     assert "ZeroDivisionError" in out["error"].content[0].text

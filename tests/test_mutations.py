@@ -58,6 +58,7 @@ def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(2400)  # the suite's 600 s is a cell's worth; this is a tier (over 10 minutes under load)
 def test_ci_tier_mutants_are_killed(docker_ready: None) -> None:
     done = run("--tier", "ci", timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -61,7 +61,7 @@ def test_ipynb_is_loaded_as_is(tmp_path: Path) -> None:
     ("name", "content", "message"),
     [
         ("bad.ipynb", b"{not json", "not valid notebook JSON"),
-        ("wrong.ipynb", json.dumps({"cells": 3}).encode(), "not a valid notebook"),
+        ("wrong.ipynb", json.dumps({"cells": 3}).encode(), "is not a notebook"),
         ("latin1.py", "caf\u00e9 = 1".encode("latin-1"), "not UTF-8"),
         ("empty.py", b"", "no code to run"),
     ],

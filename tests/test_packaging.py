@@ -180,6 +180,7 @@ _OLD_NAME = re.compile(r"(?<![\w/-])nbexec\[|pip install [\"']?nbexec(?![\w-])|[
 def test_install_hints_name_the_distribution() -> None:
     """Every install hint names nbexec-sandbox: `pip install 'nbexec[...]'` installs an unrelated project."""
     places = [*ROOT.glob("nbexec/**/*.py"), *ROOT.glob("examples/**/*"), *ROOT.glob("deploy/*"), ROOT / "README.md",
+              *ROOT.glob("docs/**/*.md"),
               ROOT / ".env.example", ROOT / "pyproject.toml", *ROOT.glob("scripts/*.sh")]
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
              for path in places if path.is_file() and path.suffix not in {".png", ".ipynb"}

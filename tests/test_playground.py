@@ -1,7 +1,8 @@
 """The playground page at `/`, in a real headless browser (Debian's Chromium, driven by Selenium), against a real
 `nbexec serve` process on a loopback port and real sandboxes.
 
-Set NBEXEC_PLAYGROUND_SCREENSHOT=docs/playground.png to refresh the README's screenshot from this run.
+Set NBEXEC_PLAYGROUND_SCREENSHOT=docs/playground.png to refresh the screenshot in docs/http-service.md from this
+run.
 """
 
 from __future__ import annotations

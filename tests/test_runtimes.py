@@ -32,6 +32,10 @@ from .security.conftest import canary, listener  # noqa: F401  (the hostile suit
 HOSTILE_CASES: list = list(hostile.CASES)
 HOSTILE_PROBLEM = ""
 
+# In CI these re-runs go with a change to what they run (tests/conftest.py, scripts/changed.py).
+COVERS = ("nbexec/sandbox/", "nbexec/engine/", "nbexec/config.py", "nbexec/files/", "nbexec/notebook/",
+          "nbexec/result.py", "environments/", "scripts/setup-gvisor.sh", "scripts/setup.sh", "tests/test_runtimes.py",
+          "tests/security/test_hostile.py", "tests/security/conftest.py", "tests/conftest.py")
 RUNTIMES = ("runc", "runsc")  # must work here; crun is judged by the reason it gives where it does not
 ROOT = Path(__file__).resolve().parent.parent
 

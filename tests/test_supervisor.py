@@ -121,7 +121,7 @@ def test_a_process_outlives_its_subscribers_and_is_listed_and_signalled(sup: Sup
     again = sup.subscribe(first.pid)
     assert again.next(1) == Started(first.pid)
     with pytest.raises(BadArgumentError):
-        sup.signal(first.pid, signal.SIGINT)  # only SIGTERM and SIGKILL
+        sup.signal(first.pid, signal.SIGHUP)  # only SIGTERM, SIGKILL and SIGINT (a kernel's interrupt)
     sup.signal(first.pid, signal.SIGTERM)
     assert drain(again)[1] == End(-1, False, "signal: terminated", None)
     assert sup.processes() == []
@@ -290,6 +290,9 @@ HOSTILE = textwrap.dedent("""\
     """)
 
 
+PORT_UP = "frame({'id': 1, 'conn': 1}); frame({'ev': 'port', 'conn': 1, 'up': True}); "  # a relay, connected
+
+
 @pytest.mark.parametrize(("answer", "call"), [
     ("os.write(1, struct.pack('>II', 2**31, 0))", "processes"),
     ("os.write(1, struct.pack('>II', 2, 2**30) + b'{}')", "processes"),
@@ -304,15 +307,20 @@ HOSTILE = textwrap.dedent("""\
     ("sys.exit(0)", "processes"),
     ("time.sleep(60)", "processes"),
     ("\nwhile True:\n    frame({'id': 12345}, b'z' * 1000000)", "processes"),
+    (PORT_UP + f"frame({{'ev': 'port', 'conn': 1}}, b'p' * {wire.PORT_WINDOW + 1})", "port"),
+    (PORT_UP + "frame({'ev': 'port', 'conn': 1, 'took': 5})", "port"),
+    ("frame({'id': 1, 'conn': 1}); frame({'ev': 'port', 'conn': 1}, b'p')", "port"),
 ], ids=["length-2**31", "data-over-cap", "not-json", "not-object", "bad-process", "bad-pid", "bad-entry",
-        "more-than-size", "bad-end", "unhashable-pid", "exits", "silent", "flood"])
+        "more-than-size", "bad-end", "unhashable-pid", "exits", "silent", "flood", "port-past-its-window",
+        "port-took-more-than-sent", "port-data-before-up"])
 def test_a_hostile_supervisor_is_lost_at_bounded_cost(answer: str, call: str, runc_sandbox: Sandbox) -> None:
     """Before: no supervisor. After: every lie ends the call with SupervisorLostError at once (silence and a
     flood of answers to nothing: at the request deadline, 2 s here), the host's memory bounded by one frame."""
     sup = Supervisor.start(runc_sandbox, program=HOSTILE + answer + "\ntime.sleep(60)\n")
     sup.request_timeout = 2 if answer.startswith(("time.sleep", "\nwhile")) else 60
     calls = {"processes": sup.processes, "spawn": lambda: sup.spawn(["true"]), "stat": lambda: sup.files.stat("/"),
-             "read": lambda: list(sup.files.read_file("/etc/hostname", max_bytes=100))}
+             "read": lambda: list(sup.files.read_file("/etc/hostname", max_bytes=100)),
+             "port": lambda: _relay_until_lost(sup)}
     tracemalloc.start()
     started = time.monotonic()
     try:
@@ -324,6 +332,15 @@ def test_a_hostile_supervisor_is_lost_at_bounded_cost(answer: str, call: str, ru
         sup.close()
     assert time.monotonic() - started < 10
     assert peak < 8 << 20, f"the host held {peak} bytes"
+
+
+def _relay_until_lost(sup: Supervisor) -> None:
+    """Open a relay and take from it until it fails (or 5 s pass)."""
+    relay = sup.ports.open(8000)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        relay.wait(1)
+        relay.poll()
 
 
 # A supervisor that starts whatever it is asked, with no cap of its own.

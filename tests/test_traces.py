@@ -228,7 +228,7 @@ def test_without_opentelemetry_nothing_is_imported_or_made(cleanup_ledger: None)
 
 
 def test_the_example_prints_one_calls_trace(cleanup_ledger: None) -> None:
-    """examples/traces.py, as the README shows it: the tree of one call, each span under its parent."""
+    """examples/traces.py, as docs/traces.md shows it: the tree of one call, each span under its parent."""
     done = subprocess.run([sys.executable, "examples/traces.py"], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

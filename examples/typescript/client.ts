@@ -1,7 +1,10 @@
 // Run Python through an nbexec service with Node's built-in fetch (Node 18+), no packages.
 //
-//   npx tsc client.ts --target es2022 --module nodenext --outDir build && \
+//   npm install --no-save typescript@5.9 @types/node@20 && \
+//     npx tsc client.ts --target es2022 --module nodenext --types node --outDir build && \
 //     NBEXEC_URL=http://127.0.0.1:8080 NBEXEC_TOKEN=... node build/client.js
+//
+// (@types/node declares `process`; without it tsc stops at "Cannot find name 'process'".)
 //
 // It runs one-shot code, then keeps state in a session, uploads a file, runs code that reads it, downloads the
 // result, and deletes the session.

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nbexec import notebook
 from nbexec.config import SandboxConfig
-from nbexec.engine.execute import execute_notebook
+from nbexec.engine import execute
+from nbexec.engine.many import Exhausted, Runner, Running, StoppedError
 from nbexec.errors import ConfigError, NbexecError, NotebookError
+from nbexec.files.folders import MARK
 from nbexec.files.inputs import with_folder
 from nbexec.languages import LANGUAGES
 from nbexec.notebook import parameters
@@ -54,9 +56,7 @@ def discover(inputs: list[str]) -> list[Path]:
             if not files:
                 raise NotebookError(f"{raw} matches no notebook or script ({', '.join(SCRIPTS)})")
         elif Path(raw).is_dir():
-            files = sorted(p for p in Path(raw).rglob("*") if p.is_file() and p.suffix in SUFFIXES
-                           and not any(part.startswith(".") for part in p.relative_to(raw).parts)
-                           and ".ipynb_checkpoints" not in p.parts)
+            files = _scan(Path(raw))
             if not files:
                 raise NotebookError(f"{raw} is a folder with no .py or .ipynb file in it")
         elif raw == "-" or Path(raw).is_file():
@@ -65,6 +65,18 @@ def discover(inputs: list[str]) -> list[Path]:
             raise NotebookError(f"{raw} does not exist")
         found.extend(f for f in files if f not in found)
     return found
+
+
+def _scan(folder: Path) -> list[Path]:
+    """The .py and .ipynb files below ``folder``, sorted; hidden names, checkpoints and nbexec's own output folders
+    (marked as holding a sandbox's files: an earlier run's notebook.ipynb and data) are not searched."""
+    found: list[Path] = []
+    for where, subfolders, names in os.walk(folder):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and name != ".ipynb_checkpoints"
+                         and not os.path.lexists(Path(where, name, MARK))]
+        found.extend(Path(where, name) for name in names
+                     if not name.startswith(".") and Path(name).suffix in SUFFIXES and Path(where, name).is_file())
+    return sorted(found)
 
 
 def _output_dir(root: Path, path: Path, taken: set[str], lock: threading.Lock) -> Path:
@@ -90,16 +102,20 @@ class BatchOptions:
     packages: tuple[str, ...] = ()  # installed before each file runs (see nbexec.packages)
     mount_folders: bool = False  # each file's folder at /mnt/input, linked from the working folder
     language: str | None = None  # --language: over each file's own (its extension, its kernelspec)
+    allow_errors: bool = False  # --allow-errors: every cell runs, each error kept; the file still fails
 
 
-def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path) -> Item:
+def _run_one(path: Path, config: SandboxConfig, options: BatchOptions, out: Path, running: Running) -> Item:
     started = time.monotonic()
     try:
         nb = notebook.load(path, options.language, default=config.language)
         parameters.inject(nb, options.parameters or {})
         config = with_folder(config, path) if options.mount_folders else config
-        result = execute_notebook(nb, config=config, output_dir=out, store=options.store,
-                                  packages=options.packages)
+        session, nb = execute.prepare(nb, config=config, output_dir=out, store=options.store)
+        result = running.run(session, lambda: execute.run_prepared(
+            session, nb, packages=options.packages, allow_errors=options.allow_errors))
+    except StoppedError:
+        raise
     except (NotebookError, ConfigError) as exc:  # this input is bad; the others still run
         return Item(path, "failed", time.monotonic() - started, message=str(exc))
     except NbexecError as exc:  # nbexec or Docker failed
@@ -116,24 +132,33 @@ def run(paths: list[Path], config: SandboxConfig, options: BatchOptions,
         raise ConfigError("--jobs must be at least 1")
     taken: set[str] = set()
     lock = threading.Lock()
-    items: dict[Path, Item] = {}
     stop = threading.Event()
 
-    def task(path: Path) -> Item:
+    def task(path: Path, running: Running) -> Item:
         if stop.is_set():
             return Item(path, "skipped", 0.0, message="not run: --fail-fast after an earlier failure")
         on_event("start", path)
-        item = _run_one(path, config, options, _output_dir(options.output_root, path, taken, lock))
+        item = _run_one(path, config, options, _output_dir(options.output_root, path, taken, lock), running)
         if options.fail_fast and item.status != "passed":
             stop.set()
         on_event("done", item)
         return item
 
-    with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="nbexec-batch") as workers:
-        futures: dict[Future[Item], Path] = {workers.submit(task, p): p for p in paths}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                items[futures[future]] = future.result()
-    return [items[p] for p in paths]
+    # The engine's runner (execute_many's): Ctrl-C interrupts the running files and leaves no sandbox behind.
+    items: dict[int, Item] = {}
+    runner = Runner(paths, task, options.jobs)
+    try:
+        while True:
+            try:
+                done = runner.next()
+            except Exhausted:
+                break
+            assert done is not None
+            index, item, error = done
+            if error is not None:  # a bug of nbexec's for one file: reported as its error, the others run on
+                item = Item(paths[index], "error", 0.0, message=f"{type(error).__name__}: {error}")
+            assert item is not None
+            items[index] = item
+    finally:
+        runner.stop()
+    return [items[i] for i in range(len(paths))]

@@ -17,12 +17,17 @@ from nbexec.sandbox.docker import daemon, datafs, image, kernels, users
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 EXIT_CODES = """Exit codes: 0 success; 1 the code raised, timed out or hit a limit; 2 usage error (bad option,
-missing or invalid input); 3 nbexec or Docker failure."""
+missing or invalid input); 3 nbexec or Docker failure (Docker unreachable, an image that is not here)."""
+SERVICE_EXIT_CODES = """Exit codes: 0 stopped (Ctrl-C or SIGTERM, after the runs in flight ended); 2 usage error
+(bad option, token or setting); 3 nbexec or Docker failed at start."""
 
 
 
 def fail(message: str, code: int, as_json: bool) -> None:
     """Say what went wrong (as JSON too with --json) and exit with ``code``."""
+    from . import envfile
+
+    message += envfile.origin(message)  # a bad value from .env says so: the shell's own environment looks fine
     if as_json:
         click.echo(json.dumps({"ok": False, "nbexec_error": message, "exit_code": code}))
     click.echo(f"nbexec: {clean(message)}", err=True)
@@ -161,7 +166,7 @@ def cleanup(everything: bool, older_than: str | None) -> None:
     output folders. Without it, outputs are kept: the CLI never deletes what it handed back."""
     from nbexec.config import parse_duration
     from nbexec.files import folders as host_folders
-    from nbexec.sandbox.docker.workdir import remove_stale_workdirs, remove_tree
+    from nbexec.files.workdir import remove_stale_workdirs, remove_tree
 
     try:
         old = host_folders.older_than(parse_duration(older_than)) if older_than is not None else []

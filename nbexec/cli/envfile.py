@@ -13,6 +13,7 @@ import grp
 import io
 import os
 import pwd
+import re
 import stat
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from nbexec.files.folders import marked
 
 NAME = ".env"
 MAX_BYTES = 1024 * 1024  # a .env past this is not a settings file; refuse it rather than parse it
+_loaded: dict[str, Path] = {}  # each variable a .env set in this process, and that file (for error messages)
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC  # a FIFO cannot hang us before fstat refuses it
 
 
@@ -31,14 +33,23 @@ def load(folder: Path | None = None) -> list[str]:
     No file is no error; a file nbexec must not trust (see the module docstring), one that cannot be read or is
     over MAX_BYTES, is a ConfigError.
     """
-    text = _read(folder if folder is not None else Path.cwd())
+    folder_path = folder if folder is not None else Path.cwd()
+    text = _read(folder_path)
     if text is None:
         return []
     from dotenv import load_dotenv
 
     before = set(os.environ)
     load_dotenv(stream=io.StringIO(text), override=False, interpolate=True)
-    return sorted(set(os.environ) - before)
+    names = sorted(set(os.environ) - before)
+    _loaded.update(dict.fromkeys(names, folder_path / NAME))
+    return names
+
+
+def origin(message: str) -> str:
+    """" (from PATH)" when ``message`` names a variable this process took from a .env file, else ""."""
+    found = sorted({str(path) for name, path in _loaded.items() if re.search(rf"\b{re.escape(name)}\b", message)})
+    return f" ({', '.join(found)} sets it; fix the value there)" if found else ""
 
 
 def _read(folder: Path) -> str | None:

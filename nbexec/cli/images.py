@@ -8,10 +8,11 @@ from typing import Any
 
 import click
 
+from nbexec import judgelangs
 from nbexec.config import DEFAULT_IMAGE, from_env
 from nbexec.errors import ConfigError, NbexecError
 from nbexec.names import is_image_name
-from nbexec.sandbox.docker import image, kernels, named, recipe
+from nbexec.sandbox.docker import image, judgeimage, kernels, named, recipe
 
 from .commands import EXIT_CODES, EXIT_INFRA, EXIT_USAGE, fail
 
@@ -34,9 +35,11 @@ def image_group() -> None:
               help="With --name: a Debian package to install (repeatable).")
 @click.option("--base", help="With --name: the image to build on, a named image or an nbexec runtime image's tag "
               "[default: the configured image, NBEXEC_IMAGE].")
-@click.option("--kernels", "kernel_list", metavar="r,deno,bash", help="Build the kernels image instead: these "
+@click.option("--kernels", "kernel_list", metavar="r,deno,bash|judge", help="Build the kernels image instead: these "
               "languages' kernels added to the runtime image (NBEXEC_IMAGE), tagged NBEXEC_KERNELS_IMAGE unless --tag "
-              "(R and IRkernel from Debian, Deno and bash_kernel from PyPI; no registry needed).")
+              "(R and IRkernel from Debian, Deno and bash_kernel from PyPI; no registry needed). `judge`: the judge "
+              f"image, Debian's compilers for C, C++, Java, Go and Rust on the runtime image, tagged "
+              f"{judgelangs.IMAGE} unless --tag.")
 @click.option("--tag", default=None, help="The runtime image's tag [default: the config's image].")
 @click.option("--base-image", help="The runtime image's base (build argument BASE_IMAGE) [default: python:3.12-slim].")
 @click.option("--debootstrap", is_flag=True,
@@ -93,8 +96,11 @@ def _build_runtime(ca_bundle: Path | None, no_cache: bool, *, tag: str | None, b
 def _build_kernels(kernel_list: str, tag: str | None, ca_bundle: Path | None, no_cache: bool) -> None:
     try:
         config = from_env()
-        chosen = kernels.parse_list(kernel_list)
         base = config.replace(language="python").image_tag
+        if judgeimage.wants_judge(kernel_list):
+            _build_judge(base, tag or judgelangs.IMAGE, image.BuildOptions(ca_bundle=ca_bundle, no_cache=no_cache))
+            return
+        chosen = kernels.parse_list(kernel_list)
         tag = tag or config.kernels_image
         image_id = kernels.build(chosen, base=base, tag=tag, progress=lambda line: click.echo(line, err=True),
                                  options=image.BuildOptions(ca_bundle=ca_bundle, no_cache=no_cache))
@@ -103,6 +109,11 @@ def _build_kernels(kernel_list: str, tag: str | None, ca_bundle: Path | None, no
     except NbexecError as exc:
         fail(str(exc), EXIT_INFRA, False)
     click.echo(f"built {tag} ({image_id}) with python,{','.join(chosen)} on {base}")
+
+
+def _build_judge(base: str, tag: str, options: image.BuildOptions) -> None:
+    image_id = judgeimage.build(base=base, tag=tag, progress=lambda line: click.echo(line, err=True), options=options)
+    click.echo(f"built {tag} ({image_id}) with {','.join(judgelangs.COMPILED)} on {base}")
 
 
 def _build_named(name: str, requirements: Path | None, apt_packages: tuple[str, ...], base: str | None,

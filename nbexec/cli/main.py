@@ -23,8 +23,8 @@ from nbexec.notebook.outputs import clean
 from nbexec.stores.storage import STORES
 from nbexec.stores.storage import from_env as store_from_env
 
-from . import commands, images, render, terminal
-from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, fail
+from . import commands, exits, images, papermill, render, terminal, variables
+from .commands import EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, SERVICE_EXIT_CODES, fail
 
 # Config fields offered as options, each with its help text taken from SandboxConfig.
 _OPTION_FIELDS = ("timeout", "cell_timeout", "memory", "cpus", "pids", "network", "image", "language", "max_output",
@@ -82,9 +82,10 @@ def main(verbose: int) -> None:
         envfile.load()
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    variables.warn_at_start()  # -q silences it (see there)
 
 
-@main.command(epilog=EXIT_CODES)
+@main.command(epilog=EXIT_CODES, cls=exits.RunCommand)
 @click.argument("inputs", nargs=-1, required=True, metavar="FILE...")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True,
@@ -121,8 +122,9 @@ def main(verbose: int) -> None:
 @click.option("--mount-input", "input_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Mount this host folder read-only at /mnt/input (instead of each file's own folder).")
 @click.option("--mount-folder/--no-mount-folder", default=True, show_default=True,
-              help="Mount each file's folder read-only at /mnt/input and link its entries into the working "
-                   "folder, so `open('data.csv')` reads the file next to the notebook (never the home folder or /).")
+              help="Copy each file's folder into the working folder, so `open('data.csv')` reads (and may overwrite) "
+                   "the file next to the notebook; the host's files are never written (not the home folder or /).")
+@click.option("--allow-errors", is_flag=True, help="Run every cell and keep each error (the run still fails).")
 @sandbox_options
 def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | None, save_notebook: Path | None,
         store: str, upload: str | None, jobs: int, junit_xml: Path | None, html_dir: Path | None, fail_fast: bool,
@@ -148,7 +150,7 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
                                  **({"input_dir": str(input_dir)} if input_dir else {})}
         config = build_config(options, **fixed)
         artifact_store = store_from_env(upload or store)
-        paths = batch.discover(list(inputs))
+        paths = batch.discover(papermill.inputs_only(list(inputs)))  # never OUT of papermill's `IN OUT`
         artifact_store.check()  # reach the store before any code runs (missing extra, bad key, no bucket)
     except (NotebookError, ConfigError) as exc:
         fail(str(exc), EXIT_USAGE, as_json)
@@ -156,7 +158,7 @@ def run(inputs: tuple[str, ...], as_json: bool, quiet: bool, output_dir: Path | 
         fail(str(exc), EXIT_INFRA, as_json)
     options_ = batch.BatchOptions(jobs=jobs, output_root=output_dir or Path("nbexec-output"), parameters=values,
                                   fail_fast=fail_fast, store=artifact_store, mount_folders=mount_folder,
-                                  packages=package_names, language=language)
+                                  packages=package_names, language=language, allow_errors=options.pop("allow_errors"))
     if single:
         _run_single(paths[0], config, options_, output_dir, save_notebook, shown)
     _run_batch(paths, config, options_, junit_xml, html_dir, shown)
@@ -195,7 +197,7 @@ def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Pat
             output_dir = Path("nbexec-output") / f"{stem}-{os.urandom(4).hex()}"
         config = with_folder(config, path) if options.mount_folders else config
         result = execute_notebook(nb, config=config, output_dir=output_dir, store=options.store, on_output=live,
-                                  packages=options.packages)
+                                  packages=options.packages, allow_errors=options.allow_errors)
         if save_notebook is not None and result.notebook_path:
             shutil.copyfile(result.notebook_path, save_notebook)
     except (NotebookError, ConfigError) as exc:
@@ -203,7 +205,7 @@ def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Pat
     except NbexecError as exc:
         fail(str(exc), EXIT_INFRA, shown.as_json)
     except Exception as exc:  # a bug or an OS failure in nbexec: still one answer, never a bare traceback
-        logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
+        exits.unexpected(exc)
         fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc} (run with -vv for the traceback)",
              EXIT_INFRA, shown.as_json)
     if live is None:
@@ -215,10 +217,8 @@ def _run_single(path: Path, config: SandboxConfig, options: Any, output_dir: Pat
             click.echo("\n".join(notes))
         if result.error is not None:
             shown.painter.echo(shown.painter.style(render.error_text(result), fg="red"), err=True)
-        if result.node and not shown.quiet:
-            shown.painter.echo(shown.painter.style(f"node: {result.node}", dim=True), err=True)
-        if not shown.quiet:
-            shown.painter.echo(shown.painter.style(f"notebook: {result.notebook_path}", dim=True), err=True)
+        if not shown.quiet:  # nbexec's notes, the node and the notebook: dimmed, on stderr
+            terminal.footer(result, shown.painter)
     sys.exit(EXIT_OK if result.ok else EXIT_FAILED)
 
 
@@ -242,7 +242,7 @@ def _run_batch(paths: list[Path], config: SandboxConfig, options: Any, junit_xml
     except NbexecError as exc:
         fail(str(exc), EXIT_INFRA, shown.as_json)
     except Exception as exc:  # as in _run_single: one answer, exit 3
-        logging.getLogger("nbexec").debug("nbexec failed", exc_info=True)
+        exits.unexpected(exc)
         fail(f"nbexec failed unexpectedly: {type(exc).__name__}: {exc}", EXIT_INFRA, shown.as_json)
     progress.close()
     if junit_xml:
@@ -273,7 +273,7 @@ def _show_failures(items: list[Any], painter: terminal.Painter) -> None:
         painter.echo(painter.style(text or item.status, fg="red"), err=True)
 
 
-@main.command(name="mcp", epilog=EXIT_CODES)
+@main.command(name="mcp", epilog=SERVICE_EXIT_CODES)
 @click.option("--transport", type=click.Choice(["stdio", "streamable-http"]), default="stdio", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Bind address for streamable HTTP; a non-loopback address needs bearer tokens.")
@@ -325,7 +325,7 @@ def _loopback(host: str) -> bool:
         return False
 
 
-@main.command(epilog=EXIT_CODES)
+@main.command(epilog=SERVICE_EXIT_CODES)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=int, default=8080, show_default=True)
 @click.option("--token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -395,6 +395,6 @@ def serve(host: str, port: int, token_file: Path | None, no_auth: bool, max_sess
                 timeout_graceful_shutdown=3)
 
 
-for _command in (images.image_group, commands.doctor, commands.cleanup):
+for _command in (images.image_group, commands.doctor, commands.cleanup, papermill.command):
     main.add_command(_command)
 

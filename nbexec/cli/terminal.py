@@ -9,6 +9,8 @@ from typing import IO, Any
 
 import click
 
+from nbexec.notebook.outputs import clean
+
 from . import render
 
 _STATUS_COLOURS = {"passed": "green", "failed": "red", "timeout": "red", "error": "red", "skipped": "yellow"}
@@ -88,3 +90,15 @@ class Progress:
     def close(self) -> None:
         if self.live:
             click.echo("\r\x1b[K", err=True, nl=False)
+
+
+def footer(result: Any, painter: Painter, *, most: int = 5) -> None:
+    """After a single run, on stderr and dimmed: nbexec's own notes on the run (a `sys.exit` that skipped later
+    cells, a withheld .env, dropped widget state; at most ``most`` of them, each on one line of at most 200
+    characters), then the node it ran on and where the notebook is."""
+    notes = [" ".join(clean(note).split())[:200] for note in result.notes[:most]]
+    more = len(result.notes) - len(notes)
+    lines = [f"note: {note}" for note in notes] + ([f"note: ... and {more} more (--json shows them)"] if more else [])
+    lines += [f"node: {result.node}"] if result.node else []
+    for line in [*lines, f"notebook: {result.notebook_path}"]:
+        painter.echo(painter.style(line, dim=True), err=True)

@@ -1,30 +1,29 @@
 """``network="allowlist"``: HTTP(S) to listed hosts from a sandbox that still has no network interface.
 
 The sandbox keeps Docker's network "none" (only ``lo``). For each such sandbox nbexec runs a proxy on the host
-(`nbexec.egress.proxy`) that listens on a Unix socket in the sandbox's private working folder, bind-mounted read-only at
-/run/nbexec-egress. A small forwarder in the sandbox (a child of the kernel, started by a silent execution
-before any code runs) listens on 127.0.0.1:3128 and carries each TCP connection to that socket unchanged;
-HTTP_PROXY and HTTPS_PROXY name it, so urllib, requests, httpx, pip and curl use it. The forwarder decides
+(`nbexec.egress.proxy`). It listens on a Unix socket in the sandbox's private working folder, bind-mounted
+read-only at /run/nbexec-egress. A small forwarder in the sandbox listens on 127.0.0.1:3128 and carries each TCP
+connection to that socket unchanged. It is a child of the kernel, started by a silent execution before any code
+runs. HTTP_PROXY and HTTPS_PROXY name it, so urllib, requests, httpx, pip and curl use it. The forwarder decides
 nothing: the code may stop it or talk to the socket itself. Everything is judged on the host, per connection:
 
-- the name (and port) must match `allowed_hosts`: an exact name, or ``*.domain`` for names under it, with
+- the name and port must match `allowed_hosts`: an exact name, or ``*.domain`` for names under it, with
   ``:port`` (default: 80 and 443; ``:*`` any port);
-- the host resolves the name itself; every address it gets must be public: private, loopback, link-local
-  (the cloud metadata address 169.254.169.254 among them), unique-local (fd00::/8), multicast and reserved
-  addresses are refused, unless the entry names that address itself (``127.0.0.1:8080``);
-- the proxy connects to the address it judged (no second lookup), so a redirect or a rebinding name meets
-  the same judgement on its next CONNECT or request.
+- the host resolves the name itself, and every address it gets must be public. Private, loopback, link-local
+  (169.254.169.254 among them), unique-local, multicast and reserved addresses are refused, unless the entry
+  names that address itself (``127.0.0.1:8080``);
+- the proxy connects to the address it judged, with no second lookup. A redirect or a rebinding name meets the
+  same judgement on its next CONNECT or request.
 
-Each execution may open `max_connections` and move `max_egress` bytes; every connection, allowed or refused
-(with the reason), is in ``result.connections``. A plain-http connection carries one request, framed exactly
-(`nbexec.egress.request`); what the proxies hold is bounded per sandbox and per process, and tunnels keep a pace
+Each execution may open `max_connections` and move `max_egress` bytes. Every connection, allowed or refused (with
+the reason), is in ``result.connections``. A plain-http connection carries one request, framed exactly
+(`nbexec.egress.request`). What the proxies hold is bounded per sandbox and per process, and tunnels keep a pace
 (`nbexec.egress.budget`).
 
-A running sandbox's rules can change (`Session.allow_hosts` / `deny_hosts`, `Allowlist.changed`): each change is
-appended to the rules and the newest rule that matches a destination decides (allow or deny; none: refused). What a
-change may allow is bounded by the rules the sandbox started with (`widening`): an entry must fall within one of
-them unless the operator set ``egress_widen``. The proxy judges every new connection by the rules of the moment and
-closes the open ones (tunnels among them) that the new rules no longer allow.
+A running sandbox's rules can change (`Session.allow_hosts` / `deny_hosts`, `Allowlist.changed`). Each change is
+appended, and the newest rule that matches a destination decides; with none, it is refused. The rules the sandbox
+started with bound what a change may allow (`widening`), unless the operator set ``egress_widen``. The proxy
+judges each new connection by the rules of the moment, and closes open ones the new rules no longer allow.
 
 This module is pure (the rules; `resolve` is the one lookup); `proxy` is the part that touches the network.
 """
@@ -132,8 +131,9 @@ class Allowlist:
         return cls([parse_rule(entry) for entry in entries])
 
     def changed(self, allow: Sequence[str], deny: Sequence[str]) -> Allowlist:
-        """These rules with ``allow`` then ``deny`` appended (a rule given again moves to the end); ConfigError for
-        a bad entry or past MAX_RULES, before anything changes."""
+        """These rules with ``allow`` then ``deny`` appended; a rule given again moves to the end.
+
+        ConfigError for a bad entry or past MAX_RULES, before anything changes."""
         added = [(parse_rule(entry), True) for entry in allow] + [(parse_rule(entry), False) for entry in deny]
         kept = [(rule, verdict) for rule, verdict in zip(self.rules, self.verdicts, strict=True)
                 if all(rule != new for new, _ in added)]
@@ -149,8 +149,9 @@ class Allowlist:
 
     @classmethod
     def from_json(cls, data: object, first: Sequence[str], *, widen: bool) -> Allowlist:
-        """The rules `to_json` wrote, each checked by the grammar again and, unless ``widen``, every allowing one
-        within ``first`` (the rules the sandbox started with); ConfigError for anything else."""
+        """The rules `to_json` wrote, each checked by the grammar again; ConfigError for anything else.
+
+        Unless ``widen``, every allowing rule must fall within ``first``, the rules the sandbox started with."""
         if not isinstance(data, list) or len(data) > MAX_RULES:
             raise ConfigError(f"the kept allowlist is not a list of at most {MAX_RULES} rules")
         rules, verdicts = [], []
@@ -207,9 +208,10 @@ class Allowlist:
 
 def check_change(network: object, first: Sequence[str], allow: Sequence[str], deny: Sequence[str], *,
                  widen: bool) -> None:
-    """Refuse (ConfigError) a change of a running sandbox's rules that may not be made, before anything changes:
-    a sandbox without network="allowlist", no entry, a bad entry, too many, or (unless ``widen``) an allowed entry
-    that reaches past every rule the sandbox started with (``first``)."""
+    """Refuse (ConfigError) a change of a running sandbox's rules that may not be made, before anything changes.
+
+    Refused: a sandbox without network="allowlist", no entry, a bad entry, too many entries. Unless ``widen``,
+    so is an allowed entry that reaches past every rule the sandbox started with (``first``)."""
     if network != "allowlist":
         raise ConfigError("allow_hosts/deny_hosts change the rules of network='allowlist'; this sandbox has "
                           f"network={network!r}")

@@ -1,5 +1,7 @@
-"""What the egress proxy does to sockets whatever the request: bind its listener, read a request's head, refuse a
-client with a reason, tell a client that hung up, end a connection."""
+"""What the egress proxy does to sockets, whatever the request.
+
+It binds its listener, reads a request's head, refuses a client with a reason, tells a client that hung up, and
+ends a connection."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ def bind(listener: socket.socket, path: Path) -> None:
 
 
 def read_head(client: socket.socket, limit: int, timeout: float) -> tuple[bytes, bytes]:
-    """The request head (up to ``limit`` bytes, within ``timeout`` seconds in all) and whatever came after it;
-    two empty strings when the client ends or oversteps first."""
+    """The request head (up to ``limit`` bytes, within ``timeout`` seconds in all) and whatever came after it.
+
+    Two empty strings when the client ends or oversteps first."""
     data = b""
     deadline = time.monotonic() + timeout
     while b"\r\n\r\n" not in data:

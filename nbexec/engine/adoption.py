@@ -21,7 +21,7 @@ from typing import Any
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError, SessionLostError, SessionNotFoundError, SessionPendingError
 from nbexec.files.statefolder import StateFolder
-from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.files.workdir import remove_tree
 
 from . import durable, sources
 from .session import Session

@@ -31,6 +31,7 @@ MAX_ERROR = 1024 * 1024  # bytes of an error's name + value + traceback kept; th
 # Bytes of a session's notebook besides outputs (code, cell and notebook metadata): with `keep_recent`, the notebook
 # stays within 2 x (max_output + max_display) + 8 MiB at every run, and so does its durable record.
 CODE_ALLOWANCE = 6 * 1024**2
+BESIDE_TEXT = 64  # bytes of a stream message besides its content that cost nothing: an honest one's metadata is {}
 
 
 @dataclass
@@ -95,8 +96,11 @@ class CellState:
         if not msg.complete:
             return self.drop_frame(msg.size)
         if kind == "stream":
-            if budget.text <= 0:
+            # Its text is charged as stored; the rest (headers past their allowance, metadata) as sent.
+            beside = max(0, msg.size - len(msg.raw_content) - BESIDE_TEXT)
+            if budget.text <= beside:
                 return self._drop(msg.size, text=True)
+            budget.text -= beside
             self._add_stream(msg.content())
         elif kind == "error":
             self._add_error(msg)

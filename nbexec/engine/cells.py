@@ -27,6 +27,7 @@ from nbformat import NotebookNode, from_dict
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import ProtocolError
+from nbexec.kinds import ErrorKind
 from nbexec.notebook import outputs
 from nbexec.result import CellError
 from nbexec.sandbox.kernel import Execution
@@ -159,17 +160,21 @@ def _state_until(sandbox: SandboxHandle, done: Callable[[ContainerState], bool],
 
 # -- the cells of a run ----------------------------------------------------------------------------------
 
-_KIND = {"timeout": "timeout", "oom": "oom", "died": "kernel_died", "limit": "limit", "protocol": "protocol"}
+_KIND: dict[str, ErrorKind] = {"timeout": "timeout", "oom": "oom", "died": "kernel_died", "limit": "limit",
+                               "protocol": "protocol"}
 _NAMES = {"oom": "MemoryError", "died": "DeadKernelError", "limit": "DataLimitError", "protocol": "ProtocolError"}
 
 
 def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *, first_index: int = 0,
               on_output: OutputCallback | None = None, displays: Displays | None = None,
-              widget_state: widgets.WidgetState | None = None) -> tuple[CellError | None, int]:
+              widget_state: widgets.WidgetState | None = None,
+              raised: list[CellError] | None = None) -> tuple[CellError | None, int]:
     """Run the code cells from ``first_index`` until the first failure; return (the failure, bytes dropped).
 
     The standard tags hold: ``skip-execution`` skips a cell; in a ``raises-exception`` cell an exception is
-    expected (kept in its outputs) and the run goes on. Timeouts, deaths and protocol errors always stop it.
+    expected (kept in its outputs) and the run goes on. Given ``raised`` (allow_errors, as nbclient's), every
+    exception is appended there and the run goes on too; SystemExit (the code asking to end) still ends it.
+    Timeouts, deaths and protocol errors always stop it.
     The widget models (``widget_state``, kept by a session across its runs) end in ``nb.metadata.widgets``."""
     budget = Budget.from_config(config)
     deadline = time.monotonic() + config.timeout
@@ -192,6 +197,10 @@ def run_cells(sandbox: SandboxHandle, nb: NotebookNode, config: SandboxConfig, *
                 traces.fail(current, outcome.status)
         if outcome.status == "error":  # the error output that ended it, kept whatever the caps dropped
             error = outputs.first_error([{"cell_index": index, **(outcome.error or {})}])
+            if raised is not None and error is not None and error.ename != "SystemExit":
+                raised.append(error)  # allow_errors: kept, and the next cell runs
+                error = None
+                continue
             break
         if outcome.status != "ok":
             limit = cell_limit if cell_deadline < deadline else config.timeout

@@ -35,5 +35,6 @@ def check(config: SandboxConfig, nb: NotebookNode) -> None:
             raise CellTooLargeError(
                 f"cell {index} is {size:,} bytes as the kernel echoes it back, over the {most:,}-byte limit of "
                 f"one cell (1 MiB, or less when max_output + max_display is smaller; this run has max_output "
-                f"{config.max_output}, max_display {config.max_display}). Split the code into several cells, or "
-                "pass its data as a file instead of in the source.")
+                f"{config.max_output} (--max-output, NBEXEC_MAX_OUTPUT), max_display {config.max_display} "
+                "(NBEXEC_MAX_DISPLAY)). Split the code into several cells, or pass its data as a file instead of in "
+                "the source; nothing ran.")

@@ -41,6 +41,7 @@ class Run:
     packages: tuple[Package, ...] = ()  # what the run asked for and what became of it (nbexec.packages)
     notes: tuple[str, ...] = ()  # what the run itself has to say (widget state not saved, ...)
     exit_cell: int | None = None  # the code ended the run here, successfully (sys.exit(0): see notebook.papermill)
+    raised: tuple[CellError, ...] = ()  # allow_errors: the exceptions the run went on past (``error``: what stopped it)
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,27 @@ def gather(nb: NotebookNode, run: Run, sandbox: SandboxHandle, folder: OutputFol
         found = sandbox.snapshot(target, limits(sandbox.config), known)
     notes, stopped = sandbox.data_notes()
     error = _as_limit(run.error, stopped, notes)
+    notes += _went_on(run.raised, error)
     connections, traffic_notes = sandbox.take_connections()
     # nbexec's own links to the input folder are not files the code left behind
     skipped = [s for s in found.skipped if s.name not in sandbox.input_links or "link" not in s.reason]
     _stamp(nb, run, error, str(folder.path / notebook_name))
     path = transfer.replace(folder, notebook_name, notebook.dumps(nb))
+    first = run.raised[0] if run.raised else error  # a run that went on past errors still failed: the first one
     return Gathered(tuple(flat), images, found.files, skipped,
-                    notes + sandbox.input_notes() + found.notes + traffic_notes + image_notes, error, str(path),
+                    notes + sandbox.input_notes() + found.notes + traffic_notes + image_notes, first, str(path),
                     connections, sandbox.node)
+
+
+def _went_on(raised: tuple[CellError, ...], stop: CellError | None) -> list[str]:
+    """allow_errors: which cells raised while the run went on, and what stopped it, if anything did."""
+    if not raised:
+        return []
+    cells = ", ".join(f"cell {e.cell_index} ({e.ename})" for e in raised[:10])
+    more = f" and {len(raised) - 10} more" if len(raised) > 10 else ""
+    end = f"; then cell {stop.cell_index} stopped it ({stop.ename})" if stop is not None else ""
+    return [f"allow_errors: the run went on past {len(raised)} error(s): {cells}{more}{end}. The result failed; "
+            "its error is the first one, and every error is in the cells' outputs."]
 
 
 def _stamp(nb: NotebookNode, run: Run, error: CellError | None, output_path: str) -> None:
@@ -94,7 +108,7 @@ def _stamp(nb: NotebookNode, run: Run, error: CellError | None, output_path: str
     source = nb.metadata.get("nbexec", {}).get("input_path")  # a mapping: see notebook._finish
     papermill.stamp(nb, first_cell=run.first_cell, stopped_at=error.cell_index if error is not None else run.exit_cell,
                     started=started, ended=ended, input_path=source if isinstance(source, str) else None,
-                    output_path=output_path)
+                    output_path=output_path, raised={e.cell_index for e in run.raised if e.cell_index is not None})
 
 
 def result(nb: NotebookNode, run: Run, gathered: Gathered, folder: OutputFolder, store: ArtifactStore, *,

@@ -1,19 +1,18 @@
 """Durable sessions: a session's record in a state folder, so that a new process finds it again.
 
-A session given a ``state_dir`` holds that folder (see `nbexec.files.statefolder`: private, one live holder) and
-writes its record there (``<id>.session``, 0600, atomic) when its sandbox starts, before and after each run, and
-removes it when it closes: its id, owner, config, the sandbox's record (`SandboxHandle.describe`: container,
-working folder, kernel connection with its key), its output folder, notebook and status. Its sandbox is acquired
-with the folder's claim, so the orphan sweep of a restarted process keeps it (and sweeps it once the folder's
-holder is dead past the grace period).
+A session given a ``state_dir`` holds that folder (see `nbexec.files.statefolder`: private, one live holder).
+It writes its record there (``<id>.session``, 0600, atomic) when its sandbox starts and around each run, and
+removes it at close. The record holds its id, owner, config, output folder, notebook and status, and the sandbox's
+record (`SandboxHandle.describe`: container, working folder, kernel connection with its key). The sandbox is
+acquired with the folder's claim. So a restarted process's orphan sweep keeps it, until the folder's holder has
+been dead past the grace period.
 
-`load` reads a record back for `Session.resume`: sized before it is parsed, the config rebuilt through its own
-checks, the notebook re-validated; nothing the sandbox wrote is trusted by being in the record.
+`load` reads a record back for `Session.resume`. It is sized before it is parsed, the config is rebuilt through
+its own checks, and the notebook is validated again. Being in the record makes nothing the sandbox wrote trusted.
 
-A session whose adoption failed is marked lost (``<id>.lost``: its owner and why, the record removed): a later
-start answers it as lost at once and never tries it again; the marker goes after `statefolder.grace` (as a dead
-holder's kept sandboxes do). `under` is the config a kept session resumes in: the policy the process runs with
-now, never the one the record was written with.
+A session whose adoption failed is marked lost (``<id>.lost``: its owner and why; the record removed). A later
+start answers it as lost at once and never tries it again. The marker goes after `statefolder.grace`, as a dead
+holder's kept sandboxes do. `under` is the config a kept session resumes in: today's policy, never the record's.
 """
 
 from __future__ import annotations
@@ -105,8 +104,10 @@ def ids(folder: StateFolder) -> list[str]:
 
 
 def load(folder: StateFolder, session_id: str) -> Record:
-    """The record of ``session_id`` (SessionNotFoundError when there is none or it cannot be read back;
-    SessionLostError naming the record and its size when it is too large to read)."""
+    """The record of ``session_id``.
+
+    SessionNotFoundError when there is none or it cannot be read back. SessionLostError, naming the record and
+    its size, when it is too large to read."""
     if not statefolder.valid_name(session_id + SUFFIX):
         raise SessionNotFoundError(f"no session with id {session_id!r}")
     raw = folder.read(session_id + SUFFIX)
@@ -153,9 +154,10 @@ def _text(value: Any) -> str | None:
 
 
 def under(policy: SandboxConfig, kept: SandboxConfig) -> SandboxConfig:
-    """The config a kept session resumes in: ``policy`` as it is now, with the session's image and language while
-    the policy still offers them. NotOfferedError, naming what changed, when its sandbox needs what the policy
-    no longer gives (a language, an image, a network, anything in MADE_WITH)."""
+    """The config a kept session resumes in: ``policy`` as it is now, with the session's image and language.
+
+    NotOfferedError, naming what changed, when its sandbox needs what the policy no longer gives: a language, an
+    image, a network, anything in MADE_WITH."""
     try:
         config = policy.choose_image(None if kept.image == policy.image else kept.image).offer_language(kept.language)
     except ConfigError as exc:
@@ -171,6 +173,17 @@ def under(policy: SandboxConfig, kept: SandboxConfig) -> SandboxConfig:
     return config
 
 
+def within(policy: SandboxConfig, kept: SandboxConfig) -> SandboxConfig:
+    """The config a snapshot restores in for a caller of ``policy`` (a service's, MCP's): the policy as it is now,
+    with the snapshot's image and language only while the policy still offers them (NotOfferedError otherwise).
+    Unlike `under`, nothing else of the snapshot's config is kept: its sandbox is a new one."""
+    try:
+        chosen = policy.choose_image(None if kept.image == policy.image else kept.image)
+    except ConfigError as exc:
+        raise NotOfferedError(f"the snapshot's image is not offered here any more: {exc}") from None
+    return chosen.offer_language(kept.language)
+
+
 def mark_lost(folder: StateFolder, session_id: str, owner: str, reason: str,
               leftover: dict[str, Any] | None = None) -> None:
     """Keep that ``session_id`` is lost and why (for its owner), and remove its record: never tried again.
@@ -181,9 +194,10 @@ def mark_lost(folder: StateFolder, session_id: str, owner: str, reason: str,
 
 
 def lost(folder: StateFolder) -> dict[str, tuple[str, str, dict[str, Any]]]:
-    """The sessions marked lost: id -> (owner, why, the leftover sandbox's record or {}). A marker lives as long
-    as a dead holder's kept sessions (`statefolder.grace`), then goes: once its sandbox is removed, nothing is
-    left to answer for, and the folder must not grow for ever."""
+    """The sessions marked lost: id -> (owner, why, the leftover sandbox's record or {}).
+
+    A marker lives as long as a dead holder's kept sessions (`statefolder.grace`), then goes. Once its sandbox is
+    removed nothing is left to answer for, and the folder must not grow for ever."""
     found: dict[str, tuple[str, str, dict[str, Any]]] = {}
     for name in folder.names(LOST):
         age = folder.age(name)

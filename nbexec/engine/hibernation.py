@@ -3,7 +3,7 @@
 `hibernate` first asks the source to keep the sandbox's memory (`SandboxSource.hibernate`: a checkpoint, where the
 runtime can); when it cannot (None, or an error: logged), the sandbox itself sleeps (`SandboxHandle.sleep`: no
 process runs, /mnt/data and the container kept as they are). Either way no memory or CPU is used until the next
-call, which wakes it (`wake_if_asleep`): by the source's ``wake`` from the checkpoint, or by starting a fresh
+call, which wakes it (`_wake_if_asleep`): by the source's ``wake`` from the checkpoint, or by starting a fresh
 kernel over the kept files and REPLAYING the session's executed code cells in order, silently.
 
 What happened is never hidden: the next run's result says ``restored="checkpoint"`` or ``"replay"``, and its notes
@@ -28,14 +28,17 @@ from nbformat import NotebookNode
 
 from nbexec import errors
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionBusyError, SessionLostError
+from nbexec.errors import NbexecError, SessionBusyError, SessionLostError
 from nbexec.files.folders import work_root
 from nbexec.files.statefolder import StateFolder
+from nbexec.files.workdir import WORKDIR_PREFIX, remove_tree
+from nbexec.kinds import RestoredBy
+from nbexec.overrides import Unpack
 from nbexec.result import CellError
-from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
-from nbexec.sandbox.source import SandboxHandle, SandboxSource
+from nbexec.sandbox.source import Capability, SandboxHandle, SandboxSource
 
-from . import snapshotblobs, snapshots
+from . import durable, snapshotblobs, snapshots
+from .options import RestoreOptions
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound="Hibernation")
@@ -126,7 +129,7 @@ class Hibernation:
     _asleep: str | None  # "checkpoint" or "replay": how it will wake
     _memory: dict[str, Any] | None  # the source's record of the kept memory (checkpoint)
     _memory_dir: Path | None
-    _woke: tuple[str, tuple[str, ...]] | None  # (how, notes) for the next run's result
+    _woke: tuple[RestoredBy, tuple[str, ...]] | None  # (how, notes) for the next run's result
     _stopping: threading.Event | None = None  # set while a wake or restore replays: an interrupt or close sets it
     _wake_ended: str | None = None  # how this run's wake ended: None (no wake), "", "timeout" or "interrupted"
 
@@ -153,11 +156,11 @@ class Hibernation:
         with self._lock:
             sandbox = self._sandbox
             if self._closed or sandbox is None or self._asleep or self._dead_reason \
-                    or time.monotonic() - self.last_activity < idle_for:
+                    or time.monotonic() - self.last_activity < idle_for or not sandbox.offers(Capability.SLEEP):
                 return False
-            folder = self._folder_for_memory()
+            folder, source = self._folder_for_memory(), self._source()
             try:
-                record = self._source().hibernate(sandbox, folder)
+                record = source.hibernate(sandbox, folder) if source.offers(Capability.CHECKPOINT) else None
             except NbexecError as exc:
                 log.warning("session %s: its memory could not be kept (%s); it will be replayed", self.id, exc)
                 record = None
@@ -182,13 +185,13 @@ class Hibernation:
                                                          dir=work_root()))
         return self._memory_dir
 
-    def wake_if_asleep(self, deadline: float | None = None, run_stop: threading.Event | None = None) -> None:
+    def _wake_if_asleep(self, deadline: float | None = None, run_stop: threading.Event | None = None) -> None:
         """Wake a sleeping session before a call uses it (the caller holds the lock), by ``deadline`` (a run's;
         else the config's time limit from now): its replay has what is left, as one budget. ``run_stop``: the
         run's event an interrupt sets (kept after the wake), else one of the wake's own."""
-        how = self._asleep
-        if how is None:
+        if self._asleep is None:
             return
+        how: RestoredBy = "checkpoint" if self._asleep == "checkpoint" else "replay"
         started, notes = time.monotonic(), list[str]()
         deadline = started + self.config.timeout if deadline is None else deadline
         stopping = self._stopping = run_stop or threading.Event()  # before the sandbox starts: an interrupt stops it
@@ -201,7 +204,7 @@ class Hibernation:
             assert self._sandbox is not None
             if how == "replay":
                 notes += self._replay(deadline)
-            else:  # a restore is not cut short: an interrupt or the limit it met stops the run after it
+            else:  # a restore that came back (in its first second): what it met stops the run after it
                 self._wake_ended = "interrupted" if stopping.is_set() else \
                     "timeout" if deadline - time.monotonic() < 0.1 else ""
         except errors.WakeStoppedError:
@@ -213,19 +216,19 @@ class Hibernation:
         finally:
             self._stopping = run_stop
         self._asleep, self._memory = None, None
-        self.forget_memory()
+        self._forget_memory()
         notes.insert(0, f"the session was asleep; its memory came back by {how} in "
                         f"{time.monotonic() - started:.2f} s")
         self._woke = (how, tuple(notes))
         self._keep("ready")
 
-    def _restore(self, deadline: float, stopping: threading.Event, notes: list[str]) -> str:
+    def _restore(self, deadline: float, stopping: threading.Event, notes: list[str]) -> RestoredBy:
         """Wake from the checkpoint, its waits ended by ``deadline`` and ``stopping`` (see `_patience`); when it
         cannot be restored, a fresh sandbox (to replay into). How it woke: "checkpoint" or "replay"."""
         assert self._memory is not None and self._memory_dir is not None
         try:
             self._sandbox = self._source().wake(self.config, self._memory, self._memory_dir,
-                                                check=_patience(deadline, stopping))
+                                                check=_patience(deadline, stopping), deadline=deadline)
             return "checkpoint"
         except errors.WakeStoppedError:
             self._sandbox = None
@@ -271,7 +274,7 @@ class Hibernation:
             self.start()
             return limit, time.monotonic() + limit
         deadline = time.monotonic() + limit
-        self.wake_if_asleep(deadline, self._stopping)
+        self._wake_if_asleep(deadline, self._stopping)
         self.start()
         return limit, deadline
 
@@ -335,7 +338,7 @@ class Hibernation:
             store = snapshotblobs.store_for(self.state_dir, snapshot_dir)
             return store.take(self.owner, self.config, self.notebook, self._sandbox)
 
-    def fork(self: S, *, snapshot_dir: str | Path | None = None, **options: Any) -> S:
+    def fork(self: S, *, snapshot_dir: str | Path | None = None, **options: Unpack[RestoreOptions]) -> S:
         """A new session from a snapshot of this one (its files, and its memory by replay)."""
         options.setdefault("state_dir", self.state_dir)
         return self.from_snapshot(self.snapshot(snapshot_dir=snapshot_dir), owner=self.owner,
@@ -343,7 +346,7 @@ class Hibernation:
 
     @classmethod
     def from_snapshot(cls: type[S], snapshot_id: str, *, owner: str = "", snapshot_dir: str | Path | None = None,
-                      **options: Any) -> S:
+                      **options: Unpack[RestoreOptions]) -> S:
         """A new session started from snapshot ``snapshot_id`` of ``owner``: its files checked and put into
         /mnt/data, its notebook's executed cells replayed; the first run says ``restored="replay"`` and names
         any cell that replayed otherwise. SnapshotError for an unknown, another owner's or tampered snapshot."""
@@ -354,10 +357,10 @@ class Hibernation:
             restored.release()  # a blob store's private download is gone once the files are in (or refused)
 
     @classmethod
-    def _restored(cls: type[S], restored: snapshots.Restored, owner: str, options: dict[str, Any]) -> S:
-        policy: SandboxConfig | None = options.pop("policy", None)
-        config = restored.config if policy is None else _within(policy, restored.config)
-        session = cls(config, owner=owner, **options)  # type: ignore[call-arg]
+    def _restored(cls: type[S], restored: snapshots.Restored, owner: str, options: RestoreOptions) -> S:
+        policy = options.pop("policy", None)
+        config = restored.config if policy is None else durable.within(policy, restored.config)
+        session = cls(config, owner=owner, **options)  # type: ignore[call-arg, misc]
         try:
             session.start()
             assert session._sandbox is not None
@@ -383,17 +386,8 @@ class Hibernation:
     def start(self) -> Any:
         raise NotImplementedError
 
-    def forget_memory(self) -> None:
+    def _forget_memory(self) -> None:
         folder, self._memory_dir = self._memory_dir, None
         if folder is not None:
             remove_tree(folder)
 
-
-def _within(policy: SandboxConfig, kept: SandboxConfig) -> SandboxConfig:
-    """The config a snapshot restores in for a caller of ``policy`` (a service's, MCP's): the policy as it is now,
-    with the snapshot's image and language only while the policy still offers them (NotOfferedError otherwise)."""
-    try:
-        chosen = policy.choose_image(None if kept.image == policy.image else kept.image)
-    except ConfigError as exc:
-        raise NotOfferedError(f"the snapshot's image is not offered here any more: {exc}") from None
-    return chosen.offer_language(kept.language)

@@ -1,9 +1,10 @@
-"""A run's language checked before a sandbox starts: a notebook runs in its session's language, and what only a
-Python kernel offers is said plainly when another language asks for it:
-packages (`packages=`, `%pip install` lines: the installer runs in the kernel and installs wheels), `Session.shell`
-(a Python snippet starts the command), and the warm imports (skipped, with a note when they were set). The
-allowlist network is refused by `SandboxConfig` itself (its forwarder runs in the kernel), hibernation by
-checkpoint by `sandbox.docker.checkpoint` (the engine replays the cells instead)."""
+"""A run's language, checked before a sandbox starts.
+
+A notebook runs in its session's language. When another language asks for what only a Python kernel offers, the
+error says so plainly. Packages need Python because the installer runs in the kernel. `Session.shell` needs it
+because a Python snippet starts the command. Warm imports are skipped, with a note when they were set.
+Two more refusals live elsewhere. `SandboxConfig` refuses the allowlist network, because its forwarder runs in the
+kernel. `sandbox.docker.checkpoint` refuses a checkpoint, and the engine replays the cells instead."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ _DEFAULT_WARM = next(f.default for f in dataclasses.fields(SandboxConfig) if f.n
 
 
 def checked(config: SandboxConfig, nb: NotebookNode, requested: Sequence[str], first_index: int) -> tuple[str, ...]:
-    """Check that ``nb`` (from cell ``first_index``) can run in a session of ``config.language`` (its kernelspec
-    names that language, or none: it is then given it) and asks for nothing Python-only; the result's notes."""
+    """Check that ``nb`` (from cell ``first_index``) can run in a session of ``config.language``; the result's notes.
+
+    Its kernelspec must name that language, or none (it is then given it). It must ask for nothing Python-only."""
     language = languages.get(config.language)
     if nb.get("metadata", {}).get("kernelspec") is None:
         nb.setdefault("metadata", {})["kernelspec"] = language.spec

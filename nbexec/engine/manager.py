@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import SessionLimitError, SessionNotFoundError
+from nbexec.overrides import Unpack
 
 from .adoption import Adoption
+from .options import RestoreOptions, SessionOptions
 from .session import DEFAULT_TTL, Session
 
 
@@ -69,7 +70,7 @@ class SessionManager:
             del self._sessions[key]
 
     def create(self, *, session_id: str | None = None, config: SandboxConfig | None = None,
-               **session_options: Any) -> Session:
+               **session_options: Unpack[SessionOptions]) -> Session:
         """A new session (started lazily) with ``config`` (default: the manager's), or SessionLimitError when
         ``max_sessions`` are live."""
         with self._lock:
@@ -88,7 +89,7 @@ class SessionManager:
             return session
 
     def restore(self, snapshot_id: str, *, owner: str = "", snapshot_dir: str | Path | None = None,
-                **session_options: Any) -> Session:
+                **session_options: Unpack[RestoreOptions]) -> Session:
         """A new session of this manager from snapshot ``snapshot_id`` of ``owner`` (see Session.from_snapshot),
         within ``max_sessions``: its place is taken with the check, before its sandbox starts, so concurrent
         restores cannot all pass it."""
@@ -98,9 +99,8 @@ class SessionManager:
                 raise SessionLimitError(f"{len(self._sessions) + self._restoring} sessions are live or being "
                                         f"restored, the cap is {self.max_sessions}")
             self._restoring += 1
-        for name, value in (("keep_files", self.keep_files), ("state_dir", self.state_dir),
-                            ("hibernate_after", self.hibernate_after), ("ttl", self.ttl)):
-            session_options.setdefault(name, value)
+        session_options = {"keep_files": self.keep_files, "state_dir": self.state_dir,
+                           "hibernate_after": self.hibernate_after, "ttl": self.ttl, **session_options}
         try:
             session = Session.from_snapshot(snapshot_id, owner=owner, snapshot_dir=snapshot_dir, **session_options)
             with self._lock:

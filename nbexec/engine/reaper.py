@@ -18,6 +18,8 @@ import weakref
 from typing import Protocol
 
 from nbexec.config import SandboxConfig, from_env
+from nbexec.kinds import SessionStatus
+from nbexec.overrides import ConfigOverrides
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +28,14 @@ class SessionBase:
     """The parts of a session that do not depend on where its sandbox runs."""
 
     _config: SandboxConfig | None
+    _overrides: ConfigOverrides
     _closed: bool
     _lock: threading.RLock
 
     @property
     def config(self) -> SandboxConfig:
         if self._config is None:
-            self._config = from_env()
+            self._config = from_env(**self._overrides)
         return self._config
 
     @property
@@ -43,7 +46,7 @@ class SessionBase:
             return False
         return True
 
-    def _status(self, *, dead: bool, started: bool) -> str:
+    def _status(self, *, dead: bool, started: bool) -> SessionStatus:
         if self._closed:
             return "closed"
         if dead:
@@ -64,7 +67,7 @@ class Reapable(Protocol):
 
     def close(self) -> None: ...
 
-    def close_at_exit(self) -> None: ...
+    def _close_at_exit(self) -> None: ...
 
     def hibernate(self, *, idle_for: float = 0.0) -> bool: ...
 
@@ -178,4 +181,4 @@ def close_all() -> None:
     """Close every live session (runs at interpreter exit); durable ones are left to their state folder."""
     for session in list(_live):
         with contextlib.suppress(Exception):
-            session.close_at_exit()
+            session._close_at_exit()

@@ -20,19 +20,15 @@ from nbformat import NotebookNode
 from nbexec import notebook
 from nbexec import packages as installs
 from nbexec.config import SandboxConfig
-from nbexec.errors import (
-    ConfigError,
-    SandboxError,
-    SessionClosedError,
-    SessionDeadError,
-    SessionLostError,
-)
-from nbexec.files import artifacts, folders, space, statefolder, transfer
+from nbexec.errors import ConfigError, SandboxError, SessionClosedError, SessionDeadError, SessionLostError
+from nbexec.files import artifacts, folders, space, statefolder
 from nbexec.files.statefolder import StateFolder
+from nbexec.files.workdir import remove_tree
+from nbexec.kinds import RestoredBy, SessionStatus
 from nbexec.notebook import papermill
-from nbexec.result import ExecutionResult, Package
-from nbexec.sandbox.docker.workdir import remove_tree
-from nbexec.sandbox.source import SandboxHandle, SandboxSource
+from nbexec.overrides import ConfigOverrides, Unpack
+from nbexec.result import CellError, ExecutionResult, Package
+from nbexec.sandbox.source import Capability, SandboxHandle, SandboxSource
 from nbexec.stores.storage import ArtifactStore, LocalStore
 
 from . import budget, cells, collect, durable, languagecheck, reaper, rules, shell, sources, traces, widgets
@@ -58,7 +54,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                  ttl: float | None = DEFAULT_TTL, session_id: str | None = None,
                  store: ArtifactStore | None = None, keep_files: bool = True, one_shot: bool = False,
                  state_dir: str | Path | None = None, owner: str = "",
-                 hibernate_after: float | None = None) -> None:
+                 hibernate_after: float | None = None, **overrides: Unpack[ConfigOverrides]) -> None:
         self.id = session_id or (uuid.uuid4().hex[:16] if one_shot else uuid.uuid4().hex)
         self.state_dir, self.owner = (None if one_shot else state_dir), owner  # durable: see `durable`
         self._state: StateFolder | None = None
@@ -66,8 +62,9 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         self._asleep: str | None = None
         self._memory: dict[str, Any] | None = None
         self._memory_dir: Path | None = None
-        self._woke: tuple[str, tuple[str, ...]] | None = None
-        self._config = config
+        self._woke: tuple[RestoredBy, tuple[str, ...]] | None = None
+        self._config = config.replace(**overrides) if config is not None and overrides else config
+        self._overrides = overrides  # without a config: applied to from_env() on first use
         self._requested_dir = output_dir
         self.ttl = ttl
         self.keep_files = keep_files
@@ -75,7 +72,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         self.output_dir: Path | None = None
         self._folder: folders.OutputFolder | None = None
         self._disk: space.Reservation | None = None  # its output folder's share, when not where sandboxes hold it
-        self.notebook: NotebookNode = notebook.empty(config.language if config is not None else "python")
+        self.notebook: NotebookNode = notebook.empty(
+            self._config.language if self._config else overrides.get("language") or "python")
         self.created_at = time.time()
         self.last_activity = time.monotonic()
         self._sandbox: SandboxHandle | None = None
@@ -93,7 +91,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
     # -- life cycle ---------------------------------------------------------------------------------
 
     @property
-    def status(self) -> str:
+    def status(self) -> SessionStatus:
         """new, ready, busy, asleep, dead or closed."""
         if self._asleep and not self._closed:
             return "asleep"
@@ -103,7 +101,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         """Start the sandbox now (otherwise the first run starts it)."""
         with self._lock:
             self._check_usable()
-            self.wake_if_asleep()
+            self._wake_if_asleep()
             if self._sandbox is None:
                 started = time.monotonic()
                 opened = self._open_output()
@@ -155,6 +153,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         """The claim of the state folder this durable session is kept in ("" when not durable)."""
         if self.state_dir is None:
             return ""
+        if not self._source().offers(Capability.DURABLE):  # its record could never find the sandbox again
+            raise self._source().refusal(Capability.DURABLE)
         if not statefolder.valid_name(self.id + durable.SUFFIX):
             raise ConfigError(f"a durable session's id must be letters, digits and _.- (not {self.id!r})")
         self._state = durable.hold(self.state_dir)
@@ -215,14 +215,14 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         reaper.forget(self)
         if self._asleep == "checkpoint" and self._memory is not None and self._memory_dir is not None:
             self._source().discard(self._memory, self._memory_dir)  # its files and memory, not woken
-        self.forget_memory()
+        self._forget_memory()
         if self._state is not None:
             durable.forget(self._state, self.id)
         if sandbox is not None:
             self._source().release(sandbox, wait=True)
         self._close_folder(remove=not self.keep_files)
 
-    def close_at_exit(self) -> None:
+    def _close_at_exit(self) -> None:
         """At interpreter exit: a durable session is left to its state folder (for `resume`); others close."""
         if self._state is None:
             self.close()
@@ -298,12 +298,14 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         return shell.run(self.run, self.config.timeout, command, timeout)
 
     @traces.execution
-    def run_notebook(self, nb: NotebookNode, *, timeout: float | None = None,
-                     on_output: OutputCallback | None = None, packages: Sequence[str] = ()) -> ExecutionResult:
-        """Run the code cells of ``nb`` as new cells of the session's notebook, until the first failure, and
-        return their result. The session's first run takes ``nb`` whole (its metadata too). ``packages`` and
-        the cells' pip lines are provided first (see `nbexec.packages`)."""
-        started = time.monotonic()
+    def run_notebook(self, nb: NotebookNode | str | os.PathLike[str], *, timeout: float | None = None,
+                     on_output: OutputCallback | None = None, packages: Sequence[str] = (),
+                     allow_errors: bool = False) -> ExecutionResult:
+        """Run the code cells of ``nb`` (a notebook, or a .ipynb/.py path: see `notebook.source`) as new cells of
+        the session's notebook, until the first failure (``allow_errors``: every cell, each error kept; the result
+        still fails, with the first), and return their result. The session's first run takes ``nb`` whole (its
+        metadata too). ``packages`` and the cells' pip lines are provided first (see `nbexec.packages`)."""
+        started, nb = time.monotonic(), notebook.source(nb, default=self.config.language)
         with self._held_for(timeout):
             budget.admit(self.config, self.notebook, nb, self.one_shot)  # each cell's size, then the session's code
             said = languagecheck.checked(self.config, nb, packages, len(self.notebook.cells))
@@ -323,7 +325,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                                           first_index=index, deadline=deadline, stop=self._stopping)
             with traces.entered(preparing, "nbexec.packages") as installed:
                 left = self._time_left(deadline, limit, bool(installed))
-                run = self._run_cells(sandbox, index, started, left, on_output)
+                run = self._run_cells(sandbox, index, started, left, on_output, [] if allow_errors else None)
             notes = said + run.notes + (
                 (f"providing packages took {limit - left:.1f} s of the {limit:g} s time limit; the cells had the rest",)
                 if installed and left < limit else ())
@@ -335,13 +337,13 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             return result
 
     def _run_cells(self, sandbox: SandboxHandle, index: int, started: float, timeout: float,
-                   on_output: OutputCallback | None) -> collect.Run:
+                   on_output: OutputCallback | None, raised: list[CellError] | None) -> collect.Run:
         began = time.monotonic()
         papermill.start(self.notebook, index)
         if timeout > 0:
             error, dropped = cells.run_cells(sandbox, self.notebook, self.config.replace(timeout=timeout),
                                               first_index=index, on_output=on_output, displays=self._displays,
-                                              widget_state=self._widgets)
+                                              widget_state=self._widgets, raised=raised)
         else:  # the wake or the packages took the whole time limit (or the wake was interrupted): no cell starts
             error, dropped = self._no_time_left(index), 0
         # However long the session lives, its notebook stays within one run's budgets (the oldest outputs go first).
@@ -352,7 +354,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         error, exit_cell, exit_notes = papermill.settle_exit(self.notebook, error)
         execution_id = self.id if self.one_shot else f"{self.id}-{index}"
         self.notebook.metadata.setdefault("nbexec", {}).update(
-            {"execution_id": execution_id, "ok": error is None, **({"node": sandbox.node} if sandbox.node else {})})
+            {"execution_id": execution_id, "ok": error is None and not raised,
+             **({"node": sandbox.node} if sandbox.node else {})})
         timings = {"run_s": ran - began}
         if self._start_s is not None:  # the first run reports the start of the sandbox it waited for
             timings = {"sandbox_s": self._start_s, "run_s": ran - began}
@@ -361,14 +364,14 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
                 and not sandbox.state().running:
             self._dead_reason = error.evalue
         return collect.Run(execution_id=execution_id, first_cell=index, error=error, dropped=dropped,
-                           started=started, timings=timings, exit_cell=exit_cell,
+                           started=started, timings=timings, exit_cell=exit_cell, raised=tuple(raised or ()),
                            notes=(*self._widgets.take_notes(), *((kept,) if kept else ()), *exit_notes,
                                   *cells.unread_notes(self.notebook, index)))
 
     def _result(self, sandbox: SandboxHandle, run: collect.Run) -> ExecutionResult:
         assert self._folder is not None
         if self.one_shot:
-            sandbox.freeze()  # the files are collected as a snapshot: nothing runs while they are copied
+            sandbox.freeze() if sandbox.offers(Capability.FREEZE) else sandbox.kill()  # nothing runs while copied
         gathered = collect.gather(self.notebook, run, sandbox, self._folder,
                                   notebook_name="notebook.ipynb" if self.one_shot else "session.ipynb",
                                   known=self._copied)
@@ -381,18 +384,6 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         finally:
             if self.one_shot:
                 self._close_folder(remove=False)
-
-    def save(self, path: str | Path) -> Path:
-        """Write the session's notebook so far to ``path`` (atomically; never through a final link)."""
-        path = Path(path).absolute()
-        with self._lock:  # inside the output folder: through its descriptor
-            content = notebook.dumps(self.notebook)
-            if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
-                return transfer.replace(self._folder, path.name, content)
-        # A place the caller chose: its links are the caller's own, so only the final name is never followed.
-        with folders.OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
-            transfer.replace(parent, path.name, content)
-        return path
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status}>"

@@ -1,4 +1,5 @@
-"""A session's /mnt/data seen from the host: upload, download, stream, list (a base of `session.Session`).
+"""A session's files seen from the host: /mnt/data's (upload, download, stream, list) and its notebook (save);
+a base of `session.Session`.
 
 Every call starts the session if needed, holds its lock and counts as activity; the bytes come from the sandbox
 through its handle (`nbexec.sandbox.source.SandboxHandle`), within max_data and max_files.
@@ -13,10 +14,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from nbformat import NotebookNode
+
 from nbexec.config import SandboxConfig
 from nbexec.errors import FileTooLargeError, FileTransferError
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
+from nbexec.notebook import dumps
 from nbexec.result import File
 from nbexec.sandbox.source import SandboxHandle
 
@@ -32,6 +36,8 @@ class SessionFiles:
     _copied: artifacts.Known
     _folder: OutputFolder | None
     last_activity: float
+    notebook: NotebookNode
+    output_dir: Path | None
 
     @property
     def config(self) -> SandboxConfig:
@@ -41,12 +47,12 @@ class SessionFiles:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def _held(self) -> Iterator[None]:
         """The session for a sequence of calls no other call may come between (the E2B door's per-call envs)."""
         with self._lock:
             yield
 
-    def started_handle(self) -> SandboxHandle:
+    def _started_handle(self) -> SandboxHandle:
         """The session's running sandbox (started or woken first): for doors that reach into it beyond cells and
         /mnt/data (the E2B door's process supervisor). It changes when the session sleeps and wakes."""
         with self._lock:
@@ -124,6 +130,18 @@ class SessionFiles:
     def files(self) -> list[File]:
         """The regular files now in /mnt/data, as a run would keep them (see `listing`)."""
         return self.listing().files
+
+    def save(self, path: str | Path) -> Path:
+        """Write the session's notebook so far to ``path`` (atomically; never through a final link)."""
+        path = Path(path).absolute()
+        with self._lock:  # inside the output folder: through its descriptor
+            content = dumps(self.notebook)
+            if self._folder is not None and self.output_dir is not None and path.parent == self.output_dir.absolute():
+                return transfer.replace(self._folder, path.name, content)
+        # A place the caller chose: its links are the caller's own, so only the final name is never followed.
+        with OutputFolder(path.parent, os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)) as parent:
+            transfer.replace(parent, path.name, content)
+        return path
 
     def listing(self) -> artifacts.Collection:
         """/mnt/data as it is now, read as a run's collection reads it: the regular files within max_data and

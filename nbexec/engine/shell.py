@@ -1,14 +1,14 @@
 """`Session.shell`: a shell command run by the sandbox's own kernel, as one cell of the session's notebook.
 
-No new door into the sandbox: the command is started by a fixed Python snippet (below) that runs as a normal cell,
-so it has the sandbox's limits (memory, pids, CPU, read-only /), its /mnt/data (the working directory) and the
-cell's budgets: its stdout and stderr are copied to the kernel's own streams, where every byte is charged as a
-cell's output is (a flood is dropped past max_output and counted, never kept whole on the host).
+No new door into the sandbox: a fixed Python snippet (below) starts the command as a normal cell. So the command
+has the sandbox's limits, its /mnt/data as working directory, and the cell's budgets. Its stdout and stderr go to
+the kernel's own streams, where every byte is charged like any cell output. A flood is dropped past max_output and
+counted.
 
-The command runs in its own process group (``/bin/sh -c``). When it exits, times out or the cell is interrupted,
-the whole group is killed with SIGKILL (a child left in the background, or one that ignores SIGTERM, goes with it).
-What came of it is said in the result: ``exit_code``, and ``error.kind`` "exit" for a non-zero status or "timeout"
-for a command past its time limit (never ok). Works over any sandbox source, as it is built on `Session.run`.
+The command runs in its own process group (``/bin/sh -c``). When it exits, times out or is interrupted, the whole
+group is killed with SIGKILL. A child left in the background, or one that ignores SIGTERM, goes with it.
+The result says what came of it: ``exit_code``, and ``error.kind`` "exit" (a non-zero status) or "timeout".
+It works over any sandbox source, because it is built on `Session.run`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 
 from nbexec.errors import ConfigError
+from nbexec.kinds import ErrorKind
 from nbexec.result import CellError, ExecutionResult
 
 Runner = Callable[..., ExecutionResult]  # Session.run: (code, *, timeout) -> the cell's result
@@ -26,10 +27,10 @@ GRACE_S = 5.0  # the host's limit is the command's plus this: the kernel's own k
 _EXIT = re.compile(r"exit status (-?\d{1,4})")
 _MAX_COMMAND = 64 * 1024
 
-# Runs in the kernel, in a namespace of its own (nothing is left in the user's variables). It reads the two pipes
-# in the kernel's main thread (output printed from other threads may reach another cell) until the shell exits,
-# then kills its group whatever happened, and then every process that appeared in the sandbox while it ran (one that
-# left the group with setsid or a double fork included; gVisor has no child subreaper to catch those by).
+# Runs in the kernel, in a namespace of its own, so nothing is left in the user's variables. It reads the two pipes
+# in the kernel's main thread, because output printed from other threads may reach another cell. When the shell
+# exits it kills the group, then every process that appeared while it ran. That catches one that left the group
+# with setsid or a double fork: gVisor has no child subreaper to catch those.
 _RUNNER = r'''
 import codecs, os, selectors, signal, subprocess, sys, time
 
@@ -50,8 +51,9 @@ def _processes():
     return {int(name) for name in os.listdir("/proc") if name.isdigit()}
 
 def _reap(before):
-    """Kill every process that appeared during the command and is still there: one that left the command's group
-    (setsid, a double fork) is found this way too. Those that are the kernel's children are reaped."""
+    """Kill every process that appeared during the command and is still there.
+
+    This also finds one that left the command's group (setsid, a double fork). The kernel's children are reaped."""
     for _ in range(64):
         gained = _processes() - before
         if not gained:
@@ -126,8 +128,9 @@ def code_for(command: str, limit: float) -> str:
 
 
 def run(run_cell: Runner, default_timeout: float, command: str, timeout: float | None = None) -> ExecutionResult:
-    """Run ``command`` as a cell through ``run_cell`` (a session's ``run``; see the module docstring) and return
-    the cell's result with the command's exit code (None when it never finished: a timeout, interrupt, dead kernel)."""
+    """Run ``command`` as a cell through ``run_cell`` (a session's ``run``) and return the cell's result.
+
+    The result carries the command's exit code, or None when it never finished (a timeout, interrupt, dead kernel)."""
     if not isinstance(command, str) or not command.strip():
         raise ConfigError("shell() needs a command (a non-empty string)")
     if "\0" in command or len(command.encode("utf-8", "surrogatepass")) > _MAX_COMMAND:
@@ -140,9 +143,10 @@ def run(run_cell: Runner, default_timeout: float, command: str, timeout: float |
 
 
 def settle(result: ExecutionResult) -> ExecutionResult:
-    """The cell's result with the command's outcome: exit code 0 and ok, or kind "exit" (a non-zero status, kept in
-    ``exit_code``) or "timeout" (the command's own limit); any other failure (the host's timeout, an interrupt, a
-    dead kernel) stays as the cell reported it, with no exit code."""
+    """The cell's result with the command's outcome.
+
+    Exit code 0 is ok. A non-zero status is kind "exit" (kept in ``exit_code``); the command's own limit is
+    "timeout". Any other failure (the host's timeout, an interrupt, a dead kernel) stays as the cell reported it."""
     error = result.error
     if error is None:
         return dataclasses.replace(result, exit_code=0)
@@ -156,5 +160,5 @@ def settle(result: ExecutionResult) -> ExecutionResult:
     return result
 
 
-def _rekind(error: CellError, kind: str, evalue: str) -> CellError:
+def _rekind(error: CellError, kind: ErrorKind, evalue: str) -> CellError:
     return dataclasses.replace(error, kind=kind, evalue=evalue, traceback=(f"{error.ename}: {evalue}",))

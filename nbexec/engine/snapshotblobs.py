@@ -1,21 +1,20 @@
-"""Snapshots kept in a blob store that nodes share (``NBEXEC_SNAPSHOT_STORE=azure``): a session whose node died is
-restored on any node with the same store settings and key.
+"""Snapshots kept in a blob store that nodes share (``NBEXEC_SNAPSHOT_STORE=azure``).
+
+A session whose node died is restored on any node with the same store settings and key.
 
 A snapshot is the folder `snapshots.SnapshotStore` makes (``files/``, ``notebook.ipynb``, ``manifest.json``,
-``manifest.sig``), made in a private staging folder and uploaded as blobs under
-``<prefix>/<owner tag>/<raw>/`` (the owner tag is an HMAC of the owner: names in the store say nothing about who).
+``manifest.sig``). It is made in a private staging folder and uploaded as blobs under ``<prefix>/<owner tag>/<raw>/``.
+The owner tag is an HMAC of the owner, so names in the store say nothing about who.
 
-The key that signs manifests and binds ids to owners is NEVER in the blob store (whoever can write it could forge
-snapshots): it comes from configuration (``NBEXEC_SNAPSHOT_KEY``, 32 bytes or more, hex or base64), the same on
-every node that shares the store. Everything read back is hostile: the manifest is capped (`MAX_MANIFEST`) before it
-is parsed and its signature checked before it is trusted; the blobs must be exactly the manifest's (one added or
-removed is refused); each is streamed into a private (0700/0600) staging folder within its signed size (a larger
-blob is refused by its size and by a ranged read, never held or written past it) and its sha256 checked as read;
-then the staged copy is checked again by the local store's own `open` (signature, id, owner, sizes, hashes,
-notebook) and the staging folder is removed once the files are in the new sandbox (or on any refusal).
-An owner's expired snapshots (past ``ttl``, by the signed manifest's making time) are removed whenever that owner
-lists, counts, takes or restores; a blob store's own lifecycle rule on the prefix is the backstop for owners who
-never come back.
+The key that signs manifests and binds ids to owners is NEVER in the blob store: whoever can write there could
+forge snapshots. It comes from configuration (``NBEXEC_SNAPSHOT_KEY``, 32 bytes or more), the same on every node.
+Everything read back is hostile. The manifest is capped (`MAX_MANIFEST`) before it is parsed, and its signature
+checked before it is trusted. The blobs must be exactly the manifest's. Each streams into a private staging folder
+within its signed size, its sha256 checked as read; a larger blob is never held or written past that size.
+The local store's own `open` then checks the staged copy again. The staging folder is removed once the files are
+in the new sandbox, or on any refusal.
+An owner's expired snapshots (past ``ttl``, by the signed making time) go whenever that owner lists, counts, takes
+or restores. A lifecycle rule on the prefix is the backstop for owners who never come back.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from nbformat import NotebookNode
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, NbexecError, SnapshotError, StorageError
 from nbexec.files import folders, space, transfer
-from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 from nbexec.stores import blobspace, gcs, s3
 from nbexec.stores.storage import AzureBlobSettings
@@ -110,6 +109,9 @@ class BlobSnapshotStore:
         for name in sorted(self.space.names(base), key=lambda n: n.endswith("manifest.json")):  # manifest last
             self.space.delete(name)
 
+    def sweep(self) -> None:
+        """Nothing to sweep in the store: a take is uploaded from a private staging folder of its own."""
+
     def take(self, owner: str, config: SandboxConfig, nb: NotebookNode, sandbox: SandboxHandle) -> str:
         """Snapshot ``sandbox``'s /mnt/data and ``nb`` for ``owner`` into the blob store; its id."""
         with snapshots.place(f"blobs:{self._folder(owner)}", owner, lambda: self.count(owner), self.max_snapshots):
@@ -145,8 +147,9 @@ class BlobSnapshotStore:
     # -- restoring --------------------------------------------------------------------------------
 
     def open(self, owner: str, snapshot_id: str) -> Restored:
-        """The checked contents of ``snapshot_id`` for ``owner``, downloaded into a private staging folder that
-        the returned `Restored.release` removes (SnapshotError: unknown, not theirs, tampered)."""
+        """The checked contents of ``snapshot_id`` for ``owner``, in a private staging folder.
+
+        The returned `Restored.release` removes the folder. SnapshotError when unknown, not theirs or tampered."""
         raw = snapshots.raw_of(self._secret, owner, snapshot_id)
         base = f"{self._folder(owner)}{raw}/"
         staging = _staging()
@@ -235,11 +238,11 @@ def _write(target: Path, name: str, chunks: Any) -> None:
 
 
 def from_env(environ: Mapping[str, str]) -> BlobSnapshotStore:
-    """The shared snapshot store NBEXEC_SNAPSHOT_STORE names (see .env.example), keyed by NBEXEC_SNAPSHOT_KEY, under
-    NBEXEC_SNAPSHOT_PREFIX (default snapshots). Azure reads the artifact store's AZURE_STORAGE_* settings and
-    NBEXEC_SNAPSHOT_CONTAINER (default nbexec-snapshots, made on the first snapshot); S3 the S3 store's settings
-    (AWS_*) and NBEXEC_SNAPSHOT_BUCKET (default NBEXEC_S3_BUCKET; an existing bucket); GCS the GCS store's
-    (GOOGLE_APPLICATION_CREDENTIALS, STORAGE_EMULATOR_HOST) and NBEXEC_SNAPSHOT_BUCKET (default NBEXEC_GCS_BUCKET)."""
+    """The shared snapshot store NBEXEC_SNAPSHOT_STORE names, keyed by NBEXEC_SNAPSHOT_KEY (see .env.example).
+
+    Blobs go under NBEXEC_SNAPSHOT_PREFIX (default snapshots). Each store reads its artifact store's settings.
+    Azure adds NBEXEC_SNAPSHOT_CONTAINER (default nbexec-snapshots, made on the first snapshot).
+    S3 and GCS add NBEXEC_SNAPSHOT_BUCKET, an existing bucket (default NBEXEC_S3_BUCKET or NBEXEC_GCS_BUCKET)."""
     kind = environ.get("NBEXEC_SNAPSHOT_STORE", "local")
     if kind not in KINDS[1:]:
         raise ConfigError(f"NBEXEC_SNAPSHOT_STORE={kind[:40]!r} is not one of {', '.join(KINDS)}")
@@ -269,8 +272,9 @@ def _space(kind: str, environ: Mapping[str, str]) -> blobspace.BlobSpace:
 
 def store_for(state_dir: str | Path | None,
               snapshot_dir: str | Path | None = None) -> SnapshotStore | BlobSnapshotStore:
-    """The snapshot store: a folder when ``snapshot_dir`` is given or NBEXEC_SNAPSHOT_STORE is unset or ``local``
-    (see `snapshots.store_for`), else the shared blob store it names (`from_env`)."""
+    """The snapshot store: the shared blob store NBEXEC_SNAPSHOT_STORE names (`from_env`), or a folder.
+
+    A folder (`snapshots.store_for`) when ``snapshot_dir`` is given, or the variable is unset or ``local``."""
     if snapshot_dir is None and os.environ.get("NBEXEC_SNAPSHOT_STORE", "local") != "local":
         return from_env(os.environ)
     return snapshots.store_for(state_dir, snapshot_dir)

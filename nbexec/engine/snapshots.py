@@ -14,9 +14,9 @@ back by replaying the notebook's executed cells into the new sandbox (`hibernati
 owner (``max_snapshots``) and the files' total (the config's max_data), checked before anything is written.
 A snapshot lives ``ttl`` seconds (NBEXEC_SNAPSHOT_TTL, default 7 days) from its making: past it, it is refused as
 unknown and removed with its files, at the latest on the store's next use by anyone. One being made is out of
-expiry's reach: it is made under another name, locked, and renamed into place whole (a take that died is swept
-once it is unlocked and older than the TTL).
-"""
+expiry's reach: made under another name, locked, renamed into place whole. One whose process died is swept at the
+store's next use (a node's start and janitor too): made and locked under a shared flock of the store's folder (its
+gate), it has no live maker when the gate is held exclusively and its own lock is free, whatever its age."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from nbexec import notebook
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, NbexecError, SessionLimitError, SnapshotError
 from nbexec.files import folders, space, transfer
-from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 
 from . import collect, durable
@@ -53,6 +53,7 @@ MAX_SNAPSHOTS = 8  # per owner
 TTL = 7 * 24 * 3600.0  # seconds a snapshot is kept (NBEXEC_SNAPSHOT_TTL), then removed with its files
 MAX_MANIFEST = 4 * 1024**2
 MAKING = ".making"  # a snapshot's folder while it is made
+GATE_WAIT = 10.0  # seconds a take waits for the store's gate (its folder's flock; see the module docstring)
 _ID = re.compile(r"([0-9a-f]{32})\.([0-9a-f]{32})")
 
 
@@ -146,16 +147,23 @@ class SnapshotStore:
             config.disk_margin_bytes)
         # Made under a name no listing, expiry or restore reads, locked while made, and published whole by a rename.
         making = self.root / f"{raw}{MAKING}"
-        folders.make_output_dir(making, may_exist=False)
         try:
-            with folders.OutputFolder.open(making) as target:
+            with _gate(self._private_root(), fcntl.LOCK_SH, GATE_WAIT):  # no sweep between the mkdir and the lock
+                folders.make_output_dir(making, may_exist=False)
+                target = folders.OutputFolder.open(making)
                 fcntl.flock(target.fd, fcntl.LOCK_EX)
-                self._fill(target, raw, owner, config, nb, sandbox, key)
-                os.rename(making, self.root / raw)
         except BaseException:
+            held.release()
             remove_tree(making)
             raise
+        try:
+            self._fill(target, raw, owner, config, nb, sandbox, key)
+            os.rename(making, self.root / raw)
+        except BaseException:
+            remove_tree(making)  # still locked: no sweep removes it under us
+            raise
         finally:
+            target.close()
             held.release()  # what was written is gone from the free space; nothing more is held
         return snapshot_id
 
@@ -182,7 +190,7 @@ class SnapshotStore:
     def listing(self, owner: str) -> list[Listed]:
         """``owner``'s snapshots, oldest first; every expired snapshot (anyone's) is removed on the way."""
         key, found = self._key(), []
-        self._sweep_unfinished()
+        self.sweep()
         for raw in self._raws():
             who, created = self._header(raw)
             if expired(created, self.ttl):
@@ -194,25 +202,21 @@ class SnapshotStore:
     def _raws(self) -> list[str]:
         return [n for n in os.listdir(self._private_root()) if re.fullmatch(r"[0-9a-f]{32}", n)]
 
-    def _sweep_unfinished(self) -> None:
-        """Remove the folders of takes that never finished (their process died): no take of any process holds
-        their lock, and they are older than the TTL."""
-        for name in os.listdir(self._private_root()):
-            if not re.fullmatch(r"[0-9a-f]{32}" + re.escape(MAKING), name):
-                continue
-            try:
-                fd = os.open(self.root / name, folders.DIR_FLAGS)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                stale = time.time() - os.fstat(fd).st_mtime > self.ttl
-            except OSError:  # held: a take is under way
-                stale = False
-            finally:
-                os.close(fd)
-            if stale:
-                remove_tree(self.root / name)
+    def sweep(self) -> None:
+        """Remove the folders of takes whose process died (see the module docstring); left to the next use when
+        the gate stays busy for a second."""
+        dead: list[tuple[int, str]] = []
+        with contextlib.suppress(SnapshotError), _gate(self._private_root(), fcntl.LOCK_EX, 1.0):
+            for name in filter(re.compile(r"[0-9a-f]{32}" + re.escape(MAKING)).fullmatch, os.listdir(self.root)):
+                with contextlib.suppress(OSError):
+                    fd = os.open(self.root / name, folders.DIR_FLAGS)
+                    if not _locked(fd, fcntl.LOCK_EX):  # its take is under way
+                        os.close(fd)
+                        continue
+                    dead.append((fd, name))
+        for fd, name in dead:  # still locked by this sweep: another one leaves them alone
+            remove_tree(self.root / name)
+            os.close(fd)
 
     def _header(self, raw: str) -> tuple[str | None, float]:
         """The owner and making time a snapshot's manifest names; a folder still being made (no manifest yet)
@@ -304,6 +308,30 @@ class Listed:
     id: str
     created: float
     expires: float
+
+
+@contextlib.contextmanager
+def _gate(root: Path, mode: int, wait: float) -> Iterator[None]:
+    """Hold ``root``'s gate (fcntl ``mode``) within ``wait`` seconds; SnapshotError when it stays busy."""
+    fd = os.open(root, folders.DIR_FLAGS)  # the folder, not a file in it (deleted or planted, a live take was swept)
+    try:
+        give_up = time.monotonic() + wait
+        while not _locked(fd, mode):
+            if time.monotonic() > give_up:
+                raise SnapshotError("the snapshot store stayed busy; try again")
+            time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _locked(fd: int, mode: int) -> bool:
+    """Whether the lock ``mode`` on ``fd`` was had at once."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 def expired(created: Any, ttl: float) -> bool:

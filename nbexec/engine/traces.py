@@ -1,9 +1,9 @@
 """OpenTelemetry spans of each execution, for callers that use OpenTelemetry (the ``otel`` extra).
 
-nbexec never imports OpenTelemetry and never configures a tracer provider or an exporter: spans are made only when
-the process has imported ``opentelemetry.trace`` already (the caller set its tracer provider up, e.g. an SDK
-``TracerProvider`` with an OTLP exporter), through OpenTelemetry's global provider; without one, its API makes
-no-op spans. Without the extra, or when the caller never imported it, nothing is made and nothing imported.
+nbexec never imports OpenTelemetry and never configures a tracer provider or an exporter. Spans are made only when
+the process has imported ``opentelemetry.trace`` already, through OpenTelemetry's global provider. That is when the
+caller set a provider up (an SDK ``TracerProvider`` with an OTLP exporter, say); without one, the API makes no-op
+spans. Without the extra, or when the caller never imported it, nothing is made and nothing imported.
 
 One execution's tree (`nbexec.engine.session.Session.run_notebook`, under ``execute_notebook`` too):
 
@@ -15,10 +15,10 @@ One execution's tree (`nbexec.engine.session.Session.run_notebook`, under ``exec
       nbexec.collect  the outputs and /mnt/data gathered
       nbexec.upload   files and images stored: nbexec.files, nbexec.images
 
-Attributes are names, counts and statuses nbexec chose: never code, outputs, error messages or values, file names
-or environment values; an exception ends a span with its type's name only (``record_exception`` is off). Session and
-execution ids are not in clear either (whoever reads the traces could name a session with one): a span carries
-`pseudonym` of each, a keyed hash that stays the same within the process, so one session's runs still correlate.
+Attributes are names, counts and statuses nbexec chose. They never hold code, outputs, error messages, values, file
+names or environment values. An exception ends a span with its type's name only (``record_exception`` is off).
+Session and execution ids are not in clear either, since whoever reads the traces could name a session with one.
+A span carries the `pseudonym` of each: a keyed hash, stable within the process, so a session's runs correlate.
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ def spanned(name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
 
 @contextlib.contextmanager
 def root(session: Any) -> Iterator[Any | None]:
-    """The root span of ``session``'s next execution, opened early (``execute_notebook`` opens it before the
-    sandbox is acquired, so the acquisition is in it); `execution` settles it."""
+    """The root span of ``session``'s next execution, opened early; `execution` settles it.
+
+    ``execute_notebook`` opens it before the sandbox is acquired, so the acquisition is in it."""
     config = session.config
     with span("nbexec.execute", {"nbexec.session_hash": pseudonym(session.id), "nbexec.image": config.image,
                                  "nbexec.runtime": config.runtime or "default"}) as current:

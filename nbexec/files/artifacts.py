@@ -14,6 +14,7 @@ import hashlib
 import mimetypes
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,8 +78,9 @@ class _Folder:
 class _Collector:
     """One walk of a data folder with directory descriptors (no recursion), copying kept files to ``target``."""
 
-    def __init__(self, source: Path, target: Path | None, limits: Limits, known: Known | None) -> None:
-        self.source, self.target, self.limits = source, target, limits
+    def __init__(self, source: Path, target: Path | None, limits: Limits, known: Known | None,
+                 unchanged: Mapping[str, tuple[int, int, int, int]] | None = None) -> None:
+        self.source, self.target, self.limits, self.unchanged = source, target, limits, unchanged or {}
         self.known, self.now_known = known, Known()
         self.out = Collection()
         self.more_skipped = self.not_kept = self.total = self.examined = 0
@@ -121,6 +123,9 @@ class _Collector:
         if stat.S_ISDIR(st.st_mode):
             return self._enter(folder, parts, st)
         if stat.S_ISREG(st.st_mode):
+            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if self.unchanged and self.unchanged.get(display_name(b"/".join(parts))) == key:
+                return None  # a copy nbexec made of an input, as it made it: not the code's file
             self.seen[st.st_ino] = self.seen.get(st.st_ino, 0) + 1
         reason = _why_skip(st.st_mode, transfer.valid_name(b"/".join(parts)))
         if reason is None and self.limits.max_file and st.st_size > self.limits.max_file:
@@ -280,11 +285,13 @@ def _unlink(root_path: Path, name: str) -> None:
 
 
 def snapshot(source: Path, target: OutputFolder | None, limits: Limits = Limits(), *,
-             known: Known | None = None) -> Collection:
+             known: Known | None = None, unchanged: Mapping[str, tuple[int, int, int, int]] | None = None,
+             ) -> Collection:
     """Collect the regular files under ``source``: sha256, apparent size, MIME type; everything else is listed
     as skipped with a reason. With ``target`` (a host folder made by nbexec), each kept file is copied there
     (0600, hashed in the same pass) and ``File.path`` points at the copy. ``known`` (a session's memory of the
-    last copy) spares copying unchanged files and removes copies of files that are gone."""
+    last copy) spares copying unchanged files and removes copies of files that are gone. A file whose name and
+    identity (inode, size, mtime, ctime) are in ``unchanged`` is left out (the input copies, see inputcopy)."""
     out = Collection()
     try:
         root_fd = os.open(source, transfer.DIR_FLAGS)
@@ -298,7 +305,7 @@ def snapshot(source: Path, target: OutputFolder | None, limits: Limits = Limits(
         os.close(root_fd)
         out.skipped.append(SkippedFile(".", f"the data folder is unreadable: {exc.strerror}"))
         return out
-    collector = _Collector(source, target.path if target is not None else None, limits, known)
+    collector = _Collector(source, target.path if target is not None else None, limits, known, unchanged)
     collector.run(_Folder(root_fd, (), names, None, target_fd))
     return collector.finish()
 

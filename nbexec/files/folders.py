@@ -1,25 +1,28 @@
 """nbexec's folders on the host: private roots in the temporary folder, output folders held by descriptor, retention.
 
-Every folder nbexec makes is created with mode 0700 (its files 0600); one that already exists is checked through a
-descriptor opened with O_NOFOLLOW before it is used: a real folder, owned by this uid, not writable by group or
-others. An output folder is opened once and every later write goes through that descriptor (``openat``-style), so
-no component of its path can be swapped for a link between two writes.
+Every folder nbexec makes is created with mode 0700 (its files 0600). One that already exists is checked before
+use, through a descriptor opened with O_NOFOLLOW: a real folder, owned by this uid, not writable by group or
+others. An output folder is opened once, and every later write goes through that descriptor (``openat``-style).
+So no component of its path can be swapped for a link between two writes.
 
-A folder that receives a sandbox's files (an output folder, before its ``data`` sub-folder is made; a sandbox's
-working folder) carries `MARK`: whatever lies below it came from a sandbox, and `nbexec.cli.envfile` never loads
-a `.env` from there.
+A folder that receives a sandbox's files carries `MARK`: an output folder, before its ``data`` sub-folder is
+made, and a sandbox's working folder. Whatever lies below it came from a sandbox, so `nbexec.cli.envfile` never
+loads a `.env` from there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from nbexec.errors import ConfigError
 from nbexec.hostconfig import host_from_env
@@ -110,9 +113,11 @@ def make_output_dir(path: Path, *, may_exist: bool) -> Path:
 
 
 def output_dir(requested: str | os.PathLike[str] | None, name: str) -> Path:
-    """A run's output folder (0700): ``<tmp>/nbexec-output-<uid>/<name>`` when none is ``requested``; a requested
-    one that exists must be an empty real folder of ours, else ConfigError."""
+    """A run's output folder (0700): ``<tmp>/nbexec-output-<uid>/<name>`` when none is ``requested``.
+
+    A requested one that exists must be an empty real folder of ours, else ConfigError."""
     if requested is None:
+        prune_outputs()
         return make_output_dir(output_root() / name, may_exist=False)
     return make_output_dir(Path(requested).absolute(), may_exist=True)
 
@@ -135,9 +140,10 @@ class OutputFolder:
         return cls(path, _open_checked(path, what="output folder"))
 
     def child(self, name: str) -> OutputFolder:
-        """The sub-folder ``name``, made when missing; it must be a real folder of ours. Before the sandbox's
-        files get a ``data`` sub-folder, this folder is marked as holding them (`mark`), unless a folder above
-        already is (a sandbox's own sub-folder named data gets no mark)."""
+        """The sub-folder ``name``, made when missing; it must be a real folder of ours.
+
+        Before the sandbox's files get a ``data`` sub-folder, this folder is marked as holding them (`mark`).
+        A folder above may be marked already: then a sandbox's own sub-folder named data gets no mark."""
         if name == DATA and marked(self.path) is None:
             mark(self.fd)
         with contextlib.suppress(FileExistsError):
@@ -203,11 +209,49 @@ def older_than(seconds: float) -> list[Path]:
     return sorted(found)
 
 
+KEEP_OUTPUTS_DAYS = 7  # a folder in output_root() unchanged this long is removed (docs/cli.md, "The output folder")
+_pruned = False
+
+
+def prune_outputs(days: float = KEEP_OUTPUTS_DAYS) -> list[Path]:
+    """Remove the folders in `output_root` unchanged for ``days``; returns those removed.
+
+    It runs once per process, before its first default output folder is made. Only the library's own folders are
+    there: a folder the caller named never is."""
+    global _pruned
+    if _pruned:
+        return []
+    _pruned = True
+    root, cutoff, removed = output_root(), time.time() - days * 86400, []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and st.st_mtime < cutoff:
+                _remove(Path(entry.path))
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder of sandbox files without following links, despite read-only modes a sandbox gave them."""
+    def writable(func: Any, target: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), stat.S_IRWXU)
+        with contextlib.suppress(OSError):
+            func(target)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=writable)
+    else:
+        shutil.rmtree(path, onerror=writable)
+
+
 @contextlib.contextmanager
 def socket_address(path: Path) -> Iterator[str]:
-    """The address to bind or connect the Unix socket at ``path`` by, however long its folder's name: an address
-    holds 107 bytes, so it goes through a descriptor of the folder (/proc/self/fd/N/name), which is short and never
-    re-resolves the folder. The descriptor is open for the block: bind or connect inside it."""
+    """The address to bind or connect the Unix socket at ``path`` by, however long its folder's name.
+
+    An address holds 107 bytes, so it goes through a descriptor of the folder (/proc/self/fd/N/name). That is
+    short and never re-resolves the folder. The descriptor is open for the block: bind or connect inside it."""
     folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         yield f"/proc/self/fd/{folder}/{path.name}" if os.path.isdir("/proc/self/fd") else str(path)

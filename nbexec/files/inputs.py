@@ -1,7 +1,9 @@
-"""The input folder a notebook brings: the folder it lies in, mounted read-only at /mnt/input with its entries linked
-from the kernel's working folder (how `nbexec run FILE` and `execute_notebook(Path(...))` let `open('data.csv')`
-read the file next to the notebook). What the mount shows and hides is the sandbox's business
-(`sandbox.docker.container`); this only chooses the folder. Pure but for resolving the path."""
+"""The input folder a notebook brings: the folder it lies in.
+
+It is mounted read-only at /mnt/input and copied into the kernel's working folder. That is how `nbexec run FILE`
+lets `open('data.csv')` read, and overwrite, the file next to the notebook; the host's copy stays untouched.
+The sandbox decides what the mount shows and what is copied (`sandbox.docker.inputmount`, `inputcopy`); this
+module only chooses the folder. It is pure but for resolving the path."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ log = logging.getLogger(__name__)
 
 
 def with_folder(config: SandboxConfig, path: Path) -> SandboxConfig:
-    """The config with ``path``'s folder as the read-only input folder (its entries linked from the kernel's
-    working folder), unless one is set, the input is stdin, or the folder is the home folder or / (too much to
-    show untrusted code: mount a narrower folder with --mount-input / input_dir)."""
+    """The config with ``path``'s folder as the read-only input folder, linked from the kernel's working folder.
+
+    Nothing changes when a folder is set, the input is stdin, or the folder is the home folder or /. Those show
+    untrusted code too much: mount a narrower folder with --mount-input / input_dir."""
     if config.input_dir is not None or str(path) == "-" or host_from_env().nodes:  # nodes mount no host folder
         return config
     folder = Path(path).resolve().parent

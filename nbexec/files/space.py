@@ -1,20 +1,19 @@
-"""Host disk admitted before it is used: what one sandbox may write on this host, and a ledger of what the
-sandboxes admitted so far may still write.
+"""Host disk admitted before it is used: what one sandbox may write here, and a ledger of what admitted sandboxes
+may still write.
 
 A sandbox writes the host's disk in a few places, each capped by a limit the kernel or nbexec enforces (`share`):
-its /mnt/data filesystem, an image file in its working folder (max_data); the copy of its files in the output
-folder (max_data); image files (max_display); the notebook, written next to its previous version before
-replacing it (twice max_output + max_display); and wheels fetched for it into the wheel cache
-(max_package_download, when packages are on). Docker keeps the container's own log, capped at about 1 MiB by the
-container's log options; the root filesystem is read-only and /tmp, $HOME and /dev/shm live in memory.
+- its /mnt/data filesystem, an image file in its working folder (max_data);
+- the copy of its files in the output folder (max_data), and image files (max_display);
+- the notebook, written beside its previous version before replacing it (twice max_output + max_display);
+- wheels fetched for it into the wheel cache (max_package_download, when packages are on).
+Docker's log of the container is capped at about 1 MiB. The root filesystem is read-only; /tmp, $HOME and
+/dev/shm live in memory.
 
-`reserve` admits one sandbox: for each filesystem it will write, the free space (statvfs ``f_bavail``) less what
-earlier reservations on that filesystem may still write must be at least what this one may write there plus
-``disk_margin``, else DiskSpaceError. Reservations are recorded in the `ledger`, shared by this uid's nbexec
-processes, and checked and recorded under its lock, so concurrent starts (threads or processes) cannot all pass
-on the same free space. A reservation ends with its owner (the sandbox is destroyed), or with its process. What
-an owner already wrote is gone from the free space, so the part of its data image already allocated no longer
-counts as held.
+`reserve` admits one sandbox. On each filesystem it will write, the free space (statvfs ``f_bavail``) less what
+earlier reservations may still write must cover its needs plus ``disk_margin``; else DiskSpaceError.
+Reservations live in the `ledger`, shared by this uid's nbexec processes. They are checked and recorded under its
+lock, so concurrent starts cannot all pass on the same free space. A reservation ends with its sandbox, or with
+its process. What a sandbox already wrote is gone from the free space, so it no longer counts as held.
 """
 
 from __future__ import annotations
@@ -78,8 +77,9 @@ def size(count: float) -> str:
 
 @dataclass(frozen=True)
 class Need:
-    """``count`` bytes a sandbox may write on the filesystem of ``path``; ``grows`` is a file of it whose
-    allocated blocks are already written (and so already gone from the free space)."""
+    """``count`` bytes a sandbox may write on the filesystem of ``path``.
+
+    ``grows`` is a file of it whose allocated blocks are already gone from the free space."""
 
     path: Path
     count: int
@@ -100,8 +100,9 @@ def sandbox_needs(config: SandboxConfig, workdir: Path) -> list[Need]:
 
 
 def reserve_outputs(config: SandboxConfig, folder: Path) -> Reservation | None:
-    """Admit the output share of a sandbox of ``config`` on ``folder``'s filesystem, when it is not the default
-    output folder's (where every sandbox already holds it); None when nothing more is held."""
+    """Admit the output share of a sandbox of ``config`` on ``folder``'s filesystem; None when nothing more is held.
+
+    The default output folder's filesystem needs nothing more: every sandbox already holds its share there."""
     if _device(folder)[0] == _device(output_root())[0]:
         return None
     return reserve([Need(folder, share(config).outputs, "the copy of its files, its images and notebook")],
@@ -134,8 +135,9 @@ def _free(path: Path) -> int:
 
 
 def _held(records: list[list[ledger.Held]]) -> dict[int, int]:
-    """Bytes the recorded sandboxes may still write, by filesystem (a growing file's written blocks are in
-    use already, so they are no longer held)."""
+    """Bytes the recorded sandboxes may still write, by filesystem.
+
+    A growing file's written blocks are in use already, so they are no longer held."""
     held: dict[int, int] = {}
     for record in records:
         for device, count, grows in record:
@@ -148,9 +150,10 @@ def _held(records: list[list[ledger.Held]]) -> dict[int, int]:
 
 
 def reserve(needs: Sequence[Need], margin: int, *, action: str = "start a sandbox") -> Reservation:
-    """Admit one sandbox (or one ``action`` of one): hold ``needs`` on their filesystems, or raise DiskSpaceError
-    (nothing held) when one of them has less free space, beyond what sandboxes admitted before (in any process)
-    hold, than its needs plus ``margin``."""
+    """Admit one sandbox, or one ``action`` of one: hold ``needs`` on their filesystems.
+
+    DiskSpaceError, with nothing held, when a filesystem's free space less what earlier sandboxes hold (in any
+    process) is below its needs plus ``margin``."""
     placed = [(*_device(need.path), need) for need in needs if need.count > 0]
     with ledger.locked() as fd:
         held = _held(ledger.records(fd))
@@ -187,8 +190,9 @@ class Room:
 
 
 def room(config: SandboxConfig, workdir: Path) -> Room:
-    """Room for sandboxes of ``config`` working under ``workdir``: the tightest of the filesystems they write,
-    after what admitted sandboxes hold and the margin."""
+    """Room for sandboxes of ``config`` working under ``workdir``.
+
+    The tightest filesystem they write decides, after what admitted sandboxes hold and the margin."""
     tightest: Room | None = None
     placed = [(*_device(need.path), need) for need in sandbox_needs(config, workdir) if need.count > 0]
     for device in {where for where, _, _ in placed}:

@@ -1,15 +1,14 @@
 """A state folder: where durable sessions keep their records, held by one live process at a time.
 
-The folder is made private (0700, checked through a descriptor when it exists); each record is a file of its own
-(0600), written atomically through the folder's descriptor (a new file, fsynced, renamed over the old one) and read
-back within a size cap, never through a link. One process holds the folder: an exclusive ``flock`` on its
-``lock`` file, taken without waiting (a second holder is refused with what to do). The holder writes who it is
-(``holder``: boot id, pid and start time) and touches it on every record it writes, so that a sweep of another
-process can tell a live holder, a dead one that may come back (within ``grace`` of its last write), and one that
-never came back.
+The folder is made private (0700, checked through a descriptor when it exists). Each record is a file of its own
+(0600). It is written atomically through the folder's descriptor (a new file, fsynced, renamed over the old one),
+and read back within a size cap, never through a link. One process holds the folder: an exclusive ``flock`` on
+its ``lock`` file, taken without waiting. A second holder is refused with what to do. The holder writes who it is
+(``holder``: boot id, pid and start time) and touches it with every record. So another process's sweep can tell a
+live holder, a dead one that may come back (within ``grace`` of its last write), and one that never came back.
 
-Sandboxes a state folder keeps carry its ``claim`` (``<identity>:<path>``, the identity a random id written once):
-a sweep keeps them while `claim_alive` says so, and removes them as any dead owner's afterwards.
+Sandboxes a state folder keeps carry its ``claim``: ``<identity>:<path>``, the identity a random id written once.
+A sweep keeps them while `claim_alive` says so, and afterwards removes them as any dead owner's.
 """
 
 from __future__ import annotations
@@ -135,8 +134,9 @@ class StateFolder:
             os.fsync(self.fd)
 
     def read(self, name: str, *, limit: int = MAX_RECORD) -> bytes | None:
-        """The bytes of record ``name``, or None when there is none (or it is not a regular file of ours, or
-        larger than ``limit``: such a record is not read)."""
+        """The bytes of record ``name``, or None when there is none.
+
+        None too when it is not a regular file of ours, or is larger than ``limit`` (such a record is not read)."""
         if not valid_name(name):
             return None
         try:
@@ -216,8 +216,10 @@ def hold(path: str | os.PathLike[str]) -> StateFolder:
 
 
 def claim_alive(claim: str, *, now: float | None = None) -> bool:
-    """Whether the state folder a sandbox's ``claim`` names still wants it: the folder is there with that
-    identity, and its holder runs, or died less than `grace` seconds after its last write."""
+    """Whether the state folder a sandbox's ``claim`` names still wants it.
+
+    It does while the folder is there with that identity and its holder runs, or died less than `grace` seconds
+    after its last write."""
     identity, _, path = claim.partition(":")
     if not re.fullmatch(r"[0-9a-f]{32}", identity) or not path.startswith("/"):
         return False

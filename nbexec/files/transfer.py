@@ -1,8 +1,10 @@
-"""One file at a time through directory descriptors, never through a link: into /mnt/data from the host (``put``),
-out of it (``open_stream``, ``get``), and into nbexec's own output folders (``write_new``, ``replace``, images).
+"""One file at a time through directory descriptors, never through a link.
 
-A name is a plain relative path (no ``..``, UTF-8, printable); each component is opened with O_NOFOLLOW from its
-parent's descriptor, and what is read is a regular file by fstat, never read past the size seen there.
+Files go into /mnt/data from the host (``put``), out of it (``open_stream``, ``get``), and into nbexec's own
+output folders (``write_new``, ``replace``, images).
+
+A name is a plain relative path (no ``..``, UTF-8, printable). Each component is opened with O_NOFOLLOW from its
+parent's descriptor. What is read must be a regular file by fstat, and is never read past the size seen there.
 """
 
 from __future__ import annotations
@@ -60,10 +62,11 @@ def open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:
 
 def save_images(images: Iterable[ImageData], folder: OutputFolder, *,
                 max_bytes: int = 0) -> tuple[list[Image], list[str]]:
-    """Write image outputs into ``folder``/images as ``images`` yields them (one decoded image held at a time);
-    names are made here, never taken from the code. The same bytes shown again (a display update reaching many
-    outputs) are written once and listed again with that file. Past ``max_bytes`` of distinct images in total
-    (0: no cap) the rest are not saved: the images listed are always the first ones, and a note says so."""
+    """Write image outputs into ``folder``/images as ``images`` yields them, one decoded image at a time.
+
+    Names are made here, never taken from the code. The same bytes shown again (a display update reaching many
+    outputs) are written once and listed again. Past ``max_bytes`` of distinct images (0: no cap) the rest are not
+    saved. The images listed are always the first ones, and a note says so."""
     saved: list[Image] = []
     written: dict[bytes, tuple[Path, int]] = {}  # sha256 -> the file that holds those bytes, its size
     counts: dict[int, int] = {}
@@ -87,8 +90,9 @@ def save_images(images: Iterable[ImageData], folder: OutputFolder, *,
 
 
 def write_new(folder: OutputFolder, name: str, content: bytes) -> Path:
-    """Create ``name`` in ``folder`` exclusively (through its descriptor, never through a link), adding a suffix
-    if the name is taken; the file is private (0600) unless the folder is shared. Returns its shown path."""
+    """Create ``name`` in ``folder`` exclusively, through its descriptor; returns its shown path.
+
+    A taken name gets a suffix. The file is private (0600) unless the folder is shared."""
     stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
     candidate = name
     for attempt in range(1, 1000):
@@ -111,8 +115,9 @@ def replace(folder: OutputFolder, name: str, content: bytes) -> Path:
     return folder.path / name
 
 def relative_parts(name: str) -> tuple[bytes, ...]:
-    """The components of ``name`` inside /mnt/data: relative, or absolute under /mnt/data (``/mnt/data/x`` is
-    ``x``); any other absolute name is refused, never read as relative (``/etc/x`` is not ``etc/x``)."""
+    """The components of ``name`` inside /mnt/data: relative, or absolute under /mnt/data (``/mnt/data/x`` is ``x``).
+
+    Any other absolute name is refused, never read as relative: ``/etc/x`` is not ``etc/x``."""
     plain = name.replace("\\", "/")
     if plain.startswith("/"):
         inside = plain.removeprefix(DATA_DIR)
@@ -130,9 +135,10 @@ def relative_parts(name: str) -> tuple[bytes, ...]:
 
 
 def put(data_dir: Path, name: str, content: bytes | BinaryIO, *, owner: tuple[int, int] | None = None) -> None:
-    """Write ``content`` (bytes, or a binary file streamed in chunks) to /mnt/data/``name`` from the host,
-    replacing any entry there but never following it. Past the data filesystem's space or inodes it fails
-    with a FileTransferError that says so, and leaves nothing behind."""
+    """Write ``content`` (bytes, or a binary file streamed in chunks) to /mnt/data/``name`` from the host.
+
+    It replaces any entry there but never follows it. Past the data filesystem's space or inodes it fails with a
+    FileTransferError that says so, and leaves nothing behind."""
     parts = relative_parts(name)
     root = os.open(data_dir, DIR_FLAGS)
     try:
@@ -189,8 +195,9 @@ def _put_error(name: str, exc: OSError) -> FileTransferError:
 
 
 def get(data_dir: Path, name: str, *, max_bytes: int = 0) -> bytes:
-    """Read /mnt/data/``name`` from the host: a regular file only, never through a link; refused by its size
-    at fstat when over ``max_bytes``, and never read past that size."""
+    """Read /mnt/data/``name`` from the host: a regular file only, never through a link.
+
+    Over ``max_bytes`` at fstat it is refused, and it is never read past that size."""
     _, chunks = open_stream(data_dir, name, max_bytes=max_bytes)
     try:
         return b"".join(chunks)
@@ -201,7 +208,7 @@ def get(data_dir: Path, name: str, *, max_bytes: int = 0) -> bytes:
 def open_stream(data_dir: Path, name: str, *, max_bytes: int = 0, chunk: int = 1 << 20) -> tuple[int, FileChunks]:
     """Open ``data_dir/name`` for streaming: (its size at open, an iterator of at most that many bytes).
 
-    Opened through directory descriptors without following links, a regular file by fstat; a size over
+    Opened through directory descriptors without following links, a regular file by fstat. A size over
     ``max_bytes`` (0: no cap) raises FileTooLargeError before anything is read. The file is closed when the
     iterator ends or is dropped.
     """
@@ -243,8 +250,9 @@ class Readable(Protocol):
 
 
 class FileChunks:
-    """At most ``size`` bytes of an open file, ``chunk`` at a time; the file is closed at the end, by ``close()``,
-    or when the iterator is dropped unread (a client that left, an upload that failed)."""
+    """At most ``size`` bytes of an open file, ``chunk`` at a time.
+
+    The file is closed at the end, by ``close()``, or when the iterator is dropped unread (a client left)."""
 
     def __init__(self, handle: Readable, size: int, chunk: int) -> None:
         self._handle, self._left, self._chunk = handle, size, chunk

@@ -1,8 +1,8 @@
 """A LangChain tool that runs Python in nbexec's sandbox (needs the langchain extra: langchain-core).
 
-The tool answers ``(content, artifact)`` (``response_format="content_and_artifact"``): the content is the text
-for the model, followed by the images as standard image blocks; the artifact is the ExecutionResult, for the
-application. When the code raised, the ToolMessage has ``status="error"`` (and no artifact).
+The tool answers ``(content, artifact)`` (``response_format="content_and_artifact"``). The content is the text for
+the model, then the images as standard image blocks. The artifact is the ExecutionResult, for the application.
+When the code raised, the ToolMessage has ``status="error"`` and no artifact.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ def execute_python_tool(config: SandboxConfig | None = None, *, sessions: Sessio
                         store: ArtifactStore | None = None, name: str = tools.DEFAULT_NAME,
                         budget: int = tools.DEFAULT_BUDGET, conversation: str | None = None,
                         on_result: Callable[[ExecutionResult], None] | None = None) -> StructuredTool:
-    """A StructuredTool named ``execute_python``; stateful when given a SessionManager (sessions are found only
-    by the ``conversation`` that made them, when one manager serves several), and only then with a
-    ``session_id`` argument."""
+    """A StructuredTool named ``execute_python``; stateful, with a ``session_id`` argument, given a SessionManager.
+
+    When one manager serves several conversations, a session is found only by the ``conversation`` that made it."""
 
     def run(code: str, session_id: str | None = None) -> tuple[Content, ExecutionResult]:
         arguments: dict[str, Any] = {"code": code}

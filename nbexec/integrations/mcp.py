@@ -62,7 +62,7 @@ try:
     )
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-    from . import mcpcalls, mcpsnapshots
+    from . import mcpargs, mcpcalls, mcpsnapshots, sessionview
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("`nbexec mcp` needs the mcp extra: pip install 'nbexec-sandbox[mcp]'") from exc
 
@@ -200,7 +200,8 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         client = clients.client(ctx.request_context)
         try:
             session = clients.session_for(client, image=image, language=language)
-            result = await mcpcalls.interruptible(session, functools.partial(session.run, code))
+            result = await mcpcalls.interruptible(session, functools.partial(
+                sessionview.revived, session, functools.partial(session.run, code)))
         except NbexecError as exc:
             return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
         return answer(result, client)
@@ -209,7 +210,8 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         client = clients.client(ctx.request_context)
         try:
             session = clients.session_for(client)
-            result = await mcpcalls.interruptible(session, functools.partial(session.shell, command))
+            result = await mcpcalls.interruptible(session, functools.partial(
+                sessionview.revived, session, functools.partial(session.shell, command)))
         except NbexecError as exc:
             return CallToolResult(content=[TextContent(text=f"Tool error: {exc}")], is_error=True)
         return answer(result, client)
@@ -232,7 +234,8 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
         return CallToolResult(content=[TextContent(text=f"Saved {path}; code and shell commands can read it.")])
 
     def answer(result: ExecutionResult, client: _Client) -> CallToolResult:
-        shown = clients.publish(client, result)
+        shown = sessionview.only_changed(client.session, clients.publish(client, result)) if client.session else \
+            clients.publish(client, result)
         content: list[Any] = [TextContent(text=tools.render_for_llm(shown, budget=budget))]
         content += [Image(path=image.path).to_image_content() for image in result.images
                     if image.mime != "image/svg+xml"]
@@ -242,7 +245,9 @@ def build(config: SandboxConfig, *, max_sessions: int = 16, budget: int = tools.
                           lambda client: clients.session_for(client))
 
     server.middleware.append(functools.partial(own_resources, clients=clients))
-    server.middleware.append(functools.partial(declared_arguments, images=config.images,
+    server.middleware.append(functools.partial(mcpargs.declared, images=config.images,
+                                               languages=tools.offered(config)))
+    server.middleware.append(functools.partial(mcpargs.friendly, server=server, images=config.images,
                                                languages=tools.offered(config)))
     return server, clients
 
@@ -263,19 +268,6 @@ async def own_resources(ctx: ServerRequestContext[Any, Any], call_next: CallNext
     mime = client.files.get(uri, ("", "application/octet-stream"))[1]
     return ReadResourceResult(contents=[BlobResourceContents(
         uri=uri, blob=base64.b64encode(content).decode("ascii"), mime_type=mime)])
-
-
-async def declared_arguments(ctx: ServerRequestContext[Any, Any], call_next: CallNext, *,
-                             images: tuple[str, ...] = (), languages: tuple[str, ...] = ()) -> HandlerResult:
-    """List ``execute_python`` with the parameters of ``tools.ToolArguments`` (the schema the OpenAI and Anthropic
-    tools use; ``image`` only when named images are allowed, ``language`` when languages are offered), not the
-    one the SDK derives from the handler's signature. mcp 2.3 hands middleware the listing already serialized."""
-    result = await call_next(ctx)
-    if ctx.method == "tools/list" and isinstance(result, dict):
-        for tool in result.get("tools", []):
-            if isinstance(tool, dict) and tool.get("name") == tools.DEFAULT_NAME:
-                tool["inputSchema"] = tools.json_schema(images=images, languages=languages)
-    return result
 
 
 # -- serving ------------------------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
-"""What `nbexec mcp`'s tools do with a client's session: run a call so the client's cancellation interrupts it, put
-an uploaded file into /mnt/data, run a shell command.
+"""What `nbexec mcp`'s tools do with a client's session.
 
-Cancellation: the SDK applies ``notifications/cancelled`` by cancelling the handler's scope (and never answers the
-request). The run is a worker thread the cancellation cannot stop, so the handler, shielded, interrupts the
-session's kernel until the run has ended: its cell stops, the session's lock is free for the next call, and the
-interrupted cell is recorded as it happened (an error, never ok) in the session's notebook.
+They run a call that the client's cancellation interrupts, put an uploaded file into /mnt/data, and run shell
+commands.
 
-Uploads: the name and size are checked before a byte is decoded or written (`upload_checked`): a plain name (no
-folder, no absolute path, no ``..``, no NUL or control characters, at most 255 bytes), base64 content within the
-argument limit, decoded size within max_data, and room for one more file under max_files.
+Cancellation: the SDK applies ``notifications/cancelled`` by cancelling the handler's scope, and never answers.
+The run is a worker thread that cancellation cannot stop. So the handler, shielded, interrupts the session's
+kernel until the run has ended. Its cell stops, the session's lock is free for the next call, and the notebook
+records the cell as interrupted (an error, never ok).
+
+Uploads: `upload_checked` checks the name and size before a byte is decoded or written. The name must be plain: no
+folder, absolute path, ``..``, NUL or control character, at most 255 bytes. The base64 content must fit the
+argument limit, its decoded size max_data, and one more file must fit under max_files.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ UPLOAD_DESCRIPTION = ("Put a file into /mnt/data (the working directory of code 
 
 
 async def interruptible(session: Session, call: Callable[[], T]) -> T:
-    """``call()`` (a run of ``session``) in a worker thread; if the handler is cancelled (the client's
-    ``notifications/cancelled``), the session is interrupted until the call has ended, then the cancellation goes
+    """``call()``, a run of ``session``, in a worker thread that the client's cancellation interrupts.
+
+    When the handler is cancelled, the session is interrupted until the call has ended; then the cancellation goes
     on. A run that had not reached its cell yet (starting the sandbox, installing) is interrupted once it does."""
     finished = threading.Event()
     outcome: list[T] = []

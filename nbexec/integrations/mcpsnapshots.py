@@ -1,10 +1,12 @@
-"""`nbexec mcp`'s snapshot tools: keep a client's session as a snapshot, list and delete its snapshots, and replace
-its session with one started from a snapshot id (see `nbexec.engine.snapshots`: ids signed for their owner, every
-file checked before use, expired after NBEXEC_SNAPSHOT_TTL).
+"""`nbexec mcp`'s snapshot tools.
 
-A snapshot's owner is the bearer token of the connection that made it (`principal_of`): another token's id is "no
-snapshot of yours", its snapshots are not listed and do not count against the caller's cap. Without tokens (stdio,
-or HTTP on loopback) every client is the one owner `MCP_OWNER`.
+They keep a client's session as a snapshot, list and delete its snapshots, and replace its session with one
+started from a snapshot id. `nbexec.engine.snapshots` signs ids for their owner, checks every file before use and
+expires snapshots after NBEXEC_SNAPSHOT_TTL.
+
+A snapshot's owner is the bearer token of the connection that made it (`principal_of`). Another token's id is
+"no snapshot of yours"; its snapshots are not listed and do not count against the caller's cap. Without tokens
+(stdio, or HTTP on loopback) every client is the one owner `MCP_OWNER`.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def _failed(exc: NbexecError) -> CallToolResult:
 
 def register(server: MCPServer, manager: SessionManager, client_of: Callable[[Context], Any],
              session_of: Callable[[Any], Session]) -> None:
-    """Add the snapshot tools to ``server`` (sessions of ``manager``; a client is what ``client_of`` makes of a
-    call's context, with ``owner``, ``session`` and ``files``)."""
+    """Add the snapshot tools to ``server``, for sessions of ``manager``.
+
+    A client is what ``client_of`` makes of a call's context: its ``owner``, ``session`` and ``files``."""
     def store() -> Any:
         return snapshotblobs.store_for(manager.state_dir)
 

@@ -21,17 +21,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nbexec import notebook
 from nbexec.config import SandboxConfig, from_env
 from nbexec.engine.execute import execute_notebook
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
 from nbexec.errors import CellTooLargeError, ConfigError, NbexecError, SessionError
 from nbexec.files.folders import output_root
+from nbexec.files.workdir import remove_tree
 from nbexec.result import ExecutionResult
-from nbexec.sandbox.docker.container import remove_tree
 from nbexec.stores.storage import ArtifactStore
 
-from . import tools
+from . import sessionview, tools
 
 
 def _field(obj: Any, name: str, default: Any = None) -> Any:
@@ -153,7 +154,8 @@ def run(arguments: Mapping[str, Any], *, config: SandboxConfig | None = None, se
 def _one_shot(arguments: Mapping[str, Any], config: SandboxConfig | None,
               store: ArtifactStore | None) -> ExecutionResult | str:
     if not arguments.get("shell"):
-        return execute_notebook(arguments["code"], config=config, store=store)
+        config = config or from_env()  # the model's code is built as code: a str naming a file is never a path
+        return execute_notebook(notebook.build(arguments["code"], config.language), config=config, store=store)
     if arguments.get("command") is None:
         return "There is nothing to restart: each call without sessions runs in a fresh sandbox."
     session = Session(config or from_env(), ttl=None, store=store, one_shot=True)
@@ -164,12 +166,13 @@ def _one_shot(arguments: Mapping[str, Any], config: SandboxConfig | None,
 
 
 def _in_session(session: Session, arguments: Mapping[str, Any]) -> ExecutionResult | str:
-    if not arguments.get("shell"):
-        return session.run(arguments["code"])
+    if not arguments.get("shell"):  # a dead kernel is replaced (the model has no restart); only new files listed
+        result = sessionview.revived(session, lambda: session.run(arguments["code"]))
+        return sessionview.only_changed(session, result)
     if arguments.get("command") is None:  # Anthropic's bash tool: {"restart": true}
         session.restart()
         return RESTARTED
-    return session.shell(arguments["command"])
+    return sessionview.revived(session, lambda: session.shell(arguments["command"]))
 
 
 def outcome(raw_arguments: Any, on_result: Callable[[ExecutionResult], None] | None = None, *, shell: bool = False,

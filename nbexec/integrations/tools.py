@@ -12,6 +12,8 @@ from nbexec.names import DEFAULT_IMAGE_NAME
 from nbexec.notebook.outputs import clean, strip_ansi
 from nbexec.result import ExecutionResult
 
+from . import wording
+
 DEFAULT_NAME = "execute_python"  # never "python": models tuned on ChatGPT's tool send that one bare strings
 DEFAULT_BUDGET = 8000
 LIBRARIES = "numpy, pandas, matplotlib, scipy, seaborn, scikit-learn, pillow, openpyxl, sympy"
@@ -131,13 +133,14 @@ def shell_description(config: SandboxConfig | None = None, *, stateful: bool = F
 
 
 def limits(config: SandboxConfig) -> str:
-    """The limits a call runs under, from the config, as one or two sentences."""
-    cell = f" ({config.cell_timeout:g} s per cell)" if config.cell_timeout and config.cell_timeout < config.timeout \
-        else ""
-    data = f"{config.max_data} of files in /mnt/data" if config.max_data_bytes else "files in /mnt/data"
-    return (f"Each call is limited to {config.timeout:g} s{cell}, {config.memory} of memory and "
-            f"{config.cpus:g} CPU; printed text past {config.max_output} per call is dropped; at most "
-            f"{config.max_files} {data} come back.")
+    """The limits a call runs under, from the config, as one or two sentences a person would write."""
+    cell = f" ({wording.duration(config.cell_timeout)} per cell)" \
+        if config.cell_timeout and config.cell_timeout < config.timeout else ""
+    data = f" ({wording.size(config.max_data_bytes)} in all)" if config.max_data_bytes else ""
+    cpus = f"{config.cpus:g} CPU{'' if config.cpus == 1 else 's'}"
+    return (f"Each call is limited to {wording.duration(config.timeout)}{cell}, {wording.size(config.memory)} of "
+            f"memory and {cpus}; printed text past {wording.size(config.max_output)} per call is dropped; at most "
+            f"{wording.count(config.max_files, 'file')}{data} in /mnt/data come back.")
 
 
 def json_schema(*, sessions: bool = False, images: tuple[str, ...] = (), languages: tuple[str, ...] = (),
@@ -238,14 +241,38 @@ def _trim_traceback(lines: tuple[str, ...]) -> list[str]:
     return kept + note + [lines[-1]]
 
 
+_NETWORK_NAMES = {"ConnectionError", "URLError", "gaierror", "ConnectTimeout", "ConnectError", "MaxRetryError",
+                  "NewConnectionError", "ProxyError", "ConnectionRefusedError", "ClientConnectorError",
+                  "NameResolutionError"}
+_NETWORK_SAID = ("Name or service not known", "Temporary failure in name resolution", "Network is unreachable",
+                 "Failed to establish a new connection", "No address associated with hostname", "Failed to resolve",
+                 "Tunnel connection failed", "Connection refused")
+NO_NETWORK = ("The code failed to reach the network. Internet access in this sandbox is off by default (the tool "
+              "description says whether it is on here, and for which hosts), so calling again will fail the same "
+              "way: do not retry the download. Use the files in /mnt/data, or data the code makes itself.")
+KERNEL_DIED = ("The kernel's process ended and its variables are lost (see why above). Your next call starts a fresh "
+               "kernel: run again the imports and definitions you need, without what ended the process.")
+
+
+def reached_for_network(result: ExecutionResult) -> bool:
+    """Whether the code failed trying to reach the network (by the exception's name or what it says)."""
+    error = result.error
+    if error is None or error.kind != "exception":
+        return False
+    said = f"{error.evalue}\n{error.traceback[-1] if error.traceback else ''}"
+    return error.ename in _NETWORK_NAMES or any(text in said for text in _NETWORK_SAID)
+
+
 def _hint(result: ExecutionResult) -> str:
     error = result.error
     assert error is not None
+    if reached_for_network(result):
+        return NO_NETWORK
     return {
         "exception": "Fix the code and call the tool again.",
         "timeout": "The code ran out of time: make it faster or work on less data, then call the tool again.",
         "oom": "The code ran out of memory: use less (smaller data, chunks), then call the tool again.",
-        "kernel_died": "The kernel's process ended and its variables are lost (see why above); retry without it.",
+        "kernel_died": KERNEL_DIED,
         "limit": "Too much data was written to /mnt/data: write less and call the tool again.",
     }.get(error.kind, "Fix the code and call the tool again.")
 
@@ -272,14 +299,23 @@ def _error_part(result: ExecutionResult) -> str:
     return f"Error ({error.kind}): {clean(error.ename)}\n{trace}\n{_hint(result)}"
 
 
+def served(url: str | None) -> str:
+    """`` (URL)`` when a store serves the file at a URL the model may hand on (https, an MCP resource); never a
+    host path or file:// link, which nobody but this host can open."""
+    return f" ({clean(url)})" if url and url.split(":", 1)[0].lower() in _SERVED else ""
+
+
+_SERVED = ("https", "http", "nbexec")
+
+
 def _listing(result: ExecutionResult) -> str:
     parts = []
     if result.files:
-        parts.append("Files in /mnt/data:\n" + "\n".join(
-            f"- {clean(f.name)} ({f.size:,} bytes): {clean(f.url or f.path)}" for f in result.files))
+        parts.append("Files in /mnt/data (link to them as shown):\n" + "\n".join(
+            f"- sandbox:/mnt/data/{clean(f.name)} ({f.size:,} bytes){served(f.url)}" for f in result.files))
     if result.images:
         parts.append("Images shown to the user:\n" + "\n".join(
-            f"- {clean(Path(i.path).name)}: {clean(i.url or i.path)}" for i in result.images))
+            f"- {clean(Path(i.path).name)}{served(i.url)}" for i in result.images))
     return "\n\n".join(parts)
 
 

@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_
 from nbexec import languages
 from nbexec.errors import ConfigError, NotebookError
 from nbexec.languages import Language
+
+from . import shape
 
 _CELL_TYPE = re.compile(r"\[(markdown|md|raw)\]")
 _TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
@@ -54,15 +57,22 @@ def language_of(nb: NotebookNode) -> Language:
 
 def build(code: str, language: str = "python") -> NotebookNode:
     """A one-cell notebook that runs ``code`` in ``language`` (a name or an alias; ConfigError otherwise)."""
+    return build_cells([code], language)
+
+
+def build_cells(sources: Sequence[str], language: str = "python") -> NotebookNode:
+    """A notebook of one code cell per source, in order (blank ones are skipped when it runs)."""
     lang = languages.get(language)
-    if not isinstance(code, str):
-        raise NotebookError(f"code must be a string, got {type(code).__name__}")
-    if not code.strip():
+    for code in sources:
+        if not isinstance(code, str):
+            raise NotebookError(f"code must be a string, got {type(code).__name__}")
+    if not any(code.strip() for code in sources):
         raise NotebookError("There is no code to run: the input is empty.")
     # Built by hand and known valid: skipping jsonschema here saves a few ms on every call.
-    cell: dict[str, Any] = {"id": uuid.uuid4().hex[:8], "cell_type": "code", "metadata": {}, "execution_count": None,
-            "outputs": [], "source": code}
-    nb = from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]})
+    taken: set[str] = set()
+    cells: list[dict[str, Any]] = [{"id": new_id(taken), "cell_type": "code", "metadata": {},
+                                    "execution_count": None, "outputs": [], "source": code} for code in sources]
+    nb = from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells})
     return _finish(nb, lang, validate=False)
 
 
@@ -137,6 +147,7 @@ def from_json(text: str, name: str = "<notebook>", language: str | None = None) 
     except (json.JSONDecodeError, nbformat.reader.NotJSONError) as exc:
         raise NotebookError(f"{name} is not valid notebook JSON: {exc}") from exc
     except Exception as exc:  # nbformat raises several kinds for malformed documents
+        _not_a_notebook(text, name)
         raise NotebookError(f"{name} is not a valid notebook: {exc}") from exc
     if has_ids(nb):
         _add_missing_ids(nb.cells)
@@ -145,6 +156,16 @@ def from_json(text: str, name: str = "<notebook>", language: str | None = None) 
     except NotebookError as exc:
         raise NotebookError(f"{name}: {exc}") from exc
     return _finish(nb, lang)
+
+
+def _not_a_notebook(text: str, name: str) -> None:
+    """NotebookError saying what a document nbformat refused lacks, when it lacks a notebook's very shape."""
+    try:
+        found = shape.problem(json.loads(text))
+    except (ValueError, RecursionError):  # nbformat's own error says enough
+        return
+    if found:
+        raise NotebookError(f"{name} is not a notebook: {found} ({shape.NEEDS}).")
 
 
 def has_ids(nb: NotebookNode) -> bool:
@@ -216,16 +237,38 @@ def load(path: str | Path, language: str | None = None, *, default: str = "pytho
     return nb
 
 
+PATH_SUFFIXES = (".ipynb", ".py")  # a one-line str ending so names a file (see `is_path`)
+
+
+def is_path(text: str) -> bool:
+    """The rule for a str given as a source: one line ending in .ipynb or .py (any case) is a path, as papermill
+    takes it; anything else is code. No such line is meaningful code, so a file name is never run as code."""
+    return "\n" not in text and "\r" not in text and text.lower().endswith(PATH_SUFFIXES)
+
+
+def _named(text: str, language: str | None, default: str) -> NotebookNode:
+    if not Path(text).is_file():
+        raise NotebookError(f"{text!r} names no file (from {Path.cwd()}): a one-line str ending in .ipynb or .py "
+                            "is taken as a path, never as code. Give an existing file, or pass code with a newline.")
+    return load(Path(text), language, default=default)
+
+
 def coerce(source: Any, language: str | None = None, *, default: str = "python") -> NotebookNode:
-    """A notebook from code (str: in ``language``, else ``default``), a path (os.PathLike), or a notebook
-    (NotebookNode or dict; copied). A path or a notebook says its own language unless ``language`` is given."""
+    """A notebook from code (str: in ``language``, else ``default``), a path (os.PathLike, or a str by `is_path`),
+    or a notebook (NotebookNode or dict; copied). A path or a notebook says its own language unless ``language``
+    is given."""
     if isinstance(source, str):
-        return build(source, language or default)
+        return _named(source, language, default) if is_path(source) else build(source, language or default)
     if isinstance(source, Path) or hasattr(source, "__fspath__"):
         return load(Path(source), language, default=default)
     if isinstance(source, dict):
         return from_json(json.dumps(source), language=language)
     raise NotebookError(f"Cannot run a {type(source).__name__}: pass code (str), a path, or a notebook.")
+
+
+def source(nb: Any, *, default: str = "python") -> NotebookNode:
+    """What Session.run_notebook runs: a NotebookNode as it is (not copied), else ``coerce``'s notebook."""
+    return nb if isinstance(nb, NotebookNode) else coerce(nb, default=default)
 
 
 def dumps(nb: NotebookNode) -> bytes:

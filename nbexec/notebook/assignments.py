@@ -1,9 +1,10 @@
-"""Parameters as the assignments of an injected cell, in each language's syntax (papermill's translators for Python,
-R and Bash; papermill has none for TypeScript/JavaScript). Pure.
+"""Parameters as the assignments of an injected cell, in each language's syntax. Pure.
 
-A value nbexec cannot write in a language faithfully is refused with a ConfigError naming it, never written
-approximately: a NUL character (neither R nor Bash strings hold one), a mapping for Bash, a value that is not
-plain data (str, int, float, bool, None, lists and mappings of them) for R, Bash and Deno.
+Python, R and Bash follow papermill's translators; papermill has none for TypeScript/JavaScript.
+
+A value nbexec cannot write faithfully in a language is refused with a ConfigError naming it, never approximated.
+That is a NUL character (neither R nor Bash strings hold one), a mapping for Bash, and, for R, Bash and Deno, a
+value that is not plain data (str, int, float, bool, None, lists and mappings of them).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ _DECLARED = re.compile(r"^\s*(?:export\s+)?(const|let|var)\s+([A-Za-z_$][\w$]*)"
 
 
 def render(language: Language, parameters: Mapping[str, Any], parameters_cell: str = "") -> str:
-    """The injected cell's source: a comment, then one assignment per parameter. ``parameters_cell`` is the source
-    of the cell tagged `parameters` (Deno: a name declared there with `let` or `var` is declared again with it)."""
+    """The injected cell's source: a comment, then one assignment per parameter.
+
+    ``parameters_cell`` is the source of the cell tagged `parameters`. In Deno a name declared there with `let` or
+    `var` is declared again with it."""
     if language.name == "python":
         lines = [f"{name} = {value!r}" for name, value in parameters.items()]
     elif language.name == "r":
@@ -102,8 +105,10 @@ def _r_value(value: Any) -> str:
 
 
 def _bash(name: str, value: Any) -> str:
-    """Assign with printf's %b from printable ASCII only: bash_kernel types each cell into readline, which acts on
-    control characters (Ctrl-U erases the line typed so far), so no byte of a value may reach it as itself."""
+    """Assign with printf's %b from printable ASCII only.
+
+    bash_kernel types each cell into readline, which acts on control characters (Ctrl-U erases the line). So no
+    byte of a value may reach it as itself."""
     _plain(value, name)
     if isinstance(value, dict):
         raise ConfigError(f"parameter {name} is a mapping, which Bash variables cannot hold; pass strings, "
@@ -120,8 +125,9 @@ def _bash(name: str, value: Any) -> str:
 
 
 def _bash_escaped(text: str) -> str:
-    """``text`` single-quoted for printf's %b: letters, digits and a few marks as they are, every other UTF-8 byte
-    as a \\xHH escape (so quotes, backslashes and `!` never appear either)."""
+    """``text`` single-quoted for printf's %b: letters, digits and a few marks as they are.
+
+    Every other UTF-8 byte becomes a \\xHH escape, so quotes, backslashes and `!` never appear either."""
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -1,19 +1,17 @@
-"""Papermill's view of a run: its metadata stamped on the executed notebook (beside nbexec's own), and its rule for
-a notebook that ends itself early with sys.exit(). Pure: no I/O.
+"""Papermill's view of a run: its metadata on the executed notebook, and its rule for an early sys.exit(). Pure.
 
-Papermill (nteract/papermill, engines.py `NotebookExecutionManager`) clears the code cells before a run, marks each
-cell pending, running, then completed or failed, and times the notebook and every cell; papermill-aware tools
-(scrapbook's `read_notebook`, dashboards) read `metadata.papermill` of the notebook and of each cell. nbexec writes
-the same keys, in the same shapes (ISO 8601 UTC times, durations in seconds, `exception` None until a cell fails),
-so those tools read an nbexec run as they read a papermill one. The rule for an early exit is papermill's
-`raise_for_execution_errors` (execute.py): a cell whose error outputs are all `SystemExit` with an empty value or
-"0" ended the notebook successfully; any other error fails it.
+Papermill (engines.py `NotebookExecutionManager`) clears the code cells before a run. It marks each cell pending,
+running, then completed or failed, and times the notebook and every cell. Papermill-aware tools (scrapbook's
+`read_notebook`, dashboards) read `metadata.papermill` of the notebook and of each cell. nbexec writes the same
+keys in the same shapes, so those tools read an nbexec run as they read a papermill one.
+The rule for an early exit is papermill's `raise_for_execution_errors` (execute.py). A cell whose error outputs are
+all `SystemExit` with an empty value or "0" ended the notebook successfully; any other error fails it.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from nbformat import NotebookNode
@@ -26,9 +24,10 @@ _CLEAN_EXIT = ("", "0")  # papermill: SystemExit with these values ends a notebo
 
 
 def start(nb: NotebookNode, first_cell: int) -> None:
-    """Prepare the cells from ``first_cell`` for a run, as papermill's notebook_start does: code cells lose the
-    outputs and execution counts an earlier run left (so nothing stale is reported as this run's), every cell is
-    pending."""
+    """Prepare the cells from ``first_cell`` for a run, as papermill's notebook_start does.
+
+    Code cells lose an earlier run's outputs and execution counts, so nothing stale is reported as this run's.
+    Every cell is pending."""
     for cell in nb.cells[first_cell:]:
         if cell.get("cell_type") == "code":
             cell["execution_count"] = None
@@ -37,9 +36,10 @@ def start(nb: NotebookNode, first_cell: int) -> None:
 
 
 def clean_exit(nb: NotebookNode, error: CellError | None) -> str | None:
-    """The SystemExit value ("" or "0") when ``error`` is the code ending the notebook successfully by papermill's
-    rule (every error output of its cell a SystemExit with an empty value or "0"); None otherwise. Only an exception
-    qualifies: a timeout, a dead kernel or a limit is never a clean exit."""
+    """The SystemExit value ("" or "0") when ``error`` ends the notebook successfully by papermill's rule; else None.
+
+    Every error output of its cell must be a SystemExit with an empty value or "0". Only an exception qualifies:
+    a timeout, a dead kernel or a limit is never a clean exit."""
     if error is None or error.kind != "exception" or error.ename != "SystemExit" or error.cell_index is None \
             or not 0 <= error.cell_index < len(nb.cells):
         return None
@@ -50,9 +50,10 @@ def clean_exit(nb: NotebookNode, error: CellError | None) -> str | None:
 
 
 def settle_exit(nb: NotebookNode, error: CellError | None) -> tuple[CellError | None, int | None, tuple[str, ...]]:
-    """A run the code ended with sys.exit(0), SystemExit() or exit() succeeded (papermill's rule): (the error left,
-    the cell it ended in, the note that says so), recorded in ``nb.metadata.nbexec.exit``. The exit stays in the
-    notebook, where it happened."""
+    """Settle a run the code ended with sys.exit(0), SystemExit() or exit(): it succeeded, by papermill's rule.
+
+    Returns the error left, the cell it ended in and the note that says so; ``nb.metadata.nbexec.exit`` records it.
+    The exit stays in the notebook, where it happened."""
     value = clean_exit(nb, error)
     nb.metadata.get("nbexec", {}).pop("exit", None)
     if value is None or error is None or error.cell_index is None:
@@ -65,9 +66,12 @@ def settle_exit(nb: NotebookNode, error: CellError | None) -> tuple[CellError | 
 
 
 def stamp(nb: NotebookNode, *, first_cell: int, stopped_at: int | None, started: datetime.datetime,
-          ended: datetime.datetime, input_path: str | None, output_path: str | None) -> None:
-    """Write papermill's run metadata into ``nb`` (the run covered the cells from ``first_cell``; it stopped in
-    cell ``stopped_at``: an error, or an exit papermill also marks failed)."""
+          ended: datetime.datetime, input_path: str | None, output_path: str | None,
+          raised: Collection[int] = ()) -> None:
+    """Write papermill's run metadata into ``nb``.
+
+    The run covered the cells from ``first_cell`` and stopped in cell ``stopped_at``: an error, or an exit that
+    papermill also marks failed. The cells in ``raised`` failed and the run went on, as with allow_errors."""
     parameters = _get(nb.metadata, "nbexec", "parameters")
     defaults = _get(nb.metadata, "papermill", "default_parameters")  # papermill keeps what the input had
     nb.metadata["papermill"] = {
@@ -80,14 +84,14 @@ def stamp(nb: NotebookNode, *, first_cell: int, stopped_at: int | None, started:
         "start_time": started.isoformat(),
         "end_time": ended.isoformat(),
         "duration": round((ended - started).total_seconds(), 6),
-        "exception": True if stopped_at is not None else None,
+        "exception": True if stopped_at is not None or raised else None,
     }
     for index in range(first_cell, len(nb.cells)):
         cell = nb.cells[index]
         if stopped_at is not None and index > stopped_at:
             cell.setdefault("metadata", {})["papermill"] = _cell_stamp(PENDING, exception=None)
         else:
-            cell.setdefault("metadata", {})["papermill"] = _ran(cell, failed=index == stopped_at)
+            cell.setdefault("metadata", {})["papermill"] = _ran(cell, failed=index == stopped_at or index in raised)
 
 
 def _cell_stamp(status: str, *, exception: bool | None, start: str | None = None, end: str | None = None,
@@ -96,8 +100,9 @@ def _cell_stamp(status: str, *, exception: bool | None, start: str | None = None
 
 
 def _ran(cell: NotebookNode, *, failed: bool) -> dict[str, Any]:
-    """A cell the run reached: its times from nbexec's own record of it (the host clock's stamps of the kernel's
-    messages and the cell's duration); a cell that was not executed (markdown, skipped) is completed untimed."""
+    """A cell the run reached, timed from nbexec's own record: the host's stamps of the kernel's messages.
+
+    A cell that was not executed (markdown, skipped) is completed untimed."""
     metadata = cell.get("metadata", {})
     duration = _get(metadata, "nbexec", "duration_s") if cell.get("cell_type") == "code" else None
     if not isinstance(duration, (int, float)):

@@ -1,20 +1,19 @@
 """What a notebook viewer is handed: widget state that loads only what viewers bundle, and a report copy that
 names nothing outside itself.
 
-A viewer of a saved notebook (JupyterLab, VS Code, nbviewer, the widget HTML manager an nbconvert page loads)
-loads the JavaScript module each saved widget model names, by npm name from a CDN or straight from a URL, and
-renders parts of the models' state as markup; the code in the sandbox chose all of it. So `widget_state` keeps a
-model only when its model and view modules are @jupyter-widgets modules at the exact versions ipywidgets 7 and 8
-name (the ones viewers bundle), its names are identifiers, and nothing in it makes a viewer fetch: an Image, Audio
-or Video widget in the "url" format, or a style or layout value that could fetch (``url(...)``, ``image-set(...)``,
-escapes, a second property), drops the model. What a kept model renders as markup is turned into text (HTML widget
-values escaped, ``description_allow_html`` off) and an Output widget keeps only text and raster images (viewers
-render its outputs as trusted).
+A viewer of a saved notebook (JupyterLab, VS Code, nbviewer, the widget manager of an nbconvert page) loads the
+JavaScript module each saved widget model names, from a CDN or a URL. It renders parts of the models' state as
+markup. The code in the sandbox chose all of it.
+So `widget_state` keeps a model only when its modules are @jupyter-widgets modules at the exact versions
+ipywidgets 7 and 8 name, the ones viewers bundle. Its names must be identifiers, and nothing in it may make a
+viewer fetch. An Image, Audio or Video widget in the "url" format drops the model. So does a style or layout value
+that could fetch (``url(...)``, ``image-set(...)``, escapes, a second property). What a kept model renders as
+markup becomes text (HTML values escaped, ``description_allow_html`` off). An Output widget keeps only text and
+raster images, because viewers render its outputs as trusted.
 
-`report_copy` is the notebook an HTML report is made from: the cells' sources and their text, markup and raster
-image outputs, nothing of the notebook's or the cells' metadata (no widget state, title, tags or attachments but
-raster images). The report itself carries `REPORT_POLICY`, which lets it load nothing but its own inline styles
-and ``data:`` images and run no script at all. Pure: no I/O.
+`report_copy` is the notebook an HTML report is made from. It keeps the cells' sources and their text, markup and
+raster image outputs, and none of the notebook's or the cells' metadata. The report carries `REPORT_POLICY`: it
+loads nothing but its own inline styles and ``data:`` images, and runs no script. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -109,8 +108,9 @@ def _buffers_ok(buffers: Any) -> bool:
 
 
 def _tamed(model: dict[str, Any]) -> dict[str, Any]:
-    """The model with what a viewer would render as markup turned into text, and its top-level names taken
-    from its state (viewers load the module the top level names)."""
+    """The model with what a viewer would render as markup turned into text.
+
+    Its top-level names are taken from its state, because viewers load the module the top level names."""
     values = dict(model["state"])
     if values["_model_name"] in _MARKUP_MODELS and isinstance(values.get("value"), str):
         values["value"] = html.escape(values["value"])

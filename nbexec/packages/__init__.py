@@ -43,7 +43,7 @@ from nbexec.config import SandboxConfig, parse_size
 from nbexec.errors import PackageError, PackageLimitError, PackageRefusedError
 from nbexec.result import Package
 from nbexec.sandbox.hidden import Named
-from nbexec.sandbox.source import PACKAGES_MOUNT, WHEELS_MOUNT, SandboxHandle
+from nbexec.sandbox.source import PACKAGES_MOUNT, WHEELS_MOUNT, Capability, SandboxHandle
 
 from . import hostpip, wheelhouse
 from .policy import Policy, shipped
@@ -215,6 +215,8 @@ def _provide_one(request: _Request, texts: list[str], records: list[Package], *,
         return None
     sandbox = request.sandbox
     try:
+        if not sandbox.offers(Capability.WHEELS):  # said in the result, as any other failure to provide
+            raise PackageError(str(sandbox.refusal(Capability.WHEELS)))
         target = _target(sandbox, request.left(request.config.startup_timeout))
         wheels = wheelhouse.resolve(texts, request.policy, target, request.budget, deadline=request.deadline,
                                     stop=request.stop)

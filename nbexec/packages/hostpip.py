@@ -1,16 +1,17 @@
 """The host's pip, confined: one ``pip download --no-deps --only-binary=:all:`` round for named projects.
 
-pip runs in a child of its own (`nbexec.packages.pipchild`, sent as ``python -I -c``): as an unprivileged user
-when nbexec runs as root (``package_resolver_user``, ``nobody`` by default; no supplementary groups), with no new
-privileges, and under kernel limits on its address space (``package_resolver_memory``), CPU time, file size (the
-remaining byte budget), core dumps and processes (none: pip needs no child for wheels). It works in a scratch
-folder of its own, owned by that user, and reaches nothing of nbexec's (the wheel cache is 0700 and root's). Its
-output is hostile input: the host reads its report within a size cap, opens each wheel through a descriptor of the
-scratch folder without following links, copies it into its own private folder while hashing it, and keeps it only
-if the hash is the one the report named, so what was judged is what is kept.
+pip runs in a child of its own (`nbexec.packages.pipchild`, sent as ``python -I -c``). When nbexec runs as root
+it runs as an unprivileged user (``package_resolver_user``, ``nobody`` by default) with no supplementary groups.
+It has no new privileges. Kernel limits cap its address space (``package_resolver_memory``), CPU time, file size
+(the remaining byte budget) and core dumps. It may start no process, since pip needs none for wheels. It works
+in a scratch folder of its own, owned by that user, and reaches nothing of nbexec's (the wheel cache is 0700 and
+root's).
+Its output is hostile input. The host reads its report within a size cap and opens each wheel through a
+descriptor of the scratch folder, never following links. It copies each into its own private folder while hashing
+it, and keeps it only if the hash is the one the report named. So what was judged is what is kept.
 
 pip is stopped past the byte budget (the scratch folder is measured while it runs), the execution's deadline, or
-``DOWNLOAD_TIME_LIMIT``; every way it can end becomes one clear PackageError.
+``DOWNLOAD_TIME_LIMIT``. Every way it can end becomes one clear PackageError.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class Confinement:
 
 @dataclass(frozen=True)
 class Downloaded:
-    """One wheel of a round, copied and hashed by the host: its file name, sha256, size, METADATA headers, and
-    where the host's copy is."""
+    """One wheel of a round, copied and hashed by the host.
+
+    It holds the file name, sha256, size, METADATA headers, and where the host's copy is."""
 
     filename: str
     sha256: str
@@ -71,8 +73,10 @@ class Downloaded:
 
 @dataclass(frozen=True)
 class _Child:
-    """One run of the child program: the Python, the account it runs as (None: nbexec's own), its scratch folder,
-    and the host's file that keeps its output."""
+    """One run of the child program.
+
+    It holds the Python, the account it runs as (None: nbexec's own), its scratch folder, and the host's file that
+    keeps its output."""
 
     python: str
     account: tuple[int, int] | None
@@ -82,8 +86,9 @@ class _Child:
 
 def fetch(requirements: list[str], pip_args: list[str], confinement: Confinement, into: Path, *,
           deadline: float, stop: threading.Event | None = None) -> list[Downloaded]:
-    """Download a wheel for each of ``requirements`` (``name<specifier>`` lines) into ``into`` (a private folder
-    of the host); ``pip_args`` say where from and for which interpreter. ``stop`` set (an interrupt) stops pip."""
+    """Download a wheel for each of ``requirements`` (``name<specifier>`` lines) into the private folder ``into``.
+
+    ``pip_args`` say where from and for which interpreter. Setting ``stop`` (an interrupt) stops pip."""
     if time.monotonic() >= deadline:
         raise PackageLimitError("the execution's time limit ran out before the host could resolve it")
     account = _account(confinement.user)
@@ -116,8 +121,9 @@ def _account(user: str) -> tuple[int, int] | None:
 
 
 def interpreter(python: str | None, account: tuple[int, int] | None) -> str:
-    """The Python that runs pip: ``python``, else nbexec's own, else a fallback, the first that ``account`` can run
-    with pip importable (probed once per process)."""
+    """The Python that runs pip: the first that ``account`` can run with pip importable.
+
+    ``python`` is tried first, then nbexec's own, then a fallback; each is probed once per process."""
     candidates = [python] if python else [sys.executable, *_FALLBACK_PYTHONS]
     for candidate in candidates:
         key = (candidate, None if account is None else account[0])
@@ -194,8 +200,9 @@ def _run(child: _Child, words: list[str], confinement: Confinement,
 
 def _watch(process: subprocess.Popen[bytes], scratch: Path, max_bytes: int, deadline: float,
            stop: threading.Event | None) -> PackageError | None:
-    """Wait for pip; stop it past the byte cap, the deadline or the time limit, or once ``stop`` is set, and say
-    why (None: it ended)."""
+    """Wait for pip, and say why it was stopped (None: it ended).
+
+    It is stopped past the byte cap, the deadline or the time limit, or once ``stop`` is set."""
     give_up = time.monotonic() + DOWNLOAD_TIME_LIMIT
     while True:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -259,8 +266,9 @@ def _tree_size(folder: Path) -> int:
 
 
 def _take(scratch: Path, into: Path, count: int, max_bytes: int) -> list[Downloaded]:
-    """The wheels the child reported, each copied into ``into`` through descriptors and checked against the
-    report; PackageError for anything else in its folder or a report that does not hold."""
+    """The wheels the child reported, each copied into ``into`` through descriptors and checked against the report.
+
+    PackageError for anything else in its folder, or a report that does not hold."""
     report = _report(scratch, count)
     dest_fd = os.open(scratch / "dest", DIR_FLAGS)
     try:

@@ -1,12 +1,13 @@
-"""The program the host's resolver runs in: ``python -I -c <this source> <spec>``, as an unprivileged user (see
-`nbexec.packages.hostpip`). Standard library and pip only; nbexec's own process never runs it.
+"""The program the host's resolver runs in: ``python -I -c <this source> <spec>``, as an unprivileged user.
 
-It first takes from itself what it does not need: no new privileges (``PR_SET_NO_NEW_PRIVS``), an address-space
-cap (``RLIMIT_AS``: a zip bomb in a wheel's metadata ends in ``MemoryError``), a CPU cap, a file-size cap, no
-core dumps and no new processes or threads (``RLIMIT_NPROC`` 0: pip needs none for wheels). Then it runs ``pip
-download``, and reads the header block of each downloaded wheel's METADATA (at most ``metadata_cap`` bytes,
-decompressed as it is read, so a bomb costs no more than the cap), which it reports with the wheel's size and
-sha256 as JSON. The host checks every byte of that report and copies each wheel itself.
+`nbexec.packages.hostpip` starts it. It uses the standard library and pip only; nbexec's own process never runs it.
+
+It first drops what it does not need: no new privileges, an address-space cap (a zip bomb in a wheel's metadata
+ends in ``MemoryError``), a CPU cap, a file-size cap and no core dumps. It may start no process or thread
+(``RLIMIT_NPROC`` 0), since pip needs none for wheels. Then it runs ``pip download`` and reads the header block
+of each wheel's METADATA. It reads at most ``metadata_cap`` bytes, decompressed as read, so a bomb costs no more
+than the cap. It reports them with each wheel's size and sha256 as JSON. The host checks every byte of that
+report and copies each wheel itself.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Which requirements may be installed, and which of their dependencies may come with them (pure).
 
-The same policy judges what the code asks for and every dependency the resolution reaches: in mode ``allowlist``
-a dependency must be on the allowlist too (the shipped list holds the dependencies of its packages), in mode
-``any`` any project will do, and in every mode only a project name found on the index: a requirement or a
-dependency that points at a URL, a path or a version-control repository (a "direct reference") is refused.
+The same policy judges what the code asks for and every dependency the resolution reaches. In mode ``allowlist``
+a dependency must be on the allowlist too; the shipped list holds its packages' dependencies. In mode ``any`` any
+project will do. In every mode only a project name found on the index is taken. A "direct reference" (a URL, a
+path or a version-control repository) is refused, in a requirement or a dependency.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def shipped() -> list[str]:
 
 @dataclass(frozen=True)
 class Policy:
-    """Which requirements may be installed: ``mode`` allowlist, any or off; ``allowed`` maps a project name
-    (normalised) to its version constraint ("" for any version)."""
+    """Which requirements may be installed: ``mode`` allowlist, any or off.
+
+    ``allowed`` maps a normalised project name to its version constraint ("" for any version)."""
 
     mode: str
     allowed: dict[str, str] = field(default_factory=dict)

@@ -1,14 +1,15 @@
-"""Resolve requirements to one wheel per project, breadth-first, judging every dependency before it is fetched
-(pure: fetching is a function the caller passes, see `nbexec.packages.wheelhouse`).
+"""Resolve requirements to one wheel per project, breadth-first, judging every dependency before it is fetched.
 
-pip is never shown a dependency: each round asks it for named projects only (``pip download --no-deps
---only-binary=:all:``, so it considers nothing but wheel files of those names), and the dependencies those wheels
-declare (``Requires-Dist`` in their METADATA) are read and judged here, markers evaluated for the sandbox's
-interpreter, before any of them is asked for. A direct reference (``name @ URL``, a path, a VCS URL) is refused
-wherever it appears, so pip never prepares anything but a wheel, and no build backend ever runs.
+Pure: fetching is a function the caller passes (see `nbexec.packages.wheelhouse`).
 
-Each round settles what every reached project must satisfy (its requirers' specifiers together with the policy's
-bound) and fetches the projects that have no wheel yet, or whose wheel no longer fits. No backtracking: a
+pip is never shown a dependency. Each round asks it for named projects only (``pip download --no-deps
+--only-binary=:all:``), so it considers nothing but wheel files of those names. The dependencies those wheels
+declare (``Requires-Dist``) are read and judged here, markers evaluated for the sandbox's interpreter, before any
+is asked for. A direct reference (``name @ URL``, a path, a VCS URL) is refused wherever it appears. So pip
+prepares nothing but wheels, and no build backend ever runs.
+
+Each round settles what every reached project must satisfy: its requirers' specifiers and the policy's bound.
+It fetches the projects that have no wheel yet, or whose wheel no longer fits. There is no backtracking: a
 conflict that narrowing cannot settle fails with pip's own message, and pinning a version settles it.
 """
 
@@ -33,8 +34,9 @@ MAX_REQUIRES = 1000  # dependency lines one wheel may declare
 
 @dataclass(frozen=True)
 class Fetched:
-    """One wheel a round brought: its file name, project (normalised), version, declared dependencies and the
-    extras it declares (normalised; an extra asked for that it does not declare is ignored, as pip does)."""
+    """One wheel a round brought: file name, project, version, declared dependencies and extras (normalised).
+
+    An extra asked for that the wheel does not declare is ignored, as pip does."""
 
     filename: str
     name: str
@@ -59,8 +61,9 @@ class _Demand:
 
 
 def read_metadata(filename: str, text: str) -> Fetched:
-    """The wheel ``filename`` described by the header block ``text`` of its METADATA; PackageError when the two
-    disagree on the project or version, or the dependencies are too many."""
+    """The wheel ``filename`` described by the header block ``text`` of its METADATA.
+
+    PackageError when the two disagree on the project or version, or the dependencies are too many."""
     try:
         name, version, _, _ = parse_wheel_filename(filename)
     except InvalidWheelFilename:
@@ -117,8 +120,9 @@ def _checked(fetched: list[Fetched], missing: list[_Demand]) -> list[Fetched]:
 
 def _demands(roots: Sequence[Requirement], chosen: dict[str, Fetched], policy: Policy,
              environment: dict[str, str]) -> tuple[dict[str, _Demand], PackageError | None]:
-    """Walk from ``roots`` through the dependencies of the wheels chosen so far, breadth-first: what each reached
-    project must satisfy, and the first dependency that could not be taken (refused or unreadable)."""
+    """Walk breadth-first from ``roots`` through the dependencies of the wheels chosen so far.
+
+    Returns what each reached project must satisfy, and the first dependency refused or unreadable."""
     demands: dict[str, _Demand] = {}
     expanded: set[tuple[str, frozenset[str]]] = set()
     problem: PackageError | None = None

@@ -1,18 +1,17 @@
 """The installer that runs inside the sandbox's kernel: wheels from /mnt/wheels unpacked into /mnt/packages.
 
-Standard library and pypa/installer (in the runtime image) only: `nbexec.packages` sends this module's source into
-the kernel once per sandbox (as the module ``_nbexec_wheels``), so an install of cached wheels starts no pip (pip's
-own start costs about a second of the sandbox's CPU). It installs exactly the host's resolution when that is safe
-to do without pip: every distribution is absent, already at the resolved version, or (a dependency) installed at a
-version every requirement of the resolution accepts. Anything else (another version of a package asked for, a
-requirement the installed version does not meet) is handed to pip, offline, as before.
+It uses the standard library and pypa/installer (in the runtime image) only. `nbexec.packages` sends this
+module's source into the kernel once per sandbox (as ``_nbexec_wheels``). So an install of cached wheels starts no
+pip, whose own start costs about a second of the sandbox's CPU. It installs exactly the host's resolution when
+that is safe without pip: every distribution is absent, already at the resolved version, or a dependency at a
+version every requirement accepts. Anything else is handed to pip, offline, as before.
 
-Every byte of a wheel is treated as hostile, and checked here before pypa/installer sees it: members with absolute
-paths, ``..``, backslashes, links, devices, duplicate names, a name both file and folder, or a place outside the
-purelib/platlib/scripts/data/headers mapping refuse the whole wheel before anything is written; WHEEL and
-entry_points.txt are read to 64 KiB; the wheel's RECORD is never read. pypa/installer then lays the checked members
-out (schemes, launchers, RECORD) through a destination that creates files without following links. Writes land on
-/mnt/packages, whose size the kernel enforces. An image without pypa/installer installs with pip, offline, instead.
+Every byte of a wheel is hostile, and is checked here before pypa/installer sees it. These refuse the whole wheel
+before anything is written: absolute paths, ``..``, backslashes, links, devices, duplicate names, a name both file
+and folder, or a place outside the purelib/platlib/scripts/data/headers mapping. WHEEL and entry_points.txt are
+read to 64 KiB; the wheel's RECORD is never read. pypa/installer then lays the checked members out through a
+destination that never follows links. Writes land on /mnt/packages, whose size the kernel enforces. An image
+without pypa/installer installs with pip, offline, instead.
 """
 
 from __future__ import annotations
@@ -97,8 +96,10 @@ def _installed(name: str) -> str | None:
 
 
 def _plan(wheels: Sequence[Sequence[str]], folder: str, asked: set[str]) -> tuple[list[Sequence[str]], str]:
-    """The wheels to unpack, and "unpack", or "pip" when a package asked for is installed at another version
-    or an installed dependency does not meet a requirement of the resolution."""
+    """The wheels to unpack, and "unpack"; or "pip" when unpacking alone is not safe.
+
+    That is when a package asked for is installed at another version, or an installed dependency does not meet
+    a requirement of the resolution."""
     todo: list[Sequence[str]] = []
     present: dict[str, str] = {}
     for filename, name, version in wheels:
@@ -176,8 +177,10 @@ def target(name: str, info: zipfile.ZipInfo, dist_info: str, places: dict[str, s
 
 
 class CheckedWheel(WheelSource):
-    """A wheel whose every member nbexec checked, as pypa/installer reads it: the checked members only (never the
-    wheel's RECORD), the WHEEL nbexec read (its root scheme, its version) and the console scripts nbexec kept."""
+    """A wheel whose every member nbexec checked, as pypa/installer reads it.
+
+    It offers the checked members only (never the wheel's RECORD), the WHEEL nbexec read, and the console scripts
+    nbexec kept."""
 
     def __init__(self, archive: zipfile.ZipFile, dist_info: str, members: list[zipfile.ZipInfo], root: str,
                  version: str, scripts: dict[str, str]) -> None:
@@ -210,9 +213,10 @@ class CheckedWheel(WheelSource):
 
 
 class NoFollowDestination(SchemeDictionaryDestination):
-    """pypa/installer's destination, writing through `_put` (never following a link the sandbox planted) with
-    nbexec's modes (0o755 for scripts and members with an x bit, 0o644 for the rest); remembers what it wrote.
-    No @dataclass: the kernel runs this module unregistered in sys.modules, where dataclasses cannot look it up."""
+    """pypa/installer's destination, writing through `_put` so no link the sandbox planted is followed.
+
+    Modes are nbexec's: 0o755 for scripts and members with an x bit, 0o644 for the rest. It remembers what it
+    wrote. No @dataclass: the kernel runs this module unregistered in sys.modules, where dataclasses cannot find it."""
 
     def __init__(self, places: dict[str, str]) -> None:
         super().__init__(dict(places), sys.executable, "posix")
@@ -262,8 +266,9 @@ def checked(path: str, archive: zipfile.ZipFile, places: dict[str, str]) -> Chec
 
 
 def _refuse_clashes(wheel: str, writes: list[str]) -> None:
-    """UnsafeWheel when a path to write is also a folder another one needs (checked before anything is written,
-    so such a wheel is refused whole instead of stopping half-way with an OSError)."""
+    """UnsafeWheel when a path to write is also a folder another one needs.
+
+    This is checked before anything is written, so such a wheel is refused whole, not half-way with an OSError."""
     files = set(writes)
     for where in files:
         folder = os.path.dirname(where)
@@ -274,8 +279,9 @@ def _refuse_clashes(wheel: str, writes: list[str]) -> None:
 
 
 def _put(where: str, stream: IO[bytes], mode: int) -> tuple[str, int]:
-    """Write ``stream`` to a new or truncated ``where`` (never through a link), ``mode`` whatever the umask; its
-    sha256 (urlsafe base64, unpadded) and size."""
+    """Write ``stream`` to a new or truncated ``where``, never through a link, ``mode`` whatever the umask.
+
+    Returns its sha256 (urlsafe base64, unpadded) and size."""
     os.makedirs(os.path.dirname(where), exist_ok=True)
     digest, size = hashlib.sha256(), 0
     with os.fdopen(os.open(where, _FLAGS, mode), "wb") as handle:

@@ -1,9 +1,9 @@
 """nbexec's own silent requests, by name: what a node's hidden route takes instead of code (pure).
 
-A request that runs outside the notebook (the package set-up, an install) is named here with its arguments as
-JSON data. A local sandbox runs the code its builder (`nbexec.packages.hidden_code`) makes; a remote one sends
-only the name and the arguments, and its node builds the same code itself, so no client ever sends code to that
-door. Code that is the user's own (a replayed cell) is not a named request: a remote sandbox runs it as a cell.
+A request that runs outside the notebook (the package set-up, an install) is named here, with its arguments as
+JSON data. A local sandbox runs the code its builder (`nbexec.packages.hidden_code`) makes. A remote one sends only
+the name and the arguments, and its node builds the same code itself. So no client ever sends code to that door.
+The user's own code (a replayed cell) is not a named request: a remote sandbox runs it as a cell.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import hashlib
 import hmac
 import json
 import logging
@@ -29,10 +28,13 @@ from nbexec.errors import ProtocolError
 from . import lasterror, zmtp
 from .execution import COMM_KINDS, OUTPUT_KINDS, Execution, dispatch
 from .lasterror import LastError
-from .messages import MAX_CONTROL, Message, exit_asked, parse_header
+from .messages import MAX_CONTROL, Message, exit_asked, parse_header, signature
 
 log = logging.getLogger(__name__)
 MAX_HEADER = 64 * 1024  # a header or parent_header frame; kernels send a few hundred bytes
+# Header bytes a message carries free: both headers of an honest kernel's message take a few hundred. Past it
+# they count in the message's size, so a message of huge headers and a byte of content pays for its headers.
+HEADER_ALLOWANCE = 1024
 MAX_FRAMES = 64  # frames of one message: topic, delimiter, 5 parts, and buffers (comm messages carry a few)
 MAX_REPLY = MAX_CONTROL + 3 * MAX_HEADER  # bytes kept of a shell or control message (replies are read capped)
 SEND_TIMEOUT = 30.0  # seconds a request may wait for the kernel to read it (it reads on its own I/O thread)
@@ -68,17 +70,20 @@ class KernelClient:
         self.settle = 0.0  # seconds of iopub silence read past idle (Deno publishes some outputs after it)
 
     @classmethod
-    def connect(cls, base: Path, connection: dict[str, Any], *, max_message: int,
+    def connect(cls, base: Path | None, connection: dict[str, Any], *, max_message: int,
                 timeout: float = 10.0) -> KernelClient:
-        """Connect to the kernel whose ipc sockets are ``<base>-<port>`` (the connection file's numbering).
+        """Connect to the kernel whose ipc sockets are ``<base>-<port>`` (the connection file's numbering), or,
+        when the connection says ``"transport": "tcp"``, whose ports listen at its ``ip`` (``base`` unused).
 
         ``max_message`` bounds what is kept of one iopub message; shell and control keep ``MAX_REPLY``."""
         client = cls(str(connection["key"]).encode("ascii"), max_message)
         try:
             for channel, kind in _CHANNELS:
-                path = Path(f"{base}-{connection[channel + '_port']}")
+                port = connection[channel + "_port"]
+                address = f"tcp://{connection['ip']}:{port}" if connection.get("transport") == "tcp" else \
+                    Path(f"{base}-{port}")
                 limit = max_message if channel == "iopub" else MAX_REPLY
-                client._connections[channel] = zmtp.Connection.open(path, kind, max_message=limit,
+                client._connections[channel] = zmtp.Connection.open(address, kind, max_message=limit,
                                                                     max_frames=MAX_FRAMES, timeout=timeout)
         except BaseException:
             client.close()
@@ -98,10 +103,9 @@ class KernelClient:
         header = {"msg_id": msg_id, "msg_type": msg_type, "username": "nbexec", "session": self._session,
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "5.4"}
         parts = [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
-        digest = hmac.new(self._key, b"".join(parts), hashlib.sha256)  # the parts signed in order
         connection = self._channel(channel)
         try:
-            connection.send([_DELIMITER, digest.hexdigest().encode("ascii"), *parts], SEND_TIMEOUT)
+            connection.send([_DELIMITER, signature(self._key, parts), *parts], SEND_TIMEOUT)
         except ProtocolError:
             # As with libzmq, a request the kernel cannot take is no error here: the receive path, which the
             # caller polls against its deadline and Docker's view of the sandbox, reports what became of it.
@@ -361,7 +365,7 @@ class KernelClient:
             raise ProtocolError(f"a message on {channel} has a header over {MAX_HEADER:,} bytes")
         if parent_id is not None and parent_id.encode() not in parent_header:
             return None
-        size = sum(sizes[start + 3:])
+        size = sum(sizes[start + 3:]) + max(0, len(header) + len(parent_header) - HEADER_ALLOWANCE)
         complete = metadata is not None and content is not None  # buffers are not signed: need not be kept
         if complete:
             if not (self._signed(frames, start) if signed is None else signed):  # each candidate hashed once
@@ -374,15 +378,12 @@ class KernelClient:
         return Message(channel, msg_type, msg_id, parent_id, size, content or b"", complete,
                        tuple(frames[start + 5:]))
 
-    def _signed(self, frames: tuple[bytearray | None, ...], start: int) -> bool:
+    def _signed(self, frames: tuple[bytes | bytearray | None, ...], start: int) -> bool:
         """Whether the five frames from ``start`` are whole and a message signed with our key."""
         parts = frames[start:start + 5]
         if len(parts) < 5 or any(part is None for part in parts) or len(parts[0] or b"") > 128:
             return False
-        digest = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in parts[1:]:
-            digest.update(part or b"")
-        return hmac.compare_digest(bytes(parts[0] or b""), digest.hexdigest().encode("ascii"))
+        return hmac.compare_digest(bytes(parts[0] or b""), signature(self._key, [part or b"" for part in parts[1:]]))
 
     def _remember(self, signature: bytes) -> None:
         if signature in self._seen:

@@ -1,17 +1,18 @@
-"""Ask a kernel how its last cell ended, when its own messages could not tell: the error message was larger than
-the whole output allowance (read past unkept), or the execute_reply was. Pure: builds the request and reads the
-answer; `kernel.KernelClient.last_error` sends it.
+"""Ask a kernel how its last cell ended, when its own messages could not tell.
 
-The request is a silent execute_request (no history, no execution count, no output kept) whose code reads
-IPython's record of the previous cell (``last_execution_result``: the silent run replaces it only once its own
-code has run) and leaves a report on the shell object; a user expression then takes it. The report is trimmed
-inside the sandbox (its name, the head and tail of its value, the head and tail of a plain traceback), so the
-answer is small whatever the exception was; it is base64 of JSON, read with the same strict parser as every
-message, and trimmed again here. Nothing is bound in the user's namespace.
+That happens when the error message, or the execute_reply, was larger than the whole output allowance. This module
+is pure: it builds the request and reads the answer; `kernel.KernelClient.last_error` sends it.
 
-The answer is the kernel's word, as the error message would have been: code that rewrites IPython's record can
-make it say anything, as it can forge any message. What it cannot do is make a run whose reply or messages said
-"error" pass: the answer only fills in the details, or tells whether a cell whose reply could not be read raised.
+The request is a silent execute_request: no history, no execution count, no output kept. Its code reads IPython's
+record of the previous cell (``last_execution_result``), which the silent run replaces only after its own code.
+It leaves a report on the shell object, and a user expression takes it. The sandbox trims the report (the name,
+the head and tail of the value and of a plain traceback), so the answer is small whatever the exception was.
+The answer is base64 of JSON, read with the strict parser every message gets, and trimmed again here. Nothing is
+bound in the user's namespace.
+
+The answer is the kernel's word, as the error message would have been. Code that rewrites IPython's record can
+make it say anything, as it can forge any message. It cannot make a run pass whose reply or messages said
+"error": the answer only fills in details, or tells whether a cell with an unreadable reply raised.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ def read(reply: dict[str, Any]) -> LastError | None:
 
 
 def from_reply(content: dict[str, Any]) -> LastError | None:
-    """The error a failed execute_reply describes (ipykernel repeats the error message's ename, evalue and
-    traceback there); None when it does not say, so the kernel is asked."""
+    """The error a failed execute_reply describes; None when it does not say, so the kernel is asked.
+
+    ipykernel repeats the error message's ename, evalue and traceback in the reply."""
     status = content.get("status")
     if status == "abort":  # bash_kernel and IRkernel after an interrupt (SIGINT): no error message is sent
         return LastError(True, "KeyboardInterrupt", "The cell was interrupted (the kernel answered 'abort').")

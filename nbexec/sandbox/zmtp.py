@@ -4,7 +4,7 @@ greeting, the READY handshake, the socket-type rules, and framing with a budget 
 It replaces libzmq on the host, which could not bound a message: MAXMSGSIZE caps each *frame*, and libzmq hands
 a multipart message to the reader only once its last frame is in, so one message of many large frames (sent
 zero-copy, free for the sandbox) grew the host without limit. Here frames are read one at a time from a
-non-blocking unix socket; past a message's byte limit their bytes are no longer kept, only counted, and past
+non-blocking unix or TCP socket; past a message's byte limit their bytes are no longer kept, only counted, and past
 its frame limit the message is malformed. Nothing is queued: the kernel's own socket buffers hold what the host
 has not read yet.
 
@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from nbexec.errors import ProtocolError, SandboxError
 from nbexec.files.folders import socket_address
@@ -38,7 +39,7 @@ _SUBSCRIBE_ALL = b"\x00\x01\x01"  # a one-byte message frame: \x01 (subscribe) +
 class Incoming:
     """One multipart message: the frames kept (None where the byte limit was reached) and every frame's size."""
 
-    frames: tuple[bytearray | None, ...]
+    frames: tuple[bytes | bytearray | None, ...]
     sizes: tuple[int, ...]
 
 
@@ -60,7 +61,7 @@ class Connection:
         self._buffer, self._pos = b"", 0  # received bytes not consumed yet (at most one chunk)
         self._ready = False
         self._broken = ""
-        self._frames: list[bytearray | None] = []  # the message being read
+        self._frames: list[bytes | bytearray | None] = []  # the message being read
         self._sizes: list[int] = []
         self._kept = 0
         self._dropping = False  # a frame of this message was past the limit: so are the rest
@@ -70,21 +71,14 @@ class Connection:
         self._flags = 0
 
     @classmethod
-    def open(cls, path: Path, socket_type: str, *, max_message: int, max_frames: int,
+    def open(cls, address: Path | str, socket_type: str, *, max_message: int, max_frames: int,
              timeout: float) -> Connection:
-        """Connect to the unix socket at ``path`` and complete the handshake within ``timeout`` seconds."""
+        """Connect to the kernel's socket and complete the handshake within ``timeout`` seconds. ``address`` is a
+        unix socket's path, or "tcp://host:port" for a kernel whose sockets are not on this host's filesystem
+        (a pod, another machine): the same ZMTP either way."""
         deadline = time.monotonic() + timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _tcp(address, deadline) if isinstance(address, str) else _unix(address, deadline)
         try:
-            with socket_address(path) as address:  # TMPDIR can be long; a socket address holds 107 bytes
-                while True:  # the socket file appears at bind(), a moment before listen()
-                    try:
-                        sock.connect(address)
-                        break
-                    except (ConnectionRefusedError, FileNotFoundError) as exc:
-                        if time.monotonic() > deadline:
-                            raise SandboxError(f"the kernel does not accept connections on {path.name}") from exc
-                        time.sleep(0.005)
             connection = cls(sock, socket_type, max_message=max_message, max_frames=max_frames)
             connection._handshake(deadline)
         except BaseException:
@@ -209,8 +203,11 @@ class Connection:
         """Consume the buffered bytes; the message they complete, if any."""
         ready = self._ready
         while True:
-            if self._left < 0 and not self._start_frame():
-                return None
+            if self._left < 0:
+                if ready and (message := self._whole_frames()) is not None:
+                    return message
+                if not self._start_frame():
+                    return None
             if self._left > 0:
                 take = min(len(self._buffer) - self._pos, self._left)
                 if self._frame is not None and take:
@@ -223,6 +220,37 @@ class Connection:
             message = self._end_frame()
             if message is not None or self._ready != ready:
                 return message
+
+    def _whole_frames(self) -> Incoming | None:
+        """Read the message frames wholly in the buffer in one loop, each one slice: most frames are small, and
+        a call per frame cost more than the rest of a message's handling. It stops at anything else (a command,
+        reserved bits, a frame not all here, one past a limit), which `_start_frame` then takes or refuses."""
+        buffer, pos, end = self._buffer, self._pos, len(self._buffer)
+        frames, sizes, limit = self._frames, self._sizes, self.max_message
+        while end - pos >= 2 and not self._dropping and len(sizes) < self.max_frames:
+            flags = buffer[pos]
+            if flags & LONG:
+                if end - pos < 9:
+                    break
+                size, start = int.from_bytes(buffer[pos + 1:pos + 9], "big"), pos + 9
+            else:
+                size, start = buffer[pos + 1], pos + 2
+            if flags & ~(MORE | LONG) or start + size > end or self._kept + size > limit:
+                break
+            pos = start + size
+            sizes.append(size)
+            frames.append(buffer[start:pos])
+            self._kept += size
+            if not flags & MORE:
+                self._consumed(pos)
+                message = Incoming(tuple(frames), tuple(sizes))
+                self._frames, self._sizes, self._kept = [], [], 0
+                return message
+        self._consumed(pos)
+        return None
+
+    def _consumed(self, pos: int) -> None:
+        self._buffer, self._pos = (b"", 0) if pos == len(self._buffer) else (self._buffer, pos)
 
     def _start_frame(self) -> bool:
         buffer, pos = self._buffer, self._pos
@@ -289,3 +317,45 @@ def properties(body: bytes | bytearray, start: int) -> dict[str, bytes]:
             raise ProtocolError("a command property is cut short")
         found[name] = bytes(body[end + 4:start])
     return found
+
+
+def _unix(path: Path, deadline: float) -> socket.socket:
+    """A connected unix socket; retried until ``deadline`` (the file appears at bind(), a moment before listen())."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with socket_address(path) as address:  # TMPDIR can be long; a socket address holds 107 bytes
+            while True:
+                try:
+                    sock.connect(address)
+                    return sock
+                except (ConnectionRefusedError, FileNotFoundError) as exc:
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"the kernel does not accept connections on {path.name}") from exc
+                    time.sleep(0.005)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _tcp(address: str, deadline: float) -> socket.socket:
+    """A connected TCP socket to "tcp://host:port"; refusals retried until ``deadline`` (a kernel still
+    starting has not bound yet). Small frames go out at once (no Nagle delay on a request)."""
+    parts = urlsplit(address)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if parts.scheme != "tcp" or not host or not port or parts.path not in ("", "/"):
+        raise SandboxError(f"a kernel address must be tcp://host:port or a unix socket's path, not {address[:100]!r}")
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic()))
+            break
+        except (TimeoutError, ConnectionRefusedError) as exc:
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the kernel does not accept connections on {host}:{port}") from exc
+            time.sleep(0.005)
+        except OSError as exc:  # no route, unknown name: retrying will not help
+            raise SandboxError(f"the kernel at {host}:{port} cannot be reached: {exc.strerror or exc}") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock

@@ -20,7 +20,7 @@ from typing import Any
 
 from nbexec.errors import SessionError, SessionLimitError
 from nbexec.files import artifacts
-from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class Entry:
     asleep: str = ""  # "", "replay" or "checkpoint" (see the module docstring)
     memory: dict[str, Any] | None = None  # the source's record of the kept memory ("checkpoint")
     memory_dir: Path | None = None  # where this node keeps it: private, removed once woken or released
+    released: threading.Event = field(default_factory=threading.Event)  # set (under Held's lock) when let go
 
 
 Owned = Callable[..., Entry]  # (who, sandbox_id, *, asleep_too=False): 404 for another's, 409 for one asleep
@@ -100,6 +101,7 @@ class Held:
             if entry is None or entry.owner != who:
                 return False
             del self._entries[sandbox_id]
+            entry.released.set()  # a wake under way stops, and never puts its sandbox in this entry
         self._let_go(entry, entry.purpose != "oneshot")
         return True
 
@@ -109,6 +111,8 @@ class Held:
         with self._lock:
             idle = [k for k, e in self._entries.items() if now - e.last > self.ttl and not e.lock.locked()]
             gone = [self._entries.pop(k) for k in idle]
+            for entry in gone:
+                entry.released.set()
         for entry in gone:
             log.info("releasing a sandbox of %s after %.0f s idle", entry.owner[:12], now - entry.last)
             self._let_go(entry, True)
@@ -119,12 +123,22 @@ class Held:
         with self._lock:
             self._closed = True
             gone, self._entries = list(self._entries.values()), {}
+            for entry in gone:
+                entry.released.set()
         for entry in gone:
             if not entry.asleep:
                 with contextlib.suppress(Exception):
                     entry.handle.interrupt()
             with contextlib.suppress(Exception):
                 self._let_go(entry, True)
+
+    def swap(self, entry: Entry, handle: SandboxHandle) -> bool:
+        """Put a woken ``handle`` in ``entry``; False when the entry was let go meanwhile (the caller releases it)."""
+        with self._lock:
+            if entry.released.is_set():
+                return False
+            entry.handle = handle
+            return True
 
     def _let_go(self, entry: Entry, wait: bool) -> None:
         """Release ``entry``'s sandbox, and the memory it kept asleep."""

@@ -65,6 +65,8 @@ class Call:
     stream: bool  # the client asked for an event stream
     session: bool  # a session's route: a lost node is 410 session_lost
     content_type: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # more headers, set last (E2B's: see router_e2b)
+    node_auth: bool = True  # False: no node token in Authorization (E2B's data plane sends the client's own)
 
 
 class Upstream:
@@ -99,6 +101,8 @@ class Relay:
     def release(self, name: str, who: str) -> None:
         self.fleet.inflight[name] -= 1
         self.calls[who] -= 1
+        if not self.calls[who]:  # a client with nothing in flight takes no room (E2B's data plane has many)
+            del self.calls[who]
 
     async def open(self, name: str, call: Call, content: Any) -> Upstream:
         """Send ``call`` to node ``name``. Raises one of NOT_REACHED when it never reached the node (the caller
@@ -110,6 +114,10 @@ class Relay:
         request = self.fleet.http.build_request(call.method, url, content=content)
         if call.content_type:
             request.headers["Content-Type"] = call.content_type
+        if not call.node_auth:
+            del request.headers["Authorization"]
+        for header, value in call.headers:
+            request.headers[header] = value
         target = request.url.raw_path.decode("ascii")
         request.headers[identity.FOR_HEADER] = identity.sign(self.fleet.token, call.method, target, call.who, name)
         self.calls[call.who] = self.calls.get(call.who, 0) + 1
@@ -122,6 +130,9 @@ class Relay:
         except httpx.HTTPError as exc:
             self.release(name, call.who)
             raise CutOff(f"lost while it took the call ({type(exc).__name__})") from exc
+        except BaseException:  # the client's streamed body broke a cap or ended: its counts are given back too
+            self.release(name, call.who)
+            raise
         return Upstream(self, name, call, response)
 
     async def answer(self, upstream: Upstream, receive: Receive) -> Response:
@@ -132,7 +143,7 @@ class Relay:
         if not 200 <= status < 300:
             return await self._error(upstream, where)
         if kind == "text/event-stream":
-            if upstream.call.stream:
+            if upstream.call.stream or upstream.call.path.endswith("/events"):  # a batch's results are a stream
                 return upstream.streamed(self._events(upstream), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-store", **where, **execution_header(upstream)})
             return await self._collect(upstream, receive, where)

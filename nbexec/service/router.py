@@ -12,6 +12,8 @@ and forwards every other /v1 call through one path (`relay`), whatever the route
   on the most free node (a new session: the node with the fewest sessions), and on the next only when the call
   never reached one (502 ``node_lost`` when it was lost after; never re-run).
 
+E2B's API (/e2b, /e2b/sandbox) goes through the same relay, its sandbox ids naming their node (`router_e2b`).
+
 /readyz says whether any node is up, nothing more; the nodes' detail is at /v1/nodes for NBEXEC_NODE_TOKEN.
 """
 
@@ -30,7 +32,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError
 from nbexec.sandbox.remote.paths import bad_segment
 
-from . import identity, playground
+from . import identity, playground, router_e2b
 from .fleet import Fleet, Member, members
 from .gateway import OWNER_KEY, PUBLIC_PATHS, Gateway
 from .relay import NOT_REACHED, Call, CutOff, Relay, lost_answer
@@ -103,6 +105,7 @@ def create_router(settings: RouterSettings) -> Any:
     _ops_routes(app, fleet)
     playground.add_routes(app)
     _forward_route(app, fleet, relay)
+    router_e2b.add_routes(app, fleet, relay)  # E2B's API and SDKs (/e2b), through the same relay
     app.add_middleware(Gateway, tokens=settings.tokens, auth=True, max_body=settings.max_body,
                        public=PUBLIC_PATHS | {"/v1/nodes"})  # /v1/nodes checks the node token itself
     return app

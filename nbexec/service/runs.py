@@ -12,8 +12,9 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Receive
 
-from nbexec import egress
+from nbexec import egress, notebook
 from nbexec.config import SandboxConfig
+from nbexec.engine.session import Session
 from nbexec.errors import (
     CellTooLargeError,
     ConfigError,
@@ -25,10 +26,12 @@ from nbexec.errors import (
     NotOfferedError,
     SessionError,
 )
+from nbexec.result import ExecutionResult
 
 from . import streaming
 from .gateway import FOR_KEY, OWNER_KEY
 from .identity import View
+from .schemas import SessionExecuteBody
 from .settings import ServerSettings
 from .tenants import Tenants
 
@@ -135,6 +138,14 @@ class Runs:
             raise HTTPException(404, str(exc)) from exc
         except NbexecError as exc:
             raise http_error(exc) from exc
+
+
+def execute(session: Session, body: SessionExecuteBody, timeout: float, on_output: Any = None) -> ExecutionResult:
+    """Run a request's ``code`` (one cell) or ``cells`` in ``session``; with ``allow_errors`` every cell runs and
+    each error is kept, and the result still fails (`Session.run_notebook`)."""
+    nb = notebook.build_cells(body.sources(), session.config.language)
+    return session.run_notebook(nb, timeout=timeout, on_output=on_output, packages=body.packages,
+                                allow_errors=body.allow_errors)
 
 
 def chosen(config: SandboxConfig, asked: str | None, language: str | None = None) -> SandboxConfig:

@@ -7,19 +7,29 @@ the result gains reaches clients before they know it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nbexec.egress import MAX_RULES
 from nbexec.result import File, SkippedFile, json_schema
 
 MAX_CODE = 1_000_000
+MAX_CELLS = 1000  # cells of one request (`cells`)
 MAX_TIMEOUT = 3600
 
 
 class SessionExecuteBody(BaseModel):
-    code: str = Field(min_length=1, max_length=MAX_CODE, description="Source to run, in the session's language.")
+    code: str | None = Field(default=None, min_length=1, max_length=MAX_CODE,
+                             description="Source to run as one cell, in the session's language (or give `cells`).")
+    cells: list[Annotated[str, Field(max_length=MAX_CODE)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_CELLS, description=(
+            "Sources to run as cells, in order, instead of `code` (their sizes add up to at most the size of one "
+            "`code`). The run stops at the first cell that raises, unless `allow_errors`."))
+    allow_errors: bool = Field(default=False, description=(
+        "Run every cell and keep each error (nbclient's option): the result still fails (`ok` false, `error` the "
+        "first error, a note lists the cells that raised). A time limit, sys.exit() or a dead kernel still end it."))
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT,
                                   description="Seconds; capped by the server's limit (default: that limit).")
     packages: list[str] = Field(default_factory=list, max_length=50, description=(
@@ -28,6 +38,20 @@ class SessionExecuteBody(BaseModel):
     language: str | None = Field(default=None, max_length=40, description=(
         "The session's language, when the client wants it checked: any other is refused with 400 (a session keeps "
         "the language it started with)."))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SessionExecuteBody:
+        if (self.code is None) == (self.cells is None):
+            raise ValueError("give either code (one cell) or cells (a list of sources), not both or neither")
+        if self.cells is not None and sum(len(cell) for cell in self.cells) > MAX_CODE:
+            raise ValueError(f"the cells hold more than {MAX_CODE} characters in all")
+        if not any(source.strip() for source in self.sources()):
+            raise ValueError("there is no code to run: the code or every cell is blank")
+        return self
+
+    def sources(self) -> list[str]:
+        """The cells to run: ``cells``, or ``code`` as the one cell."""
+        return list(self.cells) if self.cells is not None else [self.code or ""]
 
 
 IMAGE_FIELD = Field(default=None, description=(
@@ -86,6 +110,13 @@ class HiddenBody(BaseModel):
     timeout: float = Field(gt=0, le=MAX_TIMEOUT, description="Seconds; capped by the node's limit.")
 
 
+class WakeBody(BaseModel):
+    """A wake from a checkpoint may name its own time limit (a run's, whose limit covers its wake)."""
+
+    model_config = ConfigDict(extra="forbid")
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT, description="Seconds; capped by the node's.")
+
+
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -135,3 +166,10 @@ LISTING = {
                        "skipped_files": {"type": "array", "items": json_schema(SkippedFile, public=True)},
                        "notes": {"type": "array", "items": {"type": "string"}}}}}},
 }
+
+
+def refused(errors: Sequence[Any]) -> dict[str, Any]:
+    """A 422's body for a request that failed its schema: where and why, never the value sent back (a NaN or
+    an Infinity a client sent cannot be written as JSON: echoed, it made the answer a 500)."""
+    return {"detail": [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                       for e in errors[:20]]}

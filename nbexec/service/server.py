@@ -37,10 +37,11 @@ try:
     from fastapi import Depends, FastAPI, HTTPException, Request, Response
     from fastapi.responses import JSONResponse
 
-    from . import e2b, files, playground, sandboxes, snapshots
+    from . import batches, e2b, files, playground, sandboxes, snapshots
     from .identity import View
     from .metrics import CONTENT_TYPE, Metrics
     from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, plain_restore, same_language, too_many
+    from .runs import execute as run_body
     from .schemas import (
         RESULT,
         EgressBody,
@@ -102,6 +103,7 @@ def create_app(settings: ServerSettings) -> Any:
     sandboxes.add_routes(app, folders, runs, settings)
     snapshots.add_routes(app, folders, runs, _describe)  # the seam over HTTP, for library clients (NBEXEC_NODES)
     e2b.add_routes(app, folders, runs, settings)  # E2B's API and SDKs (/e2b)
+    batches.add_routes(app, folders, runs)  # many one-shot executions in one call (/v1/batches)
     app.add_middleware(Gateway, tokens=settings.tokens, auth=settings.auth, max_body=settings.max_body, signed=True,
                        larger={sandboxes.WHEEL_ROUTE: parse_size(settings.config.max_package_download)})
     return app
@@ -157,8 +159,7 @@ def _execute_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
             try:
                 for name, content in uploads.items():
                     session.upload(content, name)
-                result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
-                                     packages=body.packages)
+                result = run_body(session, body, folders.capped(body.timeout), on_output)
             finally:
                 folders.finish_one_shot(execution_id)
             metrics.record("oneshot", result)
@@ -209,8 +210,7 @@ def _session_routes(app: FastAPI, folders: Tenants, runs: Runs, metrics: Metrics
         same_language(session.config, body.language)
 
         def render(on_output: Any = None) -> dict[str, Any]:
-            result = session.run(body.code, timeout=folders.capped(body.timeout), on_output=on_output,
-                                 packages=body.packages)
+            result = run_body(session, body, folders.capped(body.timeout), on_output)
             metrics.record("session", result)
             return shown.outward(public(result), session.id)
 

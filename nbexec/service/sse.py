@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 Piece = tuple[str, bytes]  # (kind, bytes): event, data-start, data, data-end, comment, dispatch
-FINAL = (b"result", b"error")  # the events that end a run's stream
+FINAL = (b"result", b"error", b"end")  # the events that end a run's stream, and a batch's
 _EOL = re.compile(rb"[\r\n]")
 _EVENT_NAME = re.compile(rb"[A-Za-z0-9_-]{1,32}")
 _FIELD = 32  # bytes of a field name worth reading; a longer one is skipped

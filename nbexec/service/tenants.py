@@ -27,14 +27,14 @@ from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from nbexec.config import SandboxConfig
-from nbexec.engine import durable, sources
+from nbexec.engine import durable, snapshotblobs, sources
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
-from nbexec.errors import SessionLimitError, SessionNotFoundError, StorageError
+from nbexec.errors import NbexecError, SessionLimitError, SessionNotFoundError, StorageError
 from nbexec.files.folders import work_root
+from nbexec.files.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.hostconfig import host_from_env
 from nbexec.result import ExecutionResult
-from nbexec.sandbox.docker.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.stores.storage import ArtifactStore
 
 from .held import Held
@@ -285,6 +285,13 @@ class Tenants:
         kept.session.close()
         kept.expires = time.monotonic() + self.result_ttl
 
+    def expire_result(self, execution_id: str) -> None:
+        """Let the next sweep delete a finished run's folder now (a deleted batch's items)."""
+        with self._lock:
+            kept = self._results.get(execution_id)
+            if kept is not None and kept.expires != math.inf:
+                kept.expires = 0.0
+
     def interrupt_run(self, who: str, execution_id: str) -> str:
         """Interrupt ``who``'s one-shot run ``execution_id``: "interrupted", "finished" (nothing left to stop), or
         "unknown" (no such run of ``who``: another owner's is unknown too)."""
@@ -320,9 +327,18 @@ class Tenants:
                 folders.append(self._folder(f"session-{sid}"))
         for folder in folders:
             remove_tree(folder)
+        self.sweep_snapshots()
+
+    def sweep_snapshots(self) -> None:
+        """Remove the folders of snapshot takes whose process died (a node killed mid-take)."""
+        try:
+            snapshotblobs.store_for(self.sessions.state_dir).sweep()
+        except (NbexecError, OSError) as exc:
+            log.warning("could not sweep the snapshot store: %s", exc)
 
     async def sweep_forever(self) -> None:
         interval = max(0.2, min(30.0, self.result_ttl / 4, self.session_ttl / 4))
+        await asyncio.to_thread(self.sweep_snapshots)  # at start: a take the last run of the node left
         while True:
             await asyncio.sleep(interval)
             try:

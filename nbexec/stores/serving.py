@@ -1,5 +1,7 @@
-"""How every uploading store serves what it stores: which files are downloaded rather than shown, the Content-Type
-they carry, how long a link lives, and what is cut from a message or a cloud SDK's debug log before anyone sees it.
+"""How every uploading store serves what it stores.
+
+The rules say which files are downloaded rather than shown, the Content-Type they carry, and how long a link
+lives. They also cut secrets from messages and from cloud SDKs' debug logs.
 
 Azure, S3 and GCS apply these rules at upload (object properties) and, where the link can carry them, as
 response overrides signed into the link as well.
@@ -60,9 +62,11 @@ def disposition(blob_name: str, content_type: str) -> str | None:
 
 
 def served(blob_name: str, content_type: str) -> Served:
-    """How ``blob_name`` is served: passive types (by MIME and by extension) inline as they are; active ones as
-    an ``attachment`` of type application/octet-stream; anything else as an attachment of its own type. A type
-    that is not a well-formed header value is never passed on (application/octet-stream, attachment)."""
+    """How ``blob_name`` is served.
+
+    Passive types (by MIME and by extension) are served inline as they are. Active ones are an ``attachment`` of
+    type application/octet-stream. Anything else is an attachment of its own type. A type that is not a
+    well-formed header value is never passed on: it becomes application/octet-stream, as an attachment."""
     safe = _SAFE_TYPE.fullmatch(content_type) is not None
     how = disposition(blob_name, content_type) if safe else "attachment"
     if how is None:
@@ -87,8 +91,9 @@ def redact(text: str) -> str:
 
 
 class SecretFilter(logging.Filter):
-    """Cuts known secrets (a store's secret key, session token) and anything behind a key or signature marker
-    from the records of the loggers it guards, whatever level the application logs them at."""
+    """Cuts secrets from the records of the loggers it guards, whatever level they are logged at.
+
+    Secrets are the known ones (a store's secret key, session token) and anything behind a key or signature marker."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,8 +113,9 @@ _FILTER = SecretFilter()
 
 
 def guard_logs(loggers: Iterable[str], *secrets: str | None) -> None:
-    """Keep ``secrets`` (and every marked key or signature) out of what ``loggers`` write: cloud SDKs log
-    signed requests, headers and all, at DEBUG."""
+    """Keep ``secrets``, and every marked key or signature, out of what ``loggers`` write.
+
+    Cloud SDKs log signed requests, headers and all, at DEBUG."""
     _FILTER.secrets.update(s for s in secrets if s)
     for name in loggers:
         logger = logging.getLogger(name)

@@ -25,7 +25,7 @@ import pytest
 from nbexec import SandboxConfig, SessionManager
 from nbexec.engine import durable
 from nbexec.errors import NotOfferedError, SessionLostError, SessionNotFoundError
-from nbexec.sandbox.docker.workdir import remove_tree
+from nbexec.files.workdir import remove_tree
 
 from ..cluster import NODE_TOKEN, Server, client, node, wait_ready
 from ..conftest import wait_until

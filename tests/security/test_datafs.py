@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import nbexec
+from nbexec.files import mounts
 from nbexec.files.folders import work_root
+from nbexec.files.workdir import remove_stale_workdirs
 from nbexec.sandbox.docker import datafs, pool
-from nbexec.sandbox.docker.workdir import remove_stale_workdirs
 
 from ..conftest import IMAGE
 
@@ -212,7 +213,7 @@ def test_no_mount_or_loop_device_is_left(small: nbexec.SandboxConfig) -> None:
     with nbexec.Session(small) as session:
         session.run("open('/mnt/data/b', 'w').write('b')")
         workdir = session._sandbox.workdir if session._sandbox else None
-        assert workdir is not None and datafs.is_mounted(workdir / "data")
+        assert workdir is not None and mounts.is_mounted(workdir / "data")
     pool.shutdown()
     pool.wait_for_teardown()
     prefix = f"/tmp/nbexec/nbexec-{os.getpid()}-"
@@ -242,7 +243,7 @@ def test_the_orphan_sweep_unmounts_before_deleting() -> None:
     (workdir / "data").mkdir(parents=True)
     datafs.create(workdir / "data", workdir / "data.img", size=8 * MiB, inodes=64, owner=(os.getuid(), os.getgid()))
     (workdir / "data" / "left.txt").write_text("left by a process that died")
-    assert datafs.is_mounted(workdir / "data")
+    assert mounts.is_mounted(workdir / "data")
     assert workdir in remove_stale_workdirs()
     assert not workdir.exists() and str(workdir) not in Path("/proc/self/mountinfo").read_text()
     assert str(workdir) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout

@@ -27,6 +27,7 @@ import pytest
 
 import nbexec
 from nbexec.errors import SandboxError
+from nbexec.files import mounts
 from nbexec.sandbox.docker import daemon, datafs, pool
 
 from ..conftest import IMAGE, own_containers, wait_until
@@ -102,9 +103,9 @@ def small_disk(cleanup_ledger: None, tmp_path: Path, monkeypatch: pytest.MonkeyP
         for name in left:
             with contextlib.suppress(docker.errors.NotFound):
                 daemon.connect().containers.get(name).remove(force=True)
-        datafs.unmount_all(path)
+        mounts.unmount_all(path)
         monkeypatch.undo()
-        assert not datafs.mounts_under(path), "the small disk is still mounted"
+        assert not mounts.mounts_under(path), "the small disk is still mounted"
         image.unlink()
     assert (left, entries) == ([], []), "containers or working folders were left on the small disk"
 

@@ -25,8 +25,8 @@ import nbexec
 from nbexec import Session, SessionManager
 from nbexec.files import statefolder
 from nbexec.files.folders import work_root
+from nbexec.files.workdir import remove_stale_workdirs, remove_tree
 from nbexec.sandbox.docker import daemon
-from nbexec.sandbox.docker.workdir import remove_stale_workdirs, remove_tree
 
 from ..conftest import IMAGE
 

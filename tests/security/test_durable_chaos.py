@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from nbexec import Session
+from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.docker import daemon
-from nbexec.sandbox.docker.workdir import remove_tree
 
 from ..cluster import NODE_TOKEN, OTHER_TOKEN, Server, all_up, client, node, router, stop, wait_ready
 from ..conftest import wait_until

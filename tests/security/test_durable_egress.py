@@ -1,7 +1,7 @@
 """A durable session on network="allowlist" (issues #26 and #27.3): its egress rules, as its owner last changed them,
 hold across every way a sandbox outlives a moment: a sleep and its wake (by replay), and
 its owner's death and a new process's `Session.resume` (under runc: the allowlist is not available under
-gVisor, README's Network modes). A host denied before is denied after; a host still allowed
+gVisor, docs/network.md). A host denied before is denied after; a host still allowed
 is reached after (the proxy the sandbox talks to is there again).
 
 Judged from outside: which loopback server a request from the sandbox reaches (its own log of paths), and what the
@@ -23,8 +23,8 @@ import pytest
 import nbexec
 from nbexec import Session, egress
 from nbexec.errors import ConfigError, SandboxError
+from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.docker import egress as docker_egress
-from nbexec.sandbox.docker.workdir import remove_tree
 
 from ..conftest import IMAGE
 from .test_durable import CHILDREN, claimed_containers, state_dir  # noqa: F401  (the fixture)
@@ -67,7 +67,7 @@ def config_for(hosts: list[KeepAlive]) -> nbexec.SandboxConfig:
 
 def test_a_denied_host_stays_denied_after_a_sleep(hosts: list[KeepAlive], short_tmp: Path,
                                                   cleanup_ledger: None) -> None:
-    """Under runc (the allowlist is not available under gVisor: README, Network modes)."""
+    """Under runc (the allowlist is not available under gVisor: docs/network.md)."""
     first, second = hosts
     with Session(config_for(hosts)) as session:
         assert "a1 200" in session.run(fetch(first.port, "a1")).stdout

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 
 import nbexec
 from nbexec import Session, SessionManager
+from nbexec.engine import reaper
 from nbexec.errors import SandboxError
 from nbexec.sandbox.docker import daemon
 from nbexec.sandbox.docker.local import LocalSource
@@ -26,6 +29,7 @@ from nbexec.sandbox.source import SandboxHandle, SandboxSource
 
 from ..conftest import IMAGE, wait_until
 from . import hostile_cases
+from .test_checkpoint import runsc  # noqa: F401 (fixture)
 from .test_durable import claimed_containers, owner_process, state_dir  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.usefixtures("docker_ready")  # owner processes and services reach the engine
@@ -107,7 +111,7 @@ class FailingCheckpoints(LocalSource):
         return {"kind": "test"}
 
     def wake(self, config: nbexec.SandboxConfig, record: dict[str, Any], folder: Path, *,
-             check: Callable[[], None] = lambda: None) -> SandboxHandle:
+             check: Callable[[], None] = lambda: None, deadline: float | None = None) -> SandboxHandle:
         raise SandboxError("the checkpoint is unreadable")
 
 
@@ -175,3 +179,75 @@ def test_woken_sandbox_keeps_every_limit(case: hostile_cases.Case, cleanup_ledge
         result = session.run(case.code)
         assert result.restored == "replay"
         case.check(result)
+
+
+def _runsc(memory: str = "1g") -> nbexec.SandboxConfig:
+    return nbexec.SandboxConfig(image=IMAGE, runtime="runsc", pool_size=0, warm_imports=(), timeout=60,
+                                memory=memory, interrupt_grace=3)
+
+
+def _slept(session: Session, code: str) -> None:
+    assert session.run(code, timeout=60).ok
+    assert session.hibernate() and session._asleep == "checkpoint", "runsc did not checkpoint"
+
+
+# -- a run behind its own session's sleep ------------------------------------------------------------------------
+
+STALL_LATER = """
+import threading, time
+def __stall():
+    time.sleep(1.5)
+    sum(range(10**11))  # one C call that holds the interpreter's lock: the checkpoint's preparation never answers
+threading.Thread(target=__stall, daemon=True).start()
+"""
+
+
+def test_a_run_during_its_sessions_sleep_ends_by_its_time_limit(runsc: nbexec.SandboxConfig) -> None:  # noqa: F811
+    """The reaper puts a session to sleep while its kernel does not answer the checkpoint's preparation; the owner's
+    run(timeout=3) meanwhile waits on the session's lock behind the whole preparation (startup_timeout, then the
+    fallback sleep), outside its time limit. Before: run(timeout=3) took 71.5 s (close() after it 0.3 s)."""
+    session = Session(_runsc())
+    try:
+        assert session.run(STALL_LATER).ok
+        time.sleep(2)  # the kernel is stalled now
+        sleeping = threading.Thread(target=session.hibernate, daemon=True)
+        sleeping.start()  # what the reaper's sleep thread does
+        time.sleep(0.5)
+        began = time.monotonic()
+        try:
+            result: Any = session.run("print('ran')", timeout=3)
+        except nbexec.SessionBusyError as exc:  # an honest end within the limit: nothing ran, and it says why
+            result = exc
+        took = time.monotonic() - began
+    finally:
+        closing = time.monotonic()
+        session.close()
+        close_took = time.monotonic() - closing
+    assert took < 3 + 5, f"run(timeout=3) took {took:.1f} s behind its session's sleep ({result.error}); " \
+                         f"close() then took {close_took:.1f} s"
+
+
+# -- the sleep deadline closes an honest session whose memory takes long to checkpoint -------------------------
+
+def test_a_slow_honest_sleep_does_not_cost_the_session(runsc: nbexec.SandboxConfig,  # noqa: F811
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's time grows with the memory kept (here about 65 s per GiB: 1.4 GiB slept in 90.7 s, so a 5g
+    session passes SLEEP_DEADLINE's 300 s; the host's load stretches it further). The reaper abandons a sleep past
+    its deadline by closing the session: the owner's variables and files are gone and its next call says closed.
+    Scaled down here: SLEEP_DEADLINE 15 s against a 600 MiB session (its checkpoint takes about 38 s)."""
+    monkeypatch.setattr(reaper, "SLEEP_DEADLINE", 15.0)
+    session = Session(_runsc(), hibernate_after=0.5)
+    try:
+        assert session.run("import os\nx = os.urandom(600 * 1024**2)\nopen('/mnt/data/kept.txt', 'w').write('k')",
+                           timeout=60).ok
+        wait_until(lambda: session.id in reaper._sleeping, 30, "the reaper never put it to sleep")
+        wait_until(lambda: session.id not in reaper._sleeping, 180, "the sleep never ended")
+        status = session.status
+        try:
+            result = session.run("print(len(x), open('/mnt/data/kept.txt').read())", timeout=60)
+            said = result.stdout.strip() or str(result.error)
+        except nbexec.NbexecError as exc:
+            said = f"{type(exc).__name__}: {exc}"
+    finally:
+        session.close()
+    assert status != "closed", f"an idle session was closed because its sleep was slow; its next run: {said[:200]}"

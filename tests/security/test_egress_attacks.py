@@ -9,6 +9,7 @@ import ipaddress
 import itertools
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -499,3 +500,54 @@ def test_a_tunnels_start_passes_whole_or_nothing(data: bytes, cuts: list[int]) -
     else:
         assert sent == b""
         assert gate.problem is not None or len(data) < 9
+
+
+# -- a tunnel is raw again after its first six bytes --------------------------------------------------------------
+
+class LineServer:
+    """A loopback server of a line protocol (Redis's inline commands, SMTP, memcached): an unknown line gets an
+    error and the connection goes on. It records every line."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError), conn.makefile("rb") as lines:
+            for line in lines:
+                self.lines.append(line.rstrip(b"\r\n"))
+                conn.sendall(b"+OK\r\n" if line.startswith(b"SET ") else b"-ERR unknown command\r\n")
+
+
+def test_a_tunnel_to_a_line_protocol_port_carries_no_command(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tunnel must start like a TLS ClientHello, but only its first six bytes are judged: a record length of
+    0x0d0a ("\\r\\n", within the longest record) ends a line, and everything after passes raw. A rule opening a
+    port that speaks a line protocol (host:6379, host:25) takes any command through CONNECT. Before: the server
+    ran the tunnelled command."""
+    monkeypatch.chdir(tmp_path)
+    server, path = LineServer(), Path("proxy.sock")
+    started = Proxy.start(path, egress.Allowlist.of([f"127.0.0.1:{server.port}"]),
+                          Limits(max_bytes=100_000, max_connections=8))
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(10)
+            client.connect(str(path))
+            client.sendall(f"CONNECT 127.0.0.1:{server.port} HTTP/1.1\r\n\r\n".encode())
+            answer = client.recv(4096)
+            with contextlib.suppress(OSError):
+                client.sendall(b"\x16\x03\x01\r\n\x01\r\nSET owned 1\r\n")
+                time.sleep(1)
+                answer += client.recv(4096)
+    finally:
+        started.close()
+        server.sock.close()
+    assert b"SET owned 1" not in server.lines, f"the tunnelled command reached the server: {answer!r}"

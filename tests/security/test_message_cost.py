@@ -2,11 +2,14 @@
 messages for its own request in the shapes that cost a parser most, and the host process's CPU for the whole
 run (user and system, every thread) divided by the MiB sent stays within the promise SECURITY.md states.
 
-The costly part can be anywhere: in the header and parent header (never charged to the output budget), in the
-content of a kind nbexec reads, or in the content of a kind it ignores. The allowances are raised so every
+The costly part can be anywhere: in the header and parent header (charged to the output budget only past 1 KiB),
+in the content of a kind nbexec reads, or in the content of a kind it ignores. The allowances are raised so every
 message is within them and read, the most a run can make the host parse. The bound is the promise itself, not a
 margin over it: the figures measured are 0.02-0.09 s/MiB on a shared 2-core machine. Contention there (a load of
 7 on 2 cores) can only add to a run's CPU, so a run over the bound is measured once more and the cheaper counts.
+
+Headers count against the output allowance too: messages of huge headers and a byte of content, kept or shown
+in a result, are dropped and counted past it like any other flood.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from nbexec import Session
 
 from ..conftest import IMAGE
 
-PROMISE_S_PER_MIB = 0.11  # SECURITY.md, "host CPU per MiB of kernel output"
+PROMISE_S_PER_MIB = 0.15  # SECURITY.md, "host CPU per MiB of kernel output": costly JSON (the C decoder's own cost)
+PROMISE_SMALL_S_PER_MIB = 0.11  # SECURITY.md: the most messages a MiB can hold (issue #36's figure)
 SEND_BYTES = 12 * 1024 * 1024
 # Values of at most 60 KiB (a header's frame holds 64 KiB): many empty lists; lists nested 60 deep (a header's
 # own two levels make 62, within the 64 allowed); lone surrogates among empty lists.
@@ -86,3 +90,69 @@ def test_host_cpu_per_mib_of_kernel_output_stays_within_the_promise(shape: str, 
         assert min(costs) <= PROMISE_S_PER_MIB, f"{min(costs):.3f} s of host CPU per MiB"
     finally:
         session.close()
+
+
+# -- header bytes are charged to the output budget ---------------------------------------------------------------
+
+HEADER_PAD = 60 * 1024  # bytes padding each header of a message (a header's frame holds 64 KiB)
+HEADED = {  # kind -> its tiny content
+    "stream": "dict(name='stdout', text='.')",
+    "display_data": "dict(data={'text/plain': '.'}, metadata={})",
+}
+
+
+def _headed_cell(kind: str, count: int) -> str:
+    """Code that publishes ``count`` signed messages of ``kind`` for its own request, each with a tiny content and
+    both headers padded to HEADER_PAD bytes."""
+    return f"""
+import json
+k = get_ipython().kernel; s = k.session; parent = k.get_parent()
+dump = lambda value: json.dumps(value, default=str, separators=(",", ":")).encode()
+above = dump(dict(parent['header'], pad='p' * {HEADER_PAD}))
+body = dump({HEADED[kind]})
+for _ in range({count}):
+    parts = [dump(dict(s.msg_header({kind!r}), pad='h' * {HEADER_PAD})), above, b'{{}}', body]
+    k.iopub_socket.send_multipart([b'x', b'<IDS|MSG>', s.sign(parts), *parts])
+"""
+
+
+@pytest.mark.parametrize("kind", list(HEADED))
+def test_header_bytes_are_charged_to_the_output_budget(kind: str, cleanup_ledger: None) -> None:
+    """Before: 200 messages of 120 KiB headers and a byte of content (23 MiB sent) were all kept under a 1 MiB
+    allowance, nothing truncated. After: past the allowance they are dropped and counted, with the marker."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, max_output="1m",
+                                  max_display="1m")
+    with Session(config) as session:
+        result = session.run(_headed_cell(kind, 200))
+    assert result.ok, (result.error, result.notes)
+    kept = result.stdout.count(".") if kind == "stream" else sum(
+        1 for output in result.outputs if output.get("output_type") == "display_data")
+    assert result.truncated_bytes > 10 * 1024**2, f"{result.truncated_bytes:,} bytes truncated; {kept} kept"
+    assert kept < 20, f"{kept} of 200 messages with 120 KiB headers were kept under a 1 MiB allowance"
+
+
+# -- headers just under the 1 KiB a message carries free ---------------------------------------------------------
+
+def test_messages_of_headers_just_under_their_allowance_stay_within_the_cpu_promise(cleanup_ledger: None) -> None:
+    """12 MiB of stream messages whose two headers hold just under 1 KiB (charged nothing) and a byte of text:
+    the most messages per MiB a kernel can send free of header charges. Here the cost is per message, not per
+    byte (about 1,160 messages a MiB): host CPU per MiB stays within 0.11 s (0.156 before the frames already
+    received were read in one loop; 0.085 after, on a 2-core machine), and the output is honest: every byte of
+    text is kept, nothing is counted truncated."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, max_output="16m")
+    with Session(config) as session:
+        assert session.run("1").ok
+        costs = []
+        for _ in range(4):  # contention on a loaded machine only adds: the cheapest run counts
+            cpu = _cpu()
+            result = session.run(_cell("stream", "'p' * 230", None))
+            spent = _cpu() - cpu
+            assert result.ok, (result.error, result.notes)
+            count, sent = (int(word.lstrip(".")) for word in result.stdout.split()[-2:])
+            costs.append(spent / (sent / 2**20))
+            print(f"{count} messages, {sent / 2**20:.1f} MiB, host CPU {spent:.2f} s = {spent / count * 1e6:.0f} us a "
+                  f"message, {costs[-1]:.3f} s/MiB")
+            assert result.stdout.count(".") >= count and result.truncated_bytes == 0, "output was not honest"
+            if costs[-1] <= PROMISE_SMALL_S_PER_MIB:
+                break
+        assert min(costs) <= PROMISE_SMALL_S_PER_MIB, f"{min(costs):.3f} s of host CPU per MiB"

@@ -438,3 +438,38 @@ def test_a_hostile_wheel_is_refused_with_a_reason_and_nothing_is_kept(shape: str
     finally:
         shutil.rmtree(root)
 
+
+# -- Session.install(): the host pip is out of the interrupt's and close()'s reach ------------------------------
+
+def test_an_interrupt_or_close_ends_a_session_install(world: World, cleanup_ledger: None) -> None:
+    """`Session.install` passes no stop to the packages (only `run` does). Before: with its project's page held by
+    the index, install() ran on 10 s after interrupt() and close() had not returned either; it returned only once
+    the index let go (without that, at the config's time limit: 30 s here, 60 s by default)."""
+    name = "nbexec-held-install"
+    reached, released = world.index.hold(name)
+    config = _config(world.index.url, _public_folder("nbexec-evil-cache-") / "cache", timeout=30, runtime="runc")
+    session = nbexec.Session(config)
+    try:
+        assert session.run("x = 1").ok
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            installing = pool.submit(session.install, name)
+            closing: concurrent.futures.Future[None] | None = None
+            try:
+                wait_until(reached.is_set, 120, "the host never asked the index for the held project")
+                asked = time.monotonic()
+                session.interrupt()
+                concurrent.futures.wait([installing], timeout=5)
+                interrupted = installing.done()
+                closing = pool.submit(session.close)
+                concurrent.futures.wait([closing], timeout=5)
+                closed = closing.done()
+                waited = time.monotonic() - asked
+            finally:
+                released.set()
+            assert closing is not None
+            closing.result(timeout=90)
+            closed_after = time.monotonic() - asked
+    finally:
+        session.close()
+    assert interrupted and closed, f"{waited:.1f} s after interrupt(), install() had ended: {interrupted}; close() " \
+                                   f"had returned: {closed} (it returned {closed_after:.1f} s after the interrupt)"

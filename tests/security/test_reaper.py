@@ -76,7 +76,7 @@ class Due:
     def close(self) -> None:
         self.closes.append(self.sleeping.is_set())
 
-    def close_at_exit(self) -> None:
+    def _close_at_exit(self) -> None:
         self.close()
 
 

@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ import nbexec
 from nbexec import Session
 from nbexec.engine import snapshots
 
-from ..conftest import IMAGE, unaccounted_containers
+from .. import cluster
+from ..conftest import IMAGE, unaccounted_containers, wait_until
 from . import hostile_cases
 
 
@@ -170,3 +173,67 @@ def test_snapshot_is_admitted_before_it_writes(tmp_path: Path, cleanup_ledger: N
         with pytest.raises(nbexec.DiskSpaceError):
             session.snapshot(snapshot_dir=store)
     assert [p for p in store.iterdir() if p.is_dir()] == []
+
+
+# -- a take whose process died is swept at once; a live one is kept ---------------------------------------------
+
+STALLED_TAKE = """
+import sys, time
+from pathlib import Path
+import nbexec
+from nbexec.engine import snapshots
+store = snapshots.SnapshotStore(Path(sys.argv[1]))
+def stall(target, raw, *_):  # the take is under way: its folder made and being filled
+    print(raw, flush=True)
+    time.sleep(600)
+store._fill = stall
+store.take("alice", nbexec.SandboxConfig(), None, None)
+"""
+
+
+def _taking(store: Path) -> tuple[subprocess.Popen[str], str]:
+    """A real process in the middle of a take into ``store``: (the process, the raw id of its folder)."""
+    maker = subprocess.Popen([sys.executable, "-c", STALLED_TAKE, str(store)], stdout=subprocess.PIPE, text=True)
+    assert maker.stdout is not None
+    raw = maker.stdout.readline().strip()
+    assert raw, "the take never started"
+    return maker, raw
+
+
+def _making(store: Path) -> set[str]:
+    return {name.removesuffix(snapshots.MAKING) for name in os.listdir(store) if name.endswith(snapshots.MAKING)}
+
+
+def test_a_take_killed_midway_is_swept_at_the_next_use_and_a_live_one_is_kept(tmp_path: Path) -> None:
+    """Before: the folder of a take whose process was killed (SIGKILL) stayed for the snapshot TTL (7 days), on
+    the owner's disk. After: the next use of the store removes it; a take under way in another process is kept."""
+    store = tmp_path / "snaps"
+    dead, dead_raw = _taking(store)
+    live, live_raw = _taking(store)
+    try:
+        dead.kill()
+        dead.wait(10)  # SIGKILL: nothing of the take's own cleanup runs
+        assert _making(store) == {dead_raw, live_raw}
+        snapshots.SnapshotStore(store).listing("bob")
+        assert _making(store) == {live_raw}, "a dead take's folder was kept, or a live one's removed"
+        snapshots.SnapshotStore(store).sweep()  # what a node runs at start and in its janitor
+        assert _making(store) == {live_raw}
+    finally:
+        for maker in (dead, live):
+            maker.kill()
+            maker.communicate(timeout=10)
+    snapshots.SnapshotStore(store).sweep()
+    assert _making(store) == set()
+
+
+def test_a_node_sweeps_a_dead_take_when_it_starts(tmp_path: Path, docker_ready: None) -> None:
+    """A node killed mid-take leaves the take's folder in its state folder; the next start of the node removes it
+    (before: it stayed for the snapshot TTL)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    dead, raw = _taking(state / "snapshots")
+    dead.kill()
+    dead.communicate(timeout=10)
+    assert _making(state / "snapshots") == {raw}
+    with cluster.running_node("sw", {"NBEXEC_STATE_DIR": str(state), "NBEXEC_POOL_SIZE": "0"}):
+        wait_until(lambda: not _making(state / "snapshots"), 30, "the dead take's folder outlived the node's start")

@@ -218,5 +218,6 @@ def test_close_ends_a_running_cell_within_seconds(cleanup_ledger: None) -> None:
     session.close()
     took = time.monotonic() - asked
     thread.join(30)
-    assert took < 4, f"close() took {took:.1f} s during a running cell"
+    # The grace (3 s), then a kill: 4.5 s once on a loaded 2-core machine; before, the whole run (20.2 s).
+    assert took < 8, f"close() took {took:.1f} s during a running cell"
     assert not thread.is_alive() and results and not results[0].ok, results  # the run says it did not finish

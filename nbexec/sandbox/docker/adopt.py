@@ -1,12 +1,12 @@
 """Finding a sandbox again after the process that made it is gone (durable sessions, see `nbexec.engine.durable`).
 
 A record (`container.Sandbox.describe`, kept private in a state folder) names the container, the working folder,
-the sandbox user and the kernel's connection. Nothing in it is taken on trust beyond what it names: the working
-folder must be one of nbexec's (a direct child of the work root, ours, private), the container must be nbexec's,
-be named for the sandbox, mount that folder's run/ and still run; then its memory, CPU and process limits are
-set to the adopting process's config (today's policy), and a new kernel client connects to the kernel's sockets
-with the recorded key. A running cell of the dead owner is interrupted (nobody waits for it). `abandon` removes
-such a sandbox without a word to its kernel (an adoption that failed or ran past its deadline).
+the sandbox user and the kernel's connection. Nothing in it is trusted beyond what it names. The working folder
+must be nbexec's: a direct child of the work root, ours, private. The container must be nbexec's, named for the
+sandbox, mounting that folder's run/, and still running. Its memory, CPU and process limits are then set to
+today's config, and a new kernel client connects with the recorded key. A running cell of the dead owner is
+interrupted, since nobody waits for it. `abandon` removes such a sandbox without a word to its kernel, after an
+adoption that failed or ran past its deadline.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
 from nbexec.files.folders import work_root
+from nbexec.files.workdir import WORKDIR_PREFIX
 
 from . import daemon, datafs, egress
 from .container import Sandbox
-from .workdir import WORKDIR_PREFIX
 
 
 def _field(record: dict[str, Any], name: str, kind: type) -> Any:
@@ -52,8 +52,9 @@ def _workdir(raw: str) -> Path:
 
 
 def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
-    """The running sandbox ``record`` describes, its kernel connected again, brought to the limits of ``config``
-    (today's policy: see `_limit`); SandboxError when it is gone or cannot be."""
+    """The running sandbox ``record`` describes, its kernel connected again and held to ``config``'s limits.
+
+    SandboxError when it is gone or cannot be adopted."""
     sandbox, asleep = _found(config, record)
     try:
         _limit(sandbox, config)
@@ -76,8 +77,9 @@ def adopt(config: SandboxConfig, record: dict[str, Any]) -> Sandbox:
 
 
 def abandon(config: SandboxConfig, record: dict[str, Any]) -> None:
-    """Remove the sandbox ``record`` describes (container, data filesystem, working folder) without touching its
-    kernel; only what `adopt` would have accepted as that sandbox."""
+    """Remove the sandbox ``record`` describes (container, data filesystem, working folder), leaving its kernel be.
+
+    Only what `adopt` would have accepted as that sandbox is removed."""
     try:
         sandbox, _ = _found(config, record)
     except SandboxError:
@@ -89,8 +91,9 @@ def abandon(config: SandboxConfig, record: dict[str, Any]) -> None:
 
 
 def _remains(config: SandboxConfig, record: dict[str, Any]) -> Sandbox | None:
-    """What is left of a sandbox `_found` refused (stopped, half gone): its checked working folder, and its
-    container when that is still the sandbox's; None when the record names no folder of nbexec's."""
+    """What is left of a sandbox `_found` refused: its checked working folder, and its container if still its own.
+
+    None when the record names no folder of nbexec's."""
     try:
         sandbox = Sandbox(config, _field(record, "id", str), _workdir(_field(record, "workdir", str)))
     except SandboxError:
@@ -130,8 +133,10 @@ def _found(config: SandboxConfig, record: dict[str, Any]) -> tuple[Sandbox, bool
 
 
 def _limit(sandbox: Sandbox, config: SandboxConfig) -> None:
-    """Bring the container's memory, CPU and process limits to ``config``'s (the policy the process runs with
-    now, not the one the sandbox was made with); SandboxError when the engine refuses (memory in use above it)."""
+    """Bring the container's memory, CPU and process limits to today's ``config``, not the one it was made with.
+
+    SandboxError when the engine refuses, for example when the memory in use is above the new limit."""
+
     assert sandbox.container is not None
     host = sandbox.container.attrs.get("HostConfig", {})
     wanted = {"Memory": config.memory_bytes, "MemorySwap": config.memory_bytes, "NanoCpus": int(config.cpus * 1e9),

@@ -1,13 +1,13 @@
 """The code a kernel runs before a checkpoint, to let go of its sockets and take them back once restored.
 
-Run silently in the kernel (like the warm imports) by `checkpoint.checkpoint`. It refuses, before anything
+`checkpoint.checkpoint` runs it silently in the kernel, like the warm imports. It refuses, before anything
 changes, when the code holds sockets gVisor could not save (see `checkpoint`). Otherwise it starts a thread and
-returns; its reply is the host's answer. The thread lets go of the sockets only when the host says it has read that
-reply, by a file (``go``) the host makes in the runtime folder (which the sandbox cannot write when nbexec runs as
-root; a name it planted there refuses the checkpoint): no timer, so neither a slow host nor a starved kernel loses
-the reply. A host that gave up never makes it, and after ``patience`` seconds the thread ends and the kernel runs
-on with its sockets, as if nothing was asked. Restored, the thread waits for ``wake`` (its fresh key and session
-id) and binds the same addresses again.
+returns; its reply is the host's answer. The thread lets go of the sockets only once the host has read that reply.
+The host says so with a file (``go``) in the runtime folder, which the sandbox cannot write when nbexec runs as
+root; a name planted there refuses the checkpoint. There is no timer, so neither a slow host nor a starved kernel
+loses the reply. A host that gave up never makes the file: after ``patience`` seconds the thread ends and the
+kernel runs on with its sockets. Restored, the thread waits for ``wake`` (its fresh key and session id) and binds
+the same addresses again.
 """
 
 from __future__ import annotations

@@ -18,18 +18,18 @@ socket but the IOPub pipe's, a unix socket bound on a host mount such as /mnt/da
 kernel a fresh HMAC key and session id and reseeds ``random`` (and numpy's global generator), so the sandboxes
 made from one image by `from_template` (a template, a fork) never share them.
 
-A checkpoint is hostile data on its way back: copied into ``folder`` private (0700/0600), each file's sha256 and
-size kept in the record, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all (past it the copy stops, is removed
-and the checkpoint refused); ``wake`` copies only regular files (no links, nothing added nor missing) through
-descriptors, hashing them, within the same cap, and hands them to runsc alone. While a restored kernel binds its
-sockets its runtime folder is open to the sandbox's code, so it is a 64 KiB tmpfs (a file opened and unlinked there
-writes no further); locked, it must hold only the sockets and the wake file (anything else refuses the wake).
+A checkpoint is hostile data on its way back (`checkpointfiles`): copied into ``folder`` private (0700/0600), each
+file's sha256 and size kept in the record, capped at ``memory_bytes + CHECKPOINT_SLACK`` in all (past it the copy
+stops, is removed and the checkpoint refused); ``wake`` copies only regular files (no links, nothing added nor
+missing) through descriptors, hashing them, within the same cap, and hands them to runsc alone. While a restored
+kernel binds its sockets its runtime folder is open to the sandbox's code, so it is a 64 KiB tmpfs (a file opened
+and unlinked there writes no further); locked, it must hold only the sockets and the wake file (anything else
+refuses the wake).
 `supported` probes whether a runtime can (under runc CRIU fails on this kernel's vDSO: ``hibernate`` returns None)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -49,20 +49,20 @@ import docker.errors
 from nbexec.config import SandboxConfig
 from nbexec.errors import DockerError, SandboxError
 from nbexec.files import space
+from nbexec.files.workdir import claim_of
 
-from . import agent, daemon, datafs, leftovers, pool
+from . import agent, checkpointfiles, daemon, datafs, leftovers, pool
 from .container import Sandbox
-from .options import KERNEL_PORTS, Place, connection_info, container_options
-from .workdir import claim_of, remove_tree
+from .options import KERNEL_PORTS, RUNTIME_BYTES, RUNTIME_INODES, Place, connection_info, container_options
 
 log = logging.getLogger(__name__)
 
 NAME = "nbexec"  # the checkpoint's name in Docker's data root
 CHECKPOINT_SLACK = 64 * 1024**2  # a checkpoint may be this much larger than the sandbox's memory limit
-RUNTIME_BYTES, RUNTIME_INODES = 64 * 1024, 32  # a restored runtime folder: sockets and the wake file need no more
 RECORD_VERSION = 1
 _restoring = threading.Lock()  # two restores of one template in this process never share containerd's copy
-_SOCKETS, _CHUNK = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values()), 1 << 20
+_unfinished: dict[str, threading.Thread] = {}  # sandbox id -> its restore's engine call, until it returned
+_SOCKETS = tuple(f"kernel-{n}" for n in KERNEL_PORTS.values())
 _probed: dict[str, tuple[bool, float, str]] = {}  # runtime -> (the answer, when it was found, why not)
 _probe_lock = threading.Lock()
 PROBE_AGAIN = 900.0  # seconds after which a "no" is asked again (it may have met an engine restarting)
@@ -157,8 +157,8 @@ def checkpoint(sandbox: Sandbox, folder: Path) -> dict[str, Any]:
         response = api._post_json(api._url("/containers/{0}/checkpoints", sandbox.container.id),
                                   data={"CheckpointID": NAME, "Exit": True})
         api._raise_for_status(response)
-    files = _copy_out(Path(daemon.root_dir()) / "containers" / sandbox.container.id / "checkpoints" / NAME,
-                      folder / "checkpoint", config.memory_bytes + CHECKPOINT_SLACK)
+    copied = Path(daemon.root_dir()) / "containers" / sandbox.container.id / "checkpoints" / NAME
+    files = checkpointfiles.copy_out(copied, folder / "checkpoint", config.memory_bytes + CHECKPOINT_SLACK)
     log.debug("sandbox %s checkpointed in %.3f s", sandbox.id, time.monotonic() - started)
     with contextlib.suppress(DockerError), daemon.translated("remove a checkpointed sandbox"):
         sandbox.container.remove(force=True, v=True)
@@ -206,24 +206,24 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
                                        "the engine's copies of the memory image it restores")],
                            config.disk_margin_bytes, action="restore a sandbox's memory")
     sandbox.connection = connection_info(config)
+    kept = [copies]  # an abandoned restore's thread takes it: the engine writes its copies until it returns
     try:
+        if (last := _unfinished.get(sandbox.id)) is not None:  # a stopped wake's: it binds in the same folder
+            _wait(lambda: not last.is_alive(), config.startup_timeout, "the last restore of this sandbox", check)
         with daemon.translated("create a sandbox to restore"):
             container = client.containers.create(**container_options(config, "session", Place(
                 sandbox.id, sandbox.uid, sandbox.gid, sandbox.workdir, claim=claim_of(sandbox.workdir))))
         target = Path(daemon.root_dir()) / "containers" / container.id / "checkpoints" / NAME
-        _copy_in(folder / "checkpoint", target, files)
+        checkpointfiles.copy_in(folder / "checkpoint", target, files)
         fresh = {"key": sandbox.connection["key"], "session": secrets.token_hex(16)}
         _open_runtime(sandbox.runtime_dir, str(record["wake"]), json.dumps(fresh).encode())
         # One at a time (a copy is removed once used); another's long restore never holds this wake past its check.
         _wait(lambda: _restoring.acquire(timeout=0.05), config.startup_timeout, "another restore held on", check)
         try:
-            with daemon.translated("restore a sandbox"):
-                response = client.api.post(client.api._url("/containers/{0}/start", container.id),
-                                           params={"checkpoint": NAME})
-        finally:
-            leftovers.remove_copies(files)  # containerd's copy of what it restored from
-            _restoring.release()
-        client.api._raise_for_status(response)
+            _started(client, container, sandbox.id, files, check, kept)
+        except BaseException:
+            container = None  # removed by `_started` (or by its thread once the engine lets go of it)
+            raise
         sandbox.attach(container)
         with daemon.translated("remove a restored checkpoint"):  # read; the next hibernate writes its own
             client.api._raise_for_status(client.api._delete(
@@ -240,8 +240,65 @@ def _start_from(sandbox: Sandbox, record: dict[str, Any], files: dict[str, tuple
         sandbox.container = None
         raise
     finally:
-        copies.release()
+        for hold in kept:
+            hold.release()
     return sandbox
+
+
+def _started(client: Any, container: Any, sandbox_id: str, files: dict[str, tuple[int, str]],
+             check: Callable[[], None], kept: list[Any]) -> Any:
+    """The engine's answer to starting ``container`` from its checkpoint: one blocking call (the engine unpacks the
+    checkpoint, then runsc restores it), made on a thread of its own while ``check`` is polled. When anything
+    raises here, the container is removed: at once when the call is over, else by that thread as soon as the
+    engine lets go of it (it holds the container until then), so a stopped wake never waits for the engine."""
+    answer: list[Any] = []
+    orphan: list[Any] = []  # ``kept`` (the disk held for the engine's copies) once the waiting wake is gone
+    handoff, abandoned = threading.Lock(), threading.Event()
+
+    def start() -> None:
+        try:
+            with daemon.translated("restore a sandbox"):
+                outcome: Any = client.api.post(client.api._url("/containers/{0}/start", container.id),
+                                               params={"checkpoint": NAME})
+        except BaseException as exc:
+            outcome = exc
+        try:
+            with handoff:
+                answer.append(outcome)
+            if abandoned.is_set():  # the waiting wake is gone: nothing of this restore may stay
+                _remove(container)
+        finally:
+            leftovers.remove_copies(files)  # containerd's copy of what it restored from
+            for hold in orphan:
+                hold.release()
+            _restoring.release()
+            _unfinished.pop(sandbox_id, None)
+
+    thread = _unfinished[sandbox_id] = threading.Thread(target=start, name="nbexec-restore", daemon=True)
+    thread.start()
+    try:
+        while not answer:
+            check()
+            thread.join(0.05)
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        client.api._raise_for_status(answer[0])
+    except BaseException:
+        with handoff:
+            abandoned.set()
+            over = bool(answer)
+            if not over:
+                orphan.extend(kept)
+                kept.clear()
+        if over:
+            _remove(container)
+        raise
+    return answer[0]
+
+
+def _remove(container: Any) -> None:
+    with contextlib.suppress(docker.errors.APIError, DockerError):
+        container.remove(force=True, v=True)
 
 
 def _checked_record(record: dict[str, Any], config: SandboxConfig) -> dict[str, tuple[int, str]]:
@@ -259,73 +316,6 @@ def _checked_record(record: dict[str, Any], config: SandboxConfig) -> dict[str, 
     if sum(size for size, _ in files.values()) > config.memory_bytes + CHECKPOINT_SLACK:
         raise SandboxError("the hibernated sandbox's checkpoint is larger than its memory limit allows")
     return files
-
-
-def _copy_out(source: Path, target: Path, cap: int) -> dict[str, list[Any]]:
-    """Copy the checkpoint Docker wrote (regular files only) into ``target`` (0700, files 0600) within ``cap``
-    bytes in all; {name: [size, sha256]} of what was copied. Past the cap the copy stops at cap + 1 byte, the
-    partial copy is removed and SandboxError says so."""
-    target.mkdir(mode=0o700)
-    files: dict[str, list[Any]] = {}
-    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    out = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for name in sorted(os.listdir(fd)):
-            left = cap - sum(size for size, _ in files.values())
-            size, digest = _copy_file(fd, out, name, limit=left)
-            if size > left:
-                raise SandboxError(f"the sandbox's checkpoint is larger than its memory limit allows ({cap:,} "
-                                   "bytes with the slack): not kept")
-            files[name] = [size, digest]
-    except BaseException:
-        remove_tree(target)
-        raise
-    finally:
-        os.close(fd)
-        os.close(out)
-    return files
-
-
-def _copy_in(source: Path, target: Path, files: dict[str, tuple[int, str]]) -> None:
-    """Copy the kept checkpoint into Docker's data root: exactly the record's files, each regular, of its recorded
-    size and sha256 (hashed as it is copied); SandboxError at the first difference."""
-    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        if sorted(os.listdir(fd)) != sorted(files):
-            raise SandboxError("the hibernated sandbox's checkpoint has files added or removed: not restored")
-        target.mkdir(mode=0o700, parents=True)
-        out = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            for name, (size, digest) in files.items():
-                if _copy_file(fd, out, name, limit=size) != (size, digest):
-                    raise SandboxError(f"the hibernated sandbox's checkpoint file {name!r} changed: not restored")
-        finally:
-            os.close(out)
-    finally:
-        os.close(fd)
-
-
-def _copy_file(src_dir: int, dst_dir: int, name: str, *, limit: int | None) -> tuple[int, str]:
-    """Copy one regular file (never a link) between folders; (bytes copied, their sha256); at most ``limit``+1."""
-    try:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src_dir)
-    except OSError as exc:
-        raise SandboxError(f"the checkpoint file {name!r} cannot be read safely: {exc.strerror}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(src).st_mode):
-            raise SandboxError(f"the checkpoint file {name!r} is not a regular file")
-        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_dir)
-        digest, copied = hashlib.sha256(), 0
-        with os.fdopen(dst, "wb") as out:
-            while chunk := os.read(src, _CHUNK):
-                copied += len(chunk)
-                if limit is not None and copied > limit:
-                    break
-                digest.update(chunk)
-                out.write(chunk)
-        return copied, digest.hexdigest()
-    finally:
-        os.close(src)
 
 
 def _open_runtime(runtime_dir: Path, wake: str, content: bytes) -> None:

@@ -26,16 +26,16 @@ from nbexec import languages
 from nbexec.config import SandboxConfig, running_as_root
 from nbexec.egress import describe_change
 from nbexec.errors import ConfigError, DockerError, SandboxError
-from nbexec.files import artifacts, space, transfer
+from nbexec.files import artifacts, mounts, space, transfer
 from nbexec.files.folders import OutputFolder, mark, work_root
+from nbexec.files.workdir import CLAIM_FILE, CLAIMED_PREFIX, WORKDIR_PREFIX, remove_tree
 from nbexec.result import Connection
 from nbexec.sandbox import hidden, kernel
-from nbexec.sandbox.source import INPUT_MOUNT, ContainerState, WheelFile
+from nbexec.sandbox.source import ContainerState, SandboxHandle, WheelFile
 
-from . import daemon, datafs, egress, inputmount, users
-from .options import KERNEL_PORTS, Place, connection_info, container_options
+from . import daemon, datafs, egress, inputcopy, users, workdir
+from .options import KERNEL_PORTS, RUNTIME_BYTES, RUNTIME_INODES, Place, connection_info, container_options
 from .sleep import Sleeper
-from .workdir import CLAIM_FILE, CLAIMED_PREFIX, WORKDIR_PREFIX, provide_wheels, remove_tree
 
 if TYPE_CHECKING:
     from nbexec.egress.proxy import Proxy
@@ -45,7 +45,7 @@ __all__ = ["Sandbox"]
 log = logging.getLogger(__name__)
 
 
-class Sandbox(Sleeper):
+class Sandbox(Sleeper, SandboxHandle):
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
@@ -58,7 +58,8 @@ class Sandbox(Sleeper):
         self.workdir = workdir
         self.data_dir = workdir / "data"  # mounted at /mnt/data; gone with the sandbox (results copy files out)
         self.data_fs = False  # a filesystem of its own (fixed size and inode count) is mounted at data_dir
-        self.input_links: frozenset[str] = frozenset()  # names in data_dir nbexec linked to /mnt/input
+        self.input_links: frozenset[str] = frozenset()  # names of the links nbexec made in data_dir (see inputcopy)
+        self.input_copies: dict[str, inputcopy.Key] = {}  # name -> identity of the input copy as nbexec made it
         self._input_masks: list[docker.types.Mount] = []  # empty stand-ins over nbexec's settings files in it
         self._input_notes: list[str] = []
         self.data_watch: datafs.Watch | None = None  # the sampled fallback when nbexec cannot mount
@@ -124,22 +125,21 @@ class Sandbox(Sleeper):
     def _prepare_folders(self) -> None:
         mark(self.workdir)  # /mnt/data lives below: never a place nbexec loads a .env from
         self.runtime_dir.mkdir(mode=0o700)
-        info = connection_info(self.config)
-        self.connection = info
-        conn = self.runtime_dir / "kernel.json"
-        conn.write_text(json.dumps(info))
         owner = self.file_owner()
+        if owner is not None and datafs.can_mount():  # the sandbox writes there (contexts): never the host's disk
+            datafs.mount_small(self.runtime_dir, size=RUNTIME_BYTES, inodes=RUNTIME_INODES)
+        self.connection = connection_info(self.config)
+        conn = self.runtime_dir / "kernel.json"
+        conn.write_text(json.dumps(self.connection))
         if owner is not None:
             os.chown(conn, *owner)
-            # The kernel binds its sockets here: writable until it is up, then read-only (see _lock_runtime).
-            os.chmod(self.runtime_dir, 0o777)
+            os.chmod(self.runtime_dir, 0o777)  # the kernel binds its sockets here; read-only once up (_lock_runtime)
         os.chmod(conn, 0o400)
         (self.workdir / "wheels").mkdir(mode=0o755)  # packages: empty until the host links wheels in
         self._make_data_fs()
-        if self.config.input_dir:  # nbexec's own settings files (.env ...) are never shown: see inputmount
-            self._input_masks, self._input_notes = inputmount.prepare(self.config.input_dir, self.workdir, INPUT_MOUNT)
-        if self.config.input_dir and self.config.link_input:
-            self.input_links = inputmount.link_entries(self.config.input_dir, self.data_dir, self.file_owner())
+        if self.config.input_dir:  # settings files withheld (inputmount); the code's own copy of the rest (inputcopy)
+            self._input_masks, self._input_notes, self.input_links, self.input_copies = inputcopy.prepare(
+                self.config, self.workdir, self.data_dir, (self.uid, self.gid), self.file_owner())
 
     def _make_data_fs(self) -> None:
         """Mount a filesystem of max_data bytes and max_files (+ headroom) inodes at data_dir, owned by the
@@ -295,7 +295,7 @@ class Sandbox(Sleeper):
     def snapshot(self, target: OutputFolder, limits: artifacts.Limits,
                  known: artifacts.Known | None = None) -> artifacts.Collection:
         """Copy the regular files of /mnt/data into ``target`` (see artifacts.snapshot)."""
-        return artifacts.snapshot(self.data_dir, target, limits, known=known)
+        return inputcopy.snapshot(self.data_dir, target, limits, known, self.input_copies)
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
         """/mnt/data/``name`` as it is now, for streaming: (its size, its chunks); links are refused."""
@@ -303,7 +303,7 @@ class Sandbox(Sleeper):
 
     def list_files(self, limits: artifacts.Limits, known: artifacts.Known | None = None) -> artifacts.Collection:
         """/mnt/data as it is now, within ``limits`` (hashed where they lie; see artifacts.snapshot)."""
-        return artifacts.snapshot(self.data_dir, None, limits, known=known)
+        return inputcopy.snapshot(self.data_dir, None, limits, known, self.input_copies)
 
     def data_notes(self) -> tuple[list[str], bool]:
         """nbexec's notes on /mnt/data running out of space or inodes, and whether that stopped the sandbox
@@ -316,7 +316,7 @@ class Sandbox(Sleeper):
 
     def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
         """Link (or copy) each wheel into /mnt/wheels under its own file name."""
-        provide_wheels(self.workdir / "wheels", wheels)
+        workdir.provide_wheels(self.workdir / "wheels", wheels)
 
     def take_connections(self) -> tuple[tuple[Connection, ...], list[str]]:
         """The egress connections since the last call and notes on what was capped; none without a proxy."""
@@ -392,7 +392,7 @@ class Sandbox(Sleeper):
                     log.warning("could not remove container %s: %s (run `nbexec cleanup`)", self.id, exc)
             self.container = None
         if self.data_fs:
-            datafs.unmount(self.data_dir)
+            mounts.unmount(self.data_dir)
             self.data_fs = False
         # remove_tree unmounts first what is still mounted there: it never deletes through a mount
         remove_tree(self.workdir)

@@ -17,7 +17,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from nbexec.errors import DockerError, DockerUnavailableError, ImageNotFoundError
+from nbexec.config import DEFAULT_IMAGE
+from nbexec.errors import ConfigError, DockerError, DockerUnavailableError, ImageNotFoundError, NbexecError
 from nbexec.files import statefolder
 from nbexec.hostconfig import host_from_env
 
@@ -110,18 +111,51 @@ def translated(action: str) -> Iterator[None]:
     try:
         yield
     except docker.errors.ImageNotFound as exc:
-        raise ImageNotFoundError(
-            f"The runtime image is missing ({exc.explanation}). Build it with `nbexec image build` "
-            "(or `nbexec image build --debootstrap` where no registry is reachable)."
-        ) from exc
+        raise ImageNotFoundError(_missing_image(str(exc.explanation or exc))) from exc
     except (requests.exceptions.ConnectionError, ConnectionError) as exc:
         raise _unavailable(exc) from exc
     except requests.exceptions.ReadTimeout as exc:
         raise DockerError(f"Docker did not answer in time while trying to {action}; is the engine overloaded?") from exc
     except docker.errors.APIError as exc:
+        beyond = _CPU_RANGE.search(str(exc.explanation or ""))
+        if beyond:  # the config asks more than the machine: the user's to change, not a failure of Docker
+            raise ConfigError(f"cpus (--cpus, NBEXEC_CPUS) is more than this machine's {beyond.group(1)} CPUs: give "
+                              f"at most {beyond.group(1)}") from exc
         raise DockerError(f"Docker refused to {action}: {exc.explanation or exc}") from exc
     except docker.errors.DockerException as exc:
         raise DockerError(f"Docker failed to {action}: {exc}") from exc
+
+
+_CPU_RANGE = re.compile(r"Range of CPUs is from [\d.]+ to [\d.]+, as there (?:are|is) only (\d+) CPU")
+
+
+_NO_SUCH_IMAGE = re.compile(r"No such image: (\S+)")
+
+
+def _missing_image(explanation: str) -> str:
+    """Say which image is not here and what to do: choose one that is (a mistyped --image), or build the runtime
+    image when it is the one missing or none is here."""
+    found = _NO_SUCH_IMAGE.search(explanation)
+    name = found.group(1) if found else None
+    present = _present_images()
+    build = ("Build the runtime image with `nbexec image build` (or `nbexec image build --debootstrap` where no "
+             "registry is reachable).")
+    said = f"The image {name} is not here." if name else f"The runtime image is missing ({explanation})."
+    if name not in (None, DEFAULT_IMAGE) and present:  # another image was asked for: the fix is to choose
+        return f"{said} {present}".rstrip()
+    return f"{said} {present}{build}"
+
+
+def _present_images() -> str:
+    """The runtime images this engine has (nbexec's label), as a sentence naming the option that chooses one."""
+    with contextlib.suppress(NbexecError, docker.errors.DockerException, requests.exceptions.RequestException,
+                             OSError):
+        found = sorted({tag for image in connect().images.list(filters={"label": "io.nbexec.role=runtime"})
+                        for tag in image.tags})
+        if found:
+            shown = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
+            return f"Images here: {shown} (choose one with --image or NBEXEC_IMAGE; `nbexec image list`). "
+    return ""
 
 
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?\d*(Z|[+-]\d\d:\d\d)")

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbexec.config import running_as_root
+from nbexec.files.mounts import run_tool as _run
 
 log = logging.getLogger(__name__)
 
 INODE_HEADROOM = 64  # folders and the filesystem's own inodes, on top of max_files * 5 / 4
 _MIN_SIZE = 1024**2  # ext4 needs a few blocks of its own
-_COMMAND_TIMEOUT = 30.0
 
 
 def can_mount() -> bool:
@@ -52,12 +52,6 @@ def fallback_reason() -> str | None:
 def inode_count(max_files: int) -> int:
     """Inodes of a data filesystem: the files one execution may keep, a quarter more for folders, headroom."""
     return max_files + max_files // 4 + INODE_HEADROOM
-
-
-def _run(*command: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=_COMMAND_TIMEOUT, check=False)
-    if done.returncode != 0:
-        raise OSError(f"{' '.join(command[:2])} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
 
 
 def create(mountpoint: Path, image: Path, *, size: int, inodes: int, owner: tuple[int, int]) -> None:
@@ -85,49 +79,12 @@ def create(mountpoint: Path, image: Path, *, size: int, inodes: int, owner: tupl
 def mount_small(mountpoint: Path, *, size: int, inodes: int) -> None:
     """Mount a tmpfs of ``size`` bytes and ``inodes`` inodes (root's, 0700) on ``mountpoint``: a host folder the
     sandbox may write into for a while, whose size the kernel caps whatever the sandbox names or unlinks there.
-    Unmounted with the working folder (`workdir.remove_tree`). Raises OSError when the mount fails."""
+    Unmounted with the working folder (`nbexec.files.workdir.remove_tree`). Raises OSError when the mount fails."""
     try:
         _run("mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes},mode=0700,nosuid,nodev,noexec",
              "nbexec-run", str(mountpoint))
     except subprocess.SubprocessError as exc:  # mount did not end in time
         raise OSError(f"mount -t tmpfs failed: {exc}") from exc
-
-
-def unmount(mountpoint: Path) -> None:
-    """Unmount a data filesystem (its loop device is released with it: mounted with -o loop, autoclear)."""
-    try:
-        _run("umount", str(mountpoint))
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("could not unmount %s (%s); detaching it lazily", mountpoint, exc)
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            _run("umount", "-l", str(mountpoint))
-
-
-def unmount_all(root: Path) -> list[Path]:
-    """Unmount every mount point at or below ``root``, deepest first; the points that were mounted."""
-    found = mounts_under(root)
-    for point in found:
-        unmount(point)
-    return found
-
-
-def mounts_under(root: Path) -> list[Path]:
-    """Mount points at or below ``root`` in this process's mount table, deepest first."""
-    prefix = str(root).rstrip("/") + "/"
-    found = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
-        for line in table:
-            fields = line.split(" ")
-            if len(fields) > 4:
-                # mountinfo escapes space, tab, newline and backslash as octal (\040 ...)
-                point = fields[4].encode().decode("unicode_escape")
-                if point == str(root) or point.startswith(prefix):
-                    found.append(Path(point))
-    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
-
-
-def is_mounted(path: Path) -> bool:
-    return path in mounts_under(path)
 
 
 @dataclass(frozen=True)

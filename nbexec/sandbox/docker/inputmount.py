@@ -21,9 +21,8 @@ from typing import NamedTuple
 import docker.types
 
 from nbexec.errors import ConfigError
-from nbexec.sandbox.source import INPUT_MOUNT
 
-MAX_INPUT_LINKS = 200  # entries of the input folder linked from /mnt/data (each takes one of its inodes)
+MAX_INPUT_LINKS = 200  # top-level entries of the input folder placed in /mnt/data (see inputcopy)
 MAX_ENTRIES = 100_000  # entries of the input folder checked before it is mounted; a larger folder is refused
 MAX_WITHHELD = 256  # settings files withheld (each is one mount); more is refused
 _SHOWN = 10
@@ -43,10 +42,12 @@ def is_settings_name(name: str) -> bool:
     return lower == ".env" or lower.startswith(".env.") or lower.endswith(".env")
 
 
-def prepare(folder: str, workdir: Path, mount_point: str) -> tuple[list[docker.types.Mount], list[str]]:
+def prepare(folder: str, workdir: Path, mount_point: str, withheld: dict[PurePosixPath, Withheld] | None = None,
+            ) -> tuple[list[docker.types.Mount], list[str]]:
     """The mounts that hide ``folder``'s settings files under ``mount_point`` (empty stand-ins made in
-    ``workdir``), and the notes that say what was withheld. ConfigError when the folder is too large to check."""
-    withheld = scan(folder, mount_point)
+    ``workdir``), and the notes that say what was withheld (``withheld``: `scan`'s answer, when already asked).
+    ConfigError when the folder is too large to check."""
+    withheld = scan(folder, mount_point) if withheld is None else withheld
     if not withheld:
         return [], []
     empty_file, empty_dir = workdir / "withheld", workdir / "withheld.d"
@@ -174,19 +175,3 @@ def _add_hard_links(folder: str, withheld: dict[PurePosixPath, Withheld]) -> Non
             if (info.st_dev, info.st_ino) in inodes:
                 withheld.setdefault(relative, Withheld(False, f"another name of {inodes[(info.st_dev, info.st_ino)]}"))
 
-
-def link_entries(folder: str, data_dir: Path, owner: tuple[int, int] | None) -> frozenset[str]:
-    """Link each visible entry of the input folder (up to MAX_INPUT_LINKS) from /mnt/data (the kernel's working
-    folder) to its place under /mnt/input, so `open('data.csv')` reads the file next to the notebook; their names.
-    The links point inside the sandbox; the host never follows them (and drops them from the result's skipped
-    files). ``owner``: who the links belong to (the sandbox user, when nbexec runs as root)."""
-    names = sorted(n for n in os.listdir(folder) if not n.startswith("."))[:MAX_INPUT_LINKS]
-    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for name in names:
-            os.symlink(f"{INPUT_MOUNT}/{name}", name, dir_fd=fd)
-            if owner is not None:
-                os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
-    finally:
-        os.close(fd)
-    return frozenset(names)

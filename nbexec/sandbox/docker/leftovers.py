@@ -1,18 +1,17 @@
 """What the container engine leaves on the host around gVisor checkpoints, found and removed.
 
 Two engine bugs turn every hibernate into a leak unless the host cleans up after them:
-- containerd unpacks each checkpoint it restores from (and, in some versions, each one it takes) into a folder it
-  makes with ``MkdirTemp($XDG_RUNTIME_DIR or $TMPDIR or /tmp, "ctrd-checkpoint")`` and never removes it
-  (containerd/containerd#10166, Debian's 1.6 among them): a copy of the sandbox's memory image, up to its memory
-  limit, left on the host per wake.
-- A container restored from a checkpoint and then checkpointed again stays "paused" in runsc's state, so its
-  containerd shim never exits after the container is removed: a process (and a stopped task) left per cycle.
-  Killed, the shim is reaped by containerd, which then removes the task and runsc's state.
+- containerd unpacks each checkpoint it restores from (in some versions, each one it takes too) into a folder
+  made with ``MkdirTemp($XDG_RUNTIME_DIR or $TMPDIR or /tmp, "ctrd-checkpoint")``. It never removes it
+  (containerd/containerd#10166, Debian's 1.6 among them). Each wake leaves a copy of the memory image on the host.
+- A container restored from a checkpoint and checkpointed again stays "paused" in runsc's state. Its containerd
+  shim then never exits after the container is removed: each cycle leaves a process and a stopped task. Killed,
+  the shim is reaped by containerd, which then removes the task and runsc's state.
 
-`remove_copies` removes the folders that hold exactly a checkpoint's files (each name, size and sha256 equal; never
-anything else, so a concurrent checkpoint's folder, still being written, stays); `stop_shim` kills the shim whose
-``-id`` is a removed container's. Where nbexec cannot see containerd's folder or signal its shim (not
-root), it says so once in the log: the leak is the engine's, the cure needs root.
+`remove_copies` removes the folders that hold exactly a checkpoint's files: each name, size and sha256 equal.
+Nothing else is removed, so a concurrent checkpoint's folder, still being written, stays. `stop_shim` kills the
+shim whose ``-id`` is a removed container's. Where nbexec is not root it cannot do either, and says so once in
+the log: the leak is the engine's, the cure needs root.
 """
 
 from __future__ import annotations

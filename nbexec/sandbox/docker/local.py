@@ -11,11 +11,11 @@ from typing import Any
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
 from nbexec.files.folders import work_root
+from nbexec.files.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
 from . import adopt, checkpoint, daemon, pool
 from .container import Sandbox
-from .workdir import WORKDIR_PREFIX, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ class LocalSource(SandboxSource):
         return checkpoint.hibernate(_own(handle), folder)
 
     def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path, *,
-             check: Callable[[], None] = lambda: None) -> SandboxHandle:
+             check: Callable[[], None] = lambda: None, deadline: float | None = None) -> SandboxHandle:
+        """``check`` carries the caller's deadline into every wait of the restore here."""
         return checkpoint.restore(config, record, folder, check)
 
     def discard(self, record: dict[str, Any], folder: Path) -> None:

@@ -19,6 +19,9 @@ from nbexec.sandbox.source import DATA_MOUNT, HOME_ALIAS, INPUT_MOUNT, PACKAGES_
 from . import daemon, egress
 
 RUNTIME_MOUNT = "/run/nbexec"
+# The runtime folder is a tmpfs this small (sockets, connection files): the sandbox writes there while a kernel or a
+# context starts, and nothing it writes may reach the host's disk. Room for the kernel and MAX_CONTEXTS contexts.
+RUNTIME_BYTES, RUNTIME_INODES = 256 * 1024, 128
 HOME = "/home/sandbox"
 LOG_OPTIONS = {"max-size": "1m", "max-file": "1"}  # Docker's log of a sandbox: about 1 MiB on the host at most
 KERNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}

@@ -17,10 +17,10 @@ from typing import Any
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import NbexecError
+from nbexec.files.workdir import remove_stale_workdirs
 
 from . import daemon, kernels, runtimes
 from .container import Sandbox
-from .workdir import remove_stale_workdirs
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,9 @@ _lock = threading.Lock()
 _pools: dict[tuple[Any, ...], Pool] = {}
 _executors: dict[str, ThreadPoolExecutor] = {}
 _pending: set[Future[None]] = set()
+_refills: set[threading.Timer] = set()  # refills waiting for their delay (see `_refill_later`)
 _swept = False
+REFILL_DELAY = 1.0  # seconds from a call's end to its pool's refill (see `_refill_later`)
 
 
 def start_sandbox(config: SandboxConfig, *, role: str, warm_up: bool, claim: str = "") -> Sandbox:
@@ -71,7 +73,9 @@ def dispose(sandbox: Sandbox) -> None:
 
 
 def wait_for_teardown() -> None:
-    """Block until every background teardown has finished."""
+    """Block until every background teardown has finished, and every delayed refill has begun."""
+    for timer in list(_refills):
+        timer.join()
     for future in list(_pending):
         with contextlib.suppress(Exception):
             future.result()
@@ -210,10 +214,25 @@ def acquire(config: SandboxConfig) -> Sandbox:
 
 
 def release(sandbox: Sandbox) -> None:
-    """Hand back a used sandbox: it is destroyed in the background and its pool refilled."""
+    """Hand back a used sandbox: it is destroyed in the background and its pool refilled a little later."""
     dispose(sandbox)
     if sandbox.config.pool_size:
-        _pool_for(sandbox.config).replenish()
+        _refill_later(_pool_for(sandbox.config))
+
+
+def _refill_later(pool: Pool) -> None:
+    """Refill ``pool`` after REFILL_DELAY, unless the process ends first: a script that made its one call and
+    exits has nobody to use a warm sandbox, and would otherwise wait at exit for it to start and be removed."""
+    def refill() -> None:
+        try:
+            pool.replenish()
+        finally:
+            _refills.discard(timer)
+
+    timer = threading.Timer(REFILL_DELAY, refill)
+    timer.daemon = True  # never keeps the process alive; a refill at exit is refused (executor shut down)
+    _refills.add(timer)
+    timer.start()
 
 
 def shutdown() -> None:
@@ -221,6 +240,9 @@ def shutdown() -> None:
     with _lock:
         pools = list(_pools.values())
         _pools.clear()
+    for timer in list(_refills):  # nobody will use a refilled pool now
+        timer.cancel()
+        _refills.discard(timer)
     for pool in pools:
         pool.close()
     wait_for_teardown()

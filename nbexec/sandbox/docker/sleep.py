@@ -1,9 +1,10 @@
-"""A local sandbox asleep: no process runs (the container is stopped: no memory, no CPU), its /mnt/data kept as it
-is (the data filesystem stays mounted on the host, its image file on disk: nothing is copied), its container
-kept with every limit it was made with; `awake` starts a fresh kernel in the same container, over the same files.
+"""A local sandbox asleep: its container stopped, so no process runs and it holds no memory or CPU.
 
-The kernel's memory is not kept here: the engine brings it back by replaying the session's cells
-(`nbexec.engine.wake`), or a source that can checkpoint memory does it first (`SandboxSource.hibernate`).
+Its /mnt/data stays as it is: the data filesystem stays mounted on the host, so nothing is copied. The container
+keeps every limit it was made with. `awake` starts a fresh kernel in the same container, over the same files.
+
+The kernel's memory is not kept here. The engine brings it back by replaying the session's cells
+(`nbexec.engine.wake`), or a source that can checkpoint memory keeps it first (`SandboxSource.hibernate`).
 """
 
 from __future__ import annotations

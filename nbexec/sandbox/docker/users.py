@@ -8,8 +8,8 @@ import threading
 
 from nbexec.config import SandboxConfig, running_as_root
 
-# Sandbox uids when nbexec runs as root: far above any login account (useradd stops at 60000), below 2**31 so
-# tools that keep uids in a signed 32-bit integer still work.
+# Sandbox uids when nbexec runs as root. They lie far above any login account (useradd stops at 60000). They stay
+# below 2**31 because some tools keep uids in a signed 32-bit integer.
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_SPAN = 140_000_000
 _ids_lock = threading.Lock()
@@ -43,9 +43,10 @@ def fresh_ids() -> tuple[int, int]:
 
 
 def uid_gid(config: SandboxConfig) -> tuple[int, int]:
-    """The uid and gid a new sandbox runs as: ``config.user``; else yours (files in /mnt/data stay yours); else,
-    when nbexec runs as root, a fresh pair per call (per sandbox) that is no account on this host, so sandboxes
-    share no per-uid kernel limit with each other or with a login."""
+    """The uid and gid a new sandbox runs as.
+
+    ``config.user`` comes first. Else yours, so files in /mnt/data stay yours. When nbexec runs as root, each call
+    gets a fresh pair that is no account on this host: sandboxes then share no per-uid kernel limit."""
     if config.user:
         uid, _, gid = config.user.partition(":")
         return int(uid), int(gid or uid)

@@ -1,6 +1,8 @@
-"""A remote sandbox's /mnt/data seen from this host: its node's listing checked and held to this host's limits, and
-the files streamed into a local output folder through directory descriptors (private, never past a cap, never
-through a link or out of the folder), a session's unchanged files fetched once."""
+"""A remote sandbox's /mnt/data seen from this host.
+
+The node's listing is checked and held to this host's limits. The files stream into a private local folder
+through directory descriptors: never past a cap, never through a link or out of the folder. A session's unchanged
+files are fetched once."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from nbexec.errors import FileTransferError, NodeError
+from nbexec.errors import FileTooLargeError, FileTransferError, NodeError
 from nbexec.files import artifacts, transfer
 from nbexec.files.artifacts import MAX_SKIPPED, Collection
 from nbexec.files.folders import OutputFolder
 from nbexec.result import File, SkippedFile
+from nbexec.sandbox.source import SandboxHandle
 
 LISTED_ENTRY = 8192  # bytes one entry of a file listing may take (a 1,024-byte name escaped, its URL, its hash)
 REMOTE = -1  # the "inode" of a Known entry made here: the node's sha256 is what says a file is unchanged
@@ -27,8 +30,9 @@ def listing_cap(limits: artifacts.Limits) -> int:
 
 
 def parse_listing(data: Any, max_files: int, node: str) -> Collection:
-    """A node's listing (already capped in bytes and parsed): at most ``max_files`` files and MAX_SKIPPED skipped
-    entries kept, each in the one shape of a File (`nbexec.result`) and its fields checked; else NodeError."""
+    """A node's listing, already capped in bytes and parsed, checked entry by entry; else NodeError.
+
+    At most ``max_files`` files and MAX_SKIPPED skipped entries are kept, each a `nbexec.result` File."""
     try:
         listed, skipped, notes = data["files"], data.get("skipped_files", []), data.get("notes", [])
         files = [File.from_dict(entry) for entry in listed[:max_files]]
@@ -130,3 +134,50 @@ def _write(folder: OutputFolder, leaf: str, name: str, chunks: Iterator[bytes], 
     return File(name, str(folder.path / leaf), size, mime, digest.hexdigest())
 
 
+
+
+def fetch_into(handle: SandboxHandle, target: OutputFolder, limits: artifacts.Limits,
+               known: artifacts.Known | None = None) -> Collection:
+    """A far sandbox's snapshot: its listing (``handle.list_files``, checked and capped), then each file streamed
+    (``handle.open_file``) into ``target`` within what is left of ``limits``; ``known`` spares unchanged ones."""
+    known = {} if known is None else known
+    found = handle.list_files(limits)
+    kept: list[File] = []
+    total = 0
+    for item in found.files:
+        if unchanged(known, item) and _exists(target, item.name):
+            copy = File(item.name, str(target.path / item.name), item.size, item.mime, item.sha256)
+        else:
+            try:  # a file that changed since the listing is kept as it arrives, within what is left
+                size, chunks = handle.open_file(item.name, max_bytes=_room(limits, total))
+                copy = save(target, item.name, chunks, size)
+            except FileTransferError as exc:
+                found.skipped.append(SkippedFile(item.name, str(exc)))
+                continue
+            remember(known, copy)
+        total += copy.size
+        kept.append(copy)
+    forget_gone(target, known, {f.name for f in kept})
+    return Collection(kept, found.skipped, found.notes)
+
+
+def _room(limits: artifacts.Limits, total: int) -> int:
+    """The most bytes the next file may take (0: no cap); FileTooLargeError when max_data is spent (a spent
+    budget is never "no cap")."""
+    caps = [c for c, on in ((limits.max_file, limits.max_file), (limits.max_total - total, limits.max_total)) if on]
+    if caps and min(caps) <= 0:
+        raise FileTooLargeError("over the cap on a run's files (max_data), spent by the files before it")
+    return min(caps) if caps else 0
+
+
+def _exists(target: OutputFolder, name: str) -> bool:
+    """Whether the copy of ``name`` is still in ``target`` (through descriptors, links not followed)."""
+    with contextlib.suppress(OSError, FileTransferError):
+        parts = transfer.relative_parts(name)
+        parent = transfer.open_parent(target.fd, parts)
+        try:
+            os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            return True
+        finally:
+            os.close(parent)
+    return False

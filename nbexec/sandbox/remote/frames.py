@@ -22,10 +22,12 @@ run that names another sandbox are ``FrameError``. Memory is one frame, whatever
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbexec.errors import ProtocolError
+from nbexec.errors import NodeError, ProtocolError
+from nbexec.sandbox import kernel
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.lasterror import LastError
 from nbexec.sandbox.messages import Message, parse
@@ -42,8 +44,19 @@ STOPS = ("", "interrupted", "killed")
 MEDIA_TYPE = "application/x-nbexec-frames"
 
 
+RELAYED = kernel.OUTPUT_KINDS | kernel.COMM_KINDS  # what a node may relay of a run
+
+
 class FrameError(ProtocolError):
     """A node's run stream that is not one (see the module docstring)."""
+
+
+class RelayedProtocolError(ProtocolError):
+    """The node's kernel client found the sandbox breaking the protocol (an X frame of kind "protocol")."""
+
+    def __init__(self, detail: str, kernel_lost: bool) -> None:
+        super().__init__(detail)
+        self.kernel_lost = kernel_lost
 
 
 # -- the node's side -------------------------------------------------------------------------------------------
@@ -271,3 +284,31 @@ def _last_error(error: Any) -> LastError | None:
             or not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
         raise FrameError("the run's end has an error of the wrong shape")
     return LastError(error["raised"], error["ename"], error["evalue"], tuple(lines))
+
+
+def take(frame: Frame, seen: Execution, on_output: Callable[[Message], None], node: str) -> Execution | None:
+    """Hand one frame of a run read from ``node`` to the engine: an output message to ``on_output`` (only the
+    kinds a run relays), the run's end (None before it). An error message seen fails the cell whatever the end
+    says; an X frame is the node's failure (NodeError) or the sandbox's (RelayedProtocolError)."""
+    if frame.kind == "M":
+        msg = frame.message
+        assert msg is not None
+        if msg.msg_type not in RELAYED:
+            raise FrameError(f"node {node} relayed a {msg.msg_type[:40]!r} message, not an output")
+        if msg.msg_type == "error":  # known by its header: an error past a cap still fails the cell
+            seen.errors_read += msg.complete
+            seen.errors_dropped += 0 if msg.complete else msg.size
+        on_output(msg)
+    elif frame.kind == "E":
+        ended = frame.execution
+        assert ended is not None
+        ended.errors_read, ended.errors_dropped = seen.errors_read, seen.errors_dropped
+        if ended.status == "ok" and (seen.errors_read or seen.errors_dropped):
+            ended.status = "error"  # an error message came: the cell failed, whatever the node says
+        return ended
+    elif frame.kind == "X":
+        if frame.header.get("kind") == "protocol":
+            raise RelayedProtocolError(f"{frame.detail[:2000]} (on node {node})",
+                                       frame.header.get("kernel_lost") is True)
+        raise NodeError(f"node {node} could not run the cell: {frame.detail[:2000]}")
+    return None

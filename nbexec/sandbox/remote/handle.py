@@ -16,7 +16,6 @@ frame protocol is a sandbox that misbehaved (ProtocolError): the engine stops it
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -31,15 +30,16 @@ from nbexec.errors import (
     NotOfferedError,
     ProtocolError,
     SessionLostError,
+    lost_sandbox,
 )
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
-from nbexec.result import Connection, File
+from nbexec.result import Connection
 from nbexec.sandbox import kernel
 from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.messages import Message
-from nbexec.sandbox.source import ContainerState, WheelFile
+from nbexec.sandbox.source import ContainerState, SandboxHandle, WheelFile
 
 from . import files, frames, paths
 from .nodes import NodeClient
@@ -48,11 +48,11 @@ SMALL = 64 * 1024  # bytes of a small answer (state, notes)
 MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's answer
 MAX_CONNECTIONS = 4 * 1024 * 1024  # bytes of an egress log
 SLACK = 30.0  # seconds past a run's time limit and grace after which a node that has not ended it is given up
-RELAYED = kernel.OUTPUT_KINDS | kernel.COMM_KINDS  # what a node may relay of a run
+RELAYED = frames.RELAYED  # what a node may relay of a run
 WAKE_TIMEOUT = 300.0  # seconds a node may take to checkpoint, restore or restart a sandbox's kernel
 
 
-class RemoteHandle:
+class RemoteHandle(SandboxHandle):
     """One sandbox on one node (see the module docstring); made by `source.RemoteSource.acquire`."""
 
     def __init__(self, client: NodeClient, answer: Any, config: SandboxConfig, purpose: str) -> None:
@@ -82,26 +82,26 @@ class RemoteHandle:
 
     def sleep(self) -> None:
         """No process runs on the node; /mnt/data is kept there for `awake` (the engine replays)."""
-        if self._life("sleep", "let a sandbox sleep").get("asleep") != "replay":
+        if self._life("sleep", "let a sandbox sleep", timeout=WAKE_TIMEOUT).get("asleep") != "replay":
             raise ProtocolError(f"node {self.node} answered a sleep with something else")
 
     def awake(self) -> None:
-        self._woken(self._life("awake", "wake a sandbox"))
+        self._woken(self._life("awake", "wake a sandbox", timeout=WAKE_TIMEOUT))
 
     def keep_memory(self) -> bool:
         """Ask the node to checkpoint the sandbox's memory there: True when it did (the sandbox then sleeps until
         `wake_memory`), False when its runtime cannot (the sandbox runs on, untouched)."""
-        kept = self._life("hibernate", "keep a sandbox's memory").get("kept")
+        kept = self._life("hibernate", "keep a sandbox's memory", timeout=WAKE_TIMEOUT).get("kept")
         if kept not in (None, "checkpoint"):
             raise ProtocolError(f"node {self.node} answered a checkpoint with something else")
         return kept == "checkpoint"
 
-    def wake_memory(self) -> None:
-        self._woken(self._life("wake", "restore a sandbox's memory"))
+    def wake_memory(self, **options: Any) -> None:
+        self._woken(self._life("wake", "restore a sandbox's memory", **options))  # its limits: `RemoteSource.wake`
 
-    def _life(self, route: str, what: str) -> dict[str, Any]:
+    def _life(self, route: str, what: str, **options: Any) -> dict[str, Any]:
         with self._on_node():
-            return self._answer(self.client.json("POST", f"{self.route}/{route}", what, SMALL, timeout=WAKE_TIMEOUT))
+            return self._answer(self.client.json("POST", f"{self.route}/{route}", what, SMALL, **options))
 
     def _woken(self, data: dict[str, Any]) -> None:
         if not isinstance(data.get("language_info"), dict):
@@ -117,9 +117,7 @@ class RemoteHandle:
 
     def _lost_error(self) -> Exception:
         assert self.lost is not None
-        if self.purpose == "session":
-            return SessionLostError(f"{self.lost}. Files already downloaded stay; start a new session.")
-        return NodeLostError(f"{self.lost}; the execution is not retried, since it may have run")
+        return lost_sandbox(self.lost, self.purpose)
 
     @contextlib.contextmanager
     def _on_node(self) -> Iterator[None]:
@@ -158,28 +156,11 @@ class RemoteHandle:
             raise NodeLostError(f"node {self.node} ended the run's stream without its end")
 
     def _take(self, frame: frames.Frame, seen: Execution, on_output: Callable[[Message], None]) -> Execution | None:
-        if frame.kind == "M":
-            msg = frame.message
-            assert msg is not None
-            if msg.msg_type not in RELAYED:
-                raise frames.FrameError(f"node {self.node} relayed a {msg.msg_type[:40]!r} message, not an output")
-            if msg.msg_type == "error":  # known by its header: an error past a cap still fails the cell
-                seen.errors_read += msg.complete
-                seen.errors_dropped += 0 if msg.complete else msg.size
-            on_output(msg)
-        elif frame.kind == "E":
-            ended = frame.execution
-            assert ended is not None
-            ended.errors_read, ended.errors_dropped = seen.errors_read, seen.errors_dropped
-            if ended.status == "ok" and (seen.errors_read or seen.errors_dropped):
-                ended.status = "error"  # an error message came: the cell failed, whatever the node says
-            return ended
-        elif frame.kind == "X":
-            if frame.header.get("kind") == "protocol":
-                self._kernel_lost = frame.header.get("kernel_lost") is True
-                raise ProtocolError(f"{frame.detail[:2000]} (on node {self.node})")
-            raise NodeError(f"node {self.node} could not run the cell: {frame.detail[:2000]}")
-        return None
+        try:
+            return frames.take(frame, seen, on_output, str(self.node))
+        except frames.RelayedProtocolError as exc:
+            self._kernel_lost = exc.kernel_lost
+            raise
 
     def run_hidden(self, code: str, timeout: float, *, expressions: dict[str, str] | None = None,
                    named: Named | None = None) -> dict[str, Any] | None:
@@ -262,25 +243,7 @@ class RemoteHandle:
     def snapshot(self, target: OutputFolder, limits: artifacts.Limits,
                  known: artifacts.Known | None = None) -> artifacts.Collection:
         """Copy the node's files into ``target`` within ``limits``; ``known`` spares fetching unchanged ones."""
-        known = {} if known is None else known
-        found = self.list_files(limits)
-        kept: list[File] = []
-        total = 0
-        for item in found.files:
-            if files.unchanged(known, item) and _exists(target, item.name):
-                copy = File(item.name, str(target.path / item.name), item.size, item.mime, item.sha256)
-            else:
-                try:  # a file that changed since the listing is kept as it arrives, within what is left
-                    size, chunks = self.open_file(item.name, max_bytes=_room(limits, total))
-                    copy = files.save(target, item.name, chunks, size)
-                except FileTransferError as exc:
-                    found.skipped.append(artifacts.SkippedFile(item.name, str(exc)))
-                    continue
-                files.remember(known, copy)
-            total += copy.size
-            kept.append(copy)
-        files.forget_gone(target, known, {f.name for f in kept})
-        return artifacts.Collection(kept, found.skipped, found.notes)
+        return files.fetch_into(self, target, limits, known)
 
     def open_file(self, name: str, *, max_bytes: int = 0) -> tuple[int, transfer.FileChunks]:
         route = f"{self.route}/files/{paths.encode(name)}"  # checked before anything is sent
@@ -369,28 +332,6 @@ class _Body:
             self.closed = True
             with contextlib.suppress(Exception):
                 self._stream.__exit__(None, None, None)
-
-
-def _room(limits: artifacts.Limits, total: int) -> int:
-    """The most bytes the next file may take (0: no cap); FileTooLargeError when max_data is spent (a spent
-    budget is never "no cap")."""
-    caps = [c for c, on in ((limits.max_file, limits.max_file), (limits.max_total - total, limits.max_total)) if on]
-    if caps and min(caps) <= 0:
-        raise FileTooLargeError("over the cap on a run's files (max_data), spent by the files before it")
-    return min(caps) if caps else 0
-
-
-def _exists(target: OutputFolder, name: str) -> bool:
-    """Whether the copy of ``name`` is still in ``target`` (through descriptors, links not followed)."""
-    with contextlib.suppress(OSError, FileTransferError):
-        parts = transfer.relative_parts(name)
-        parent = transfer.open_parent(target.fd, parts)
-        try:
-            os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
-            return True
-        finally:
-            os.close(parent)
-    return False
 
 
 def _texts(value: Any) -> list[str] | None:

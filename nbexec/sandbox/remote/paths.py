@@ -1,10 +1,10 @@
-"""File names in a node's URLs: checked segment by segment, then percent-encoded, so that no HTTP client, proxy
-or server between here and the node can rewrite the path. Pure.
+"""File names in a node's URLs: checked segment by segment, then percent-encoded. Pure.
 
-HTTP libraries normalise dot segments (``a/../b`` becomes ``b``) and servers decode ``%2F``, ``%2e`` and ``%5c``
-before routing: a name that carries them can leave the session it names. So every segment of a name must be a
-plain one (not empty, ``.`` or ``..``, no NUL, backslash or slash) as it is and once or more percent-decoded; then
-each byte but letters, digits and ``-._~`` is percent-encoded, which leaves nothing for anyone to normalise.
+No HTTP client, proxy or server between here and the node can then rewrite the path. HTTP libraries normalise dot
+segments (``a/../b`` becomes ``b``), and servers decode ``%2F``, ``%2e`` and ``%5c`` before routing. A name that
+carries them could leave the session it names. So every segment must be plain, as it is and percent-decoded: not
+empty, ``.`` or ``..``, and with no NUL, backslash or slash. Then each byte but letters, digits and ``-._~`` is
+percent-encoded, which leaves nothing for anyone to normalise.
 """
 
 from __future__ import annotations

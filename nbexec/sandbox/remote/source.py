@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,16 +30,19 @@ from nbexec.errors import (
     NotOfferedError,
     SandboxError,
     SessionLimitError,
+    WakeStoppedError,
 )
 from nbexec.hostconfig import host_from_env
 from nbexec.names import is_image_name
 from nbexec.sandbox.source import Capacity, Readiness, SandboxHandle, SandboxSource
 
-from .handle import SMALL, RemoteHandle
+from .handle import SMALL, WAKE_TIMEOUT, RemoteHandle
 from .nodes import Health, NodeClient, rank
 
 log = logging.getLogger(__name__)
 ACQUIRE_TIMEOUT = 300.0  # seconds a node may take to make a sandbox (a cold start waits for its kernel)
+WAKE_FLOOR = 1.0  # seconds a node is always given to restore a kernel (an honest one is back in milliseconds)
+WAKE_SLACK = 5.0  # seconds past a wake's limit a node gets to answer that it stopped, before it is given up
 
 
 class Cluster:
@@ -191,13 +195,21 @@ class RemoteSource(SandboxSource):
         return {**handle.describe(), "asleep": "checkpoint"}
 
     def wake(self, config: SandboxConfig, record: dict[str, Any], folder: Path, *,
-             check: Callable[[], None] = lambda: None) -> SandboxHandle:
-        """The sandbox a ``hibernate`` record names, its memory restored on its node (one call, bounded by the
-        node client's own timeout: ``check`` is not polled)."""
+             check: Callable[[], None] = lambda: None, deadline: float | None = None) -> SandboxHandle:
+        """The sandbox a ``hibernate`` record names, its memory restored on its node: one call, bounded by
+        ``deadline`` (the node is sent the time left; ``check`` is not polled), else by the node client's own
+        timeout."""
         handle = self._found(config, record)
+        left = None if deadline is None else max(WAKE_FLOOR, deadline - time.monotonic())
         try:
-            handle.wake_memory()
+            if left is None:
+                handle.wake_memory(timeout=WAKE_TIMEOUT)
+            else:  # the node's wake stops there, its sandbox asleep; a node silent WAKE_SLACK s later is given up
+                handle.wake_memory(json={"timeout": left}, timeout=min(WAKE_TIMEOUT, left + WAKE_SLACK))
         except NbexecError as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WakeStoppedError(f"the wake on {handle.client.name} ran out of the run's time limit before the "
+                                       "kernel was back; nothing ran, and the sandbox sleeps on there") from exc
             raise SandboxError(f"the kept sandbox on {handle.client.name} could not be woken: {exc}") from exc
         self.cluster.held(handle.client.url, 1)
         return handle

@@ -5,19 +5,20 @@ Two doors. The control plane (/e2b/..., `control`) takes the API token from ``X-
 as it checks a bearer token). The data plane (/e2b/sandbox/..., `dataplane`) names its sandbox and port in the
 ``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port`` headers and takes that sandbox's own access token, never the API key:
 the gateway lets it through unauthenticated and the door judges the token against the sandbox the request names.
-Every answer is in E2B's shapes (docs/design/e2b-server.md), and the differences are in the README."""
+Every answer is in E2B's shapes (docs/design/e2b-server.md), and the differences are in docs/e2b.md."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runs import Runs
+from ..schemas import refused
 from ..settings import ServerSettings
 from ..tenants import Tenants
 from . import control, dataplane
@@ -51,7 +52,8 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs, settings: ServerSetti
     async def invalid(request: Request, exc: Exception) -> Any:
         if request.url.path.startswith(PREFIX):
             return _answer(E2bError(400, "the request does not match the API"))
-        return await request_validation_exception_handler(request, exc)  # type: ignore[arg-type]
+        assert isinstance(exc, RequestValidationError)
+        return JSONResponse(refused(exc.errors()), status_code=422)  # never the value sent back (a NaN: a 500)
 
     async def connect_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ConnectError)

@@ -60,6 +60,19 @@ class Box:
         self.tokens = {"envdAccessToken": envd, "trafficAccessToken": traffic}
         self.digests = (_digest(envd), _digest(traffic))
 
+    def close_extra(self, key: str) -> None:
+        """Close the helper another module keeps for this sandbox under ``key`` (its contexts end on a pause)."""
+        found = self.extra.pop(key, None)
+        if found is not None:
+            found.close()
+
+    def abandon_extra(self, key: str) -> None:
+        """Tell the helper under ``key`` that its sandbox ends, without waiting: what it starts gives up at once, so
+        a kill or pause is never queued behind it on the owner's I/O threads."""
+        found = self.extra.get(key)
+        if found is not None:
+            found.abandon()
+
     def accepts(self, token: str | None) -> bool:
         """Whether ``token`` is one of this sandbox's own two (constant time over both)."""
         if not token:

@@ -124,6 +124,7 @@ class Control:
 
     def kill(self, box: Box) -> None:
         self.boxes.pop(box.id)
+        box.close_extra("contexts")  # its kernels, through the supervisor
         helper = box.extra.pop("supervisor", None)  # (handle, supervisor): see envd
         if helper is not None:
             helper[1].close()
@@ -180,6 +181,7 @@ class Control:
             return
         if box.on_timeout == "pause" and box.session.status != "closed" and not box.paused:
             with box.lock:
+                box.close_extra("contexts")  # more kernels do not sleep: a pause ends them
                 box.paused = box.session.hibernate() or box.paused
             if box.paused:
                 return
@@ -263,6 +265,7 @@ def _life(app: FastAPI, control: Control) -> None:
     @app.delete("/e2b/sandboxes/{sandbox_id}", status_code=204, include_in_schema=False)
     async def kill(sandbox_id: str, request: Request) -> Response:
         box = control.owned(request, sandbox_id)
+        box.abandon_extra("contexts")  # a context start it stalls frees its I/O thread for this
         await control.io(box.owner, control.kill, box)
         return Response(status_code=204)
 
@@ -281,8 +284,10 @@ def _life(app: FastAPI, control: Control) -> None:
 
         def sleep() -> bool:
             with box.lock:
+                box.close_extra("contexts")
                 box.paused = box.paused or box.session.hibernate()
                 return box.paused
+        box.abandon_extra("contexts")
         if not await control.io(box.owner, sleep):
             raise E2bError(409, "the sandbox cannot pause now (it is busy, or not started)")
         return Response(status_code=204)

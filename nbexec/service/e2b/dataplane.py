@@ -1,19 +1,21 @@
-"""The E2B door's data plane (/e2b/sandbox/..., E2B_SANDBOX_URL): every in-sandbox call names its sandbox in
-``E2b-Sandbox-Id`` and its port in ``E2b-Sandbox-Port``, and carries that sandbox's access token
-(``X-Access-Token``, or ``E2B-Traffic-Access-Token`` for the interpreter's context routes).
+"""The E2B door's data plane (/e2b/sandbox/..., E2B_SANDBOX_URL).
 
-Who can reach it: anyone holding one of a sandbox's two tokens (they leak into logs and agents more easily than an
-API key, so a token opens its own sandbox only). An unknown or ended sandbox is 502 "The sandbox was not found"
-(what the SDKs read as not running), a token that is not the named sandbox's own is 401, a paused sandbox 409
-until it is resumed (or resumed here when it was made with auto-resume), a port other than the interpreter's and
-envd's 502 "port is not open". The owner's budgets, slots and threads apply to every call."""
+Every in-sandbox call names its sandbox in ``E2b-Sandbox-Id`` and its port in ``E2b-Sandbox-Port``. It carries
+that sandbox's access token (``X-Access-Token``, or ``E2B-Traffic-Access-Token`` for the context routes).
+
+Anyone holding one of a sandbox's two tokens can reach it. Tokens leak into logs and agents more easily than an
+API key, so a token opens its own sandbox only. An unknown or ended sandbox is 502 "The sandbox was not found",
+which the SDKs read as not running. Another sandbox's token is 401. A paused sandbox is 409 until resumed, or is
+resumed here when it was made with auto-resume. Other ports than the interpreter's and envd's go to a server the
+code started (`ports`); unless the operator turned the relay on, that is 502 "port is not open". The owner's
+budgets, slots and threads apply to every call."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from . import envd, envfiles, interpreter, wire
+from . import envd, envfiles, interpreter, ports, wire
 from .boxes import INTERPRETER_PORT, SANDBOX_PORT, Box
 from .control import Control
 from .wire import NOT_FOUND, E2bError
@@ -51,7 +53,8 @@ async def resolve(control: Control, request: Request) -> tuple[Box, int]:
 
 
 def add_routes(app: FastAPI, control: Control) -> None:
-    @app.api_route(ROUTE, methods=["GET", "POST", "PUT", "DELETE"], include_in_schema=False)
+    @app.api_route(ROUTE, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
+                   include_in_schema=False)
     async def data(path: str, request: Request) -> Response:
         box, port = await resolve(control, request)
         if port == INTERPRETER_PORT:
@@ -66,4 +69,4 @@ def add_routes(app: FastAPI, control: Control) -> None:
             if path == "files":
                 return await envfiles.files(control, box, request)
             raise E2bError(404, f"no route {request.method} /{path[:64]} in this sandbox")
-        raise E2bError(502, f"port {port} is not open in this sandbox")
+        return await ports.route(control, box, request, port)  # a server the code started: off by default

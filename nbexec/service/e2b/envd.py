@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nbexec.errors import NbexecError
 from nbexec.sandbox.docker.container import Sandbox as LocalSandbox
+from nbexec.sandbox.docker.contexts import TAG as CONTEXT_TAG
 from nbexec.sandbox.docker.supervisor import (
     AlreadyExistsError,
     BadArgumentError,
@@ -83,7 +84,7 @@ def user_of(request: Request) -> None:
 
 def supervisor(box: Box) -> Supervisor:
     """The sandbox's supervisor, started on first use and again after the sandbox slept and woke (blocking)."""
-    handle = box.session.started_handle()
+    handle = box.session._started_handle()
     if not isinstance(handle, LocalSandbox):
         raise ConnectError("unimplemented", "processes and files need a sandbox of this node's Docker engine")
     with box.lock:
@@ -333,7 +334,8 @@ def _unary(sup: Supervisor, method: str, message: dict[str, Any]) -> dict[str, A
     if method == "List":
         return {"processes": [{"pid": p["pid"], **({"tag": p["tag"]} if p.get("tag") else {}),
                                "config": {"cmd": p["cmd"], "args": p["args"], "envs": p["envs"],
-                                          "cwd": paths.outward(p["cwd"])}} for p in sup.processes()]}
+                                          "cwd": paths.outward(p["cwd"])}}
+                              for p in sup.processes() if p.get("tag") != CONTEXT_TAG]}  # contexts' kernels
     pid = _selected(sup, message.get("process"))
     if method == "SendInput":
         data, pty = _data(message.get("input"))

@@ -1,8 +1,9 @@
-"""E2B's home folder in nbexec's sandbox: E2B's user works in /home/user, nbexec's sandbox writes to its capped
-data filesystem at /mnt/data, and the container mounts that filesystem at both (`HOME_ALIAS`). Through this door
-relative paths are below /home/user and processes start there, so E2B's paths work in API calls and in commands
-alike, and every byte written is still capped. Everything else is the sandbox's own view (/tmp its tmpfs; /
-read-only): resolved inside the sandbox, never on the host."""
+"""E2B's home folder in nbexec's sandbox.
+
+E2B's user works in /home/user; nbexec's sandbox writes to its capped data filesystem at /mnt/data. The container
+mounts that filesystem at both (`HOME_ALIAS`). Through this door relative paths are below /home/user and processes
+start there. So E2B's paths work in API calls and commands alike, and every byte written is still capped. Other
+paths are the sandbox's own view (/tmp its tmpfs, / read-only), resolved inside the sandbox, never on the host."""
 
 from __future__ import annotations
 

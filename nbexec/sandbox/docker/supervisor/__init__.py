@@ -5,8 +5,10 @@ E2B door (`nbexec.service.e2b`).
     agent       the supervisor INSIDE the sandbox (stdlib, Python 3.9+): processes, their output, stdin, signals
     agentfiles  its file operations, through descriptors, as the sandbox user
     agentwatch  its folder watches (inotify through ctypes), bounded
+    agentports  its connections to ports inside the sandbox (loopback only), windowed both ways
     client      the host's `Supervisor`, started by `docker exec`: every answer sized and checked, every wait bounded
     files       the host's `Supervisor.files`
+    ports       the host's `Supervisor.ports`: relays to those ports, every frame checked against its window
     events      the host's errors, typed events, bounded subscriptions and checks on the supervisor's answers
 
 Limits: at most `MAX_PROCESSES` running processes per sandbox, `MAX_STDIN_CALL` bytes per input, pty sizes up to
@@ -43,9 +45,11 @@ from .events import (
     TooLargeError,
 )
 from .files import Files
+from .ports import Relay, RelayEndedError
 
 __all__ = ["MAX_ARGV_BYTES", "MAX_CWD_BYTES", "MAX_ENVS", "MAX_PROCESSES", "MAX_PTY_SIZE", "MAX_STDIN_CALL",
            "SUBSCRIBER_BYTES", "SUBSCRIBER_EVENTS", "AlreadyExistsError", "BadArgumentError", "End", "Event", "Files",
            "FsEvent", "IsDirectoryError", "LimitError", "NotDirectoryError", "NotFoundError", "Output",
-           "PermissionDeniedError", "ProcessNotFoundError", "Started", "Subscription", "Supervisor", "SupervisorError",
+           "PermissionDeniedError", "ProcessNotFoundError", "Relay", "RelayEndedError", "Started", "Subscription",
+           "Supervisor", "SupervisorError",
            "SupervisorLostError", "TooLargeError"]

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from .agentfiles import Answer, Failure, FileOps, error_code
+from .agentports import Ports
 from .agentwatch import Watches
 from .wire import MAX_PENDING_STDIN, MAX_PROCESSES, OUTPUT_CHUNK, FrameReader, encode
 
@@ -83,6 +84,7 @@ class Agent:
         self.watched: set[int] = set()
         self.files = FileOps()
         self.watches = Watches(self.selector)
+        self.ports = Ports(self.selector, self.send)
         self.frames = FrameReader()
         wake_read, wake_write = os.pipe()
         for fd in (wake_read, wake_write):
@@ -121,6 +123,8 @@ class Agent:
             watch, found = self.watches.read(fd)
             for name, kind in found:
                 self.send({"ev": "fs", "watch": watch, "name": name, "type": kind})
+        elif fd in self.ports.by_fd:
+            self.ports.ready(fd, events)
         else:
             process = next((p for p in self.processes.values() if fd in p.outputs or fd == p.stdin), None)
             if process is None:  # closed by an earlier event of this round
@@ -228,7 +232,8 @@ class Agent:
     def handle(self, head: dict[str, Any], data: bytes) -> None:
         op = head.get("op")
         name = f"op_{op}" if isinstance(op, str) and op.isidentifier() else ""
-        method = getattr(self, name, None) or getattr(self.files, name, None) or getattr(self.watches, name, None)
+        method = (getattr(self, name, None) or getattr(self.files, name, None)
+                  or getattr(self.watches, name, None) or getattr(self.ports, name, None))
         try:
             if method is None:
                 raise Failure("invalid_argument", f"unknown operation {op!r}")
@@ -300,8 +305,8 @@ class Agent:
 
     def op_signal(self, head: dict[str, Any], _: bytes) -> Answer:
         process = self.process(head)
-        if head.get("sig") not in (signal.SIGTERM, signal.SIGKILL):
-            raise Failure("invalid_argument", "only SIGTERM and SIGKILL are sent")
+        if head.get("sig") not in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
+            raise Failure("invalid_argument", "only SIGTERM, SIGKILL and SIGINT are sent")
         self.kill(process.popen.pid, int(head["sig"]))
         return {}, b""
 

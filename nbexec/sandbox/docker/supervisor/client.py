@@ -52,6 +52,7 @@ from .events import (
     text,
 )
 from .files import Files
+from .ports import Ports
 
 if TYPE_CHECKING:
     from ..container import Sandbox
@@ -68,14 +69,13 @@ SEND_TIMEOUT = 10.0  # seconds a write to the supervisor may block
 
 class _Waiter:
     def __init__(self, on_reply: Callable[[dict[str, Any]], None] | None) -> None:
-        self.done = threading.Event()
-        self.on_reply = on_reply
+        self.done, self.on_reply = threading.Event(), on_reply
         self.head: dict[str, Any] = {}
         self.data = b""
         self.error: SupervisorError | None = None
 
 
-AGENT_MODULES = ("wire", "agentfiles", "agentwatch", "agent")  # in the order they import each other
+AGENT_MODULES = ("wire", "agentfiles", "agentwatch", "agentports", "agent")  # in the order they import each other
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,9 +90,8 @@ class Supervisor:
     """One sandbox's supervisor (thread-safe). Made by `Supervisor.start`; `close` kills it and its processes."""
 
     def __init__(self, sock: socket.socket, label: str, raw: Any = None) -> None:
-        self._sock = sock
+        self._sock, self._label = sock, label
         self._raw = raw  # docker-py's wrapper of the socket: closed with it
-        self._label = label
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Waiter] = {}
@@ -105,6 +104,7 @@ class Supervisor:
         self._ready = threading.Event()
         self.request_timeout = REQUEST_TIMEOUT
         self.files = Files(self)
+        self.ports = Ports(self)
         self.stderr_bytes = 0  # what the supervisor wrote to stderr: counted, never kept
         self.received_bytes = 0  # all it sent
         self._reader = threading.Thread(target=self._read_loop, name=f"nbexec-supervisor-{label}", daemon=True)
@@ -153,7 +153,7 @@ class Supervisor:
                         self.stderr_bytes += len(part)
                         continue
                     for head, data in frames.feed(part):
-                        self._dispatch(head, data)
+                        (self.ports.feed if head.get("ev") == "port" else self._dispatch)(head, data)
         except (Violation, ValueError) as exc:
             reason = f"the process supervisor broke the protocol: {str(exc)[:200]}"
         except OSError as exc:
@@ -243,6 +243,7 @@ class Supervisor:
             waiter.done.set()
         for sub in subs:
             sub.fail(lost)
+        self.ports.fail(lost)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # the supervisor reads stdin's end: it kills its processes
 
@@ -321,14 +322,18 @@ class Supervisor:
         if last:  # nobody reads it: the supervisor drops its output instead of sending it
             self.notify({"op": "watch", "pid": sub.pid, "on": False})
 
-    def notify(self, head: dict[str, Any]) -> None:
+    def notify(self, head: dict[str, Any], data: bytes = b"") -> None:
         with contextlib.suppress(SupervisorError):
-            self._send(head)
+            self._send(head, data)
 
     def _running(self, pid: int) -> None:
+        if not self.running(pid):
+            raise ProcessNotFoundError(f"process {pid} is not running")
+
+    def running(self, pid: int) -> bool:
+        """Whether ``pid``, a process this supervisor started, still runs (its end not yet seen)."""
         with self._lock:
-            if pid not in self._subs:
-                raise ProcessNotFoundError(f"process {pid} is not running")
+            return pid in self._subs
 
     def send_input(self, pid: int, data: bytes, *, pty: bool = False) -> None:
         """Write ``data`` (at most MAX_STDIN_CALL bytes) to the process's stdin or pty."""
@@ -344,9 +349,9 @@ class Supervisor:
         self.request({"op": "close_stdin", "pid": pid}, missing=ProcessNotFoundError)
 
     def signal(self, pid: int, sig: int) -> None:
-        """Send SIGTERM or SIGKILL to the process group of ``pid``."""
-        if sig not in (signal.SIGTERM, signal.SIGKILL):
-            raise BadArgumentError("only SIGTERM and SIGKILL are sent")
+        """Send SIGTERM, SIGKILL or SIGINT (a kernel's interrupt) to the process group of ``pid``."""
+        if sig not in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
+            raise BadArgumentError("only SIGTERM, SIGKILL and SIGINT are sent")
         self._running(pid)
         self.request({"op": "signal", "pid": pid, "sig": int(sig)}, missing=ProcessNotFoundError)
 

@@ -23,6 +23,8 @@ MAX_ENTRIES = 10_000  # entries of one list_dir
 MAX_DEPTH = 32  # depth of one list_dir
 MAX_WATCHERS = 16  # open folder watches
 MAX_WATCH_DIRS = 1024  # folders of one recursive watch
+MAX_PORT_CONNS = 32  # open connections to ports inside the sandbox (agentports)
+PORT_WINDOW = 256 * 1024  # bytes of one port connection in flight each way: the receiver grants more as it takes
 
 
 class FrameReader:

@@ -1,7 +1,7 @@
-"""Property-based tests of the parsers behind this round's new doors: the router's file paths
-(`sandbox.remote.paths`), the signed client header and router ids (`service.identity`), the SSE re-framer
-(`service.sse`), the egress proxy's request head and body framing (`egress.request`), wheel METADATA judging
-(`packages.resolver`) and the reader of the kernel's last-error report (`sandbox.lasterror`).
+"""Property-based tests of the parsers at the service's doors: the router's file paths (`sandbox.remote.paths`),
+the signed client header and router ids (`service.identity`), the SSE re-framer (`service.sse`) and the egress
+proxy's request head and body framing (`egress.request`). Two readers the doors rely on sit here too: wheel
+METADATA (`packages.resolver`) and the kernel's last-error report (`sandbox.lasterror`).
 
 Properties: never an exception but the documented one; never a path outside the judged one (checked from outside:
 the URL an HTTP client sends and a server decodes); a signature holds for its own call once and for nothing else;

@@ -1,8 +1,8 @@
-"""Exact edges of this round's new doors that the property tests (tests/test_fuzz_doors.py) leave loose: each case
-pins a boundary, a message or a rule that a one-character change of the code would move (found by the machine-made
-mutants of scripts/mutants.py). The router's file paths and signed header, the SSE re-framer, the proxy's request
-framing and budgets, the widget state and report copy, wheel METADATA and the resolution, the kernel's last-error
-report, a cell's output budget and how stores serve what they store."""
+"""Exact edges of the service's doors that the property tests (tests/test_fuzz_service.py) leave loose. Each case
+pins a boundary, a message or a rule that a one-character change would move (the mutants of scripts/mutants.py
+found them). Covered: the router's file paths and signed header, the SSE re-framer, the proxy's request framing
+and budgets, the widget state and report copy, wheel METADATA, the kernel's last-error report, a cell's output
+budget and how stores serve what they store."""
 
 from __future__ import annotations
 

@@ -1,0 +1,194 @@
+"""A Ray driver for tests/test_ray.py, run INSIDE the test cluster's network namespace (`raynodes.RayCluster`):
+one scenario per call, its findings printed as one JSON line. It judges nothing itself; the test asserts.
+
+    raydriver.py oneshot | session | batch | hostile | kill VICTIM
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import docker
+
+import nbexec
+from nbexec.errors import NbexecError
+from nbexec.sandbox.docker import daemon
+from nbexec.sandbox.ray.calls import Agent
+from nbexec.sandbox.ray.source import RaySource
+from tests import raynodes
+
+IMAGE = os.environ.get("NBEXEC_IMAGE", nbexec.SandboxConfig().image)
+CONFIG = nbexec.SandboxConfig(image=IMAGE, source="ray", pool_size=0, warm_imports=(), timeout=60,
+                              interrupt_grace=5)
+
+
+def agents() -> dict[str, Agent]:
+    return {a.name: a for a in RaySource.from_env().nodes().values()}
+
+
+def pids() -> dict[str, int]:
+    return {name: a.call("hello", timeout=30, cap=4096, what="say hello")["pid"] for name, a in agents().items()}
+
+
+def held() -> dict[str, Any]:
+    """What each node's agent holds ("lost: ..." for a node whose agent is gone)."""
+    found: dict[str, Any] = {}
+    for name, agent in agents().items():
+        try:
+            found[name] = agent.call("held", RaySource.from_env().owner, timeout=30, cap=65536, what="list")
+        except NbexecError as exc:
+            found[name] = f"lost: {exc}"
+    return found
+
+
+def containers(owner_pids: list[int]) -> list[str]:
+    """The sandboxes the agents with ``owner_pids`` made that still exist (running or not)."""
+    owners = {f"{daemon.node()}:{pid}" for pid in owner_pids}
+    found = docker.from_env().containers.list(all=True, filters={"label": daemon.LABEL})
+    return [c.name for c in found if c.labels.get(daemon.LABEL_OWNER) in owners]
+
+
+def oneshot(tmp: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    first = nbexec.execute_notebook("print(6 * 7)\nopen('/mnt/data/out.txt', 'w').write('made on ray')",
+                                    config=CONFIG, output_dir=tmp / "first")
+    first_s = time.monotonic() - started
+    timings = []
+    for i in range(3):
+        started = time.monotonic()
+        again = nbexec.execute_notebook(f"print({i})", config=CONFIG)
+        timings.append((time.monotonic() - started, again.ok))
+    local = []
+    for i in range(3):
+        started = time.monotonic()
+        here = nbexec.execute_notebook(f"print({i})", config=CONFIG.replace(source="local"))
+        local.append((time.monotonic() - started, here.ok))
+    files = [{"name": f.name, "path": f.path, "text": Path(f.path).read_text() if f.path else None}
+             for f in first.files]
+    return {"ok": first.ok, "stdout": first.stdout, "node": first.node, "files": files, "first_s": first_s,
+            "ray_s": timings, "local_s": local, "output_dir": str(tmp / "first"), "held": held()}
+
+
+def session(tmp: Path) -> dict[str, Any]:
+    with nbexec.Session(CONFIG, output_dir=tmp / "session") as one:
+        made = one.run("x = 41\nopen('/mnt/data/s.txt', 'w').write('kept')")
+        said = one.run("print(x + 1)")
+        nodes = [made.node, said.node]
+        during = held()
+    return {"stdout": said.stdout, "nodes": nodes, "files": [f.name for f in made.files], "held_during": during,
+            "held_after": held()}
+
+
+def batch(tmp: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    items = list(nbexec.execute_many([f"import time\ntime.sleep(1)\nprint({i})" for i in range(6)], concurrency=3,
+                                     config=CONFIG))
+    spent = time.monotonic() - started
+    results = sorted((item.index, item.result.stdout if item.result else None,
+                      item.result.node if item.result else None) for item in items)
+    errors = [f"{type(item.error).__name__}: {item.error}" for item in items if item.error is not None]
+    source = RaySource.from_env()
+    health = {source.agents[i].name: h.last_error for i, h in source.health.items() if i in source.agents}
+    started = time.monotonic()
+    local = list(nbexec.execute_many([f"import time\ntime.sleep(1)\nprint({i})" for i in range(6)], concurrency=3,
+                                     config=CONFIG.replace(source="local")))
+    local_s = time.monotonic() - started
+    return {"results": results, "errors": errors[:3], "seconds": spent, "held_after": held(), "health": health,
+            "local_seconds": local_s, "local_ok": all(item.ok for item in local)}
+
+
+def kill(tmp: Path, victim: str) -> dict[str, Any]:
+    before = pids()
+    sessions = []
+    for _ in range(6):  # placement spreads sessions: at least one lands on the victim
+        one = nbexec.Session(CONFIG)
+        sessions.append((one, one.run("x = 1").node))
+        if victim in {node for _, node in sessions} and len(sessions) >= 3:
+            break
+    on_victim = next(s for s, node in sessions if node == victim)
+    caught: list[Any] = []
+
+    def long_run() -> None:
+        try:
+            caught.append(on_victim.run("import time\nprint('started', flush=True)\ntime.sleep(60)"))
+        except Exception as exc:  # the loss: what the test asserts on
+            caught.append(exc)
+
+    runner = threading.Thread(target=long_run)
+    runner.start()
+    time.sleep(3)
+    killed = raynodes.raylets(victim)
+    for pid in killed:
+        os.kill(pid, 9)
+    at = time.monotonic()
+    runner.join(timeout=120)
+    lost_after = time.monotonic() - at
+    error = caught[0] if caught else None
+    try:
+        on_victim.run("print(x)")
+        again = "ran"
+    except Exception as exc:
+        again = f"{type(exc).__name__}: {exc}"
+    others = [(node, s.run("print(x)").stdout) for s, node in sessions if node != victim]
+    for s, _ in sessions:
+        try:
+            s.close()
+        except NbexecError as exc:  # the victim's: its node is gone
+            print("closing:", type(exc).__name__, exc, file=sys.stderr)
+    survivors = {name: pid for name, pid in before.items() if name != victim}
+    elsewhere = nbexec.execute_notebook("print('elsewhere')", config=CONFIG)
+    gone_at = time.monotonic() + 60  # Ray's control store notices a dead raylet within its health checks
+    while victim in agents() and time.monotonic() < gone_at:
+        time.sleep(1)
+    return {"killed": killed, "error": type(error).__name__ if error is not None else None,
+            "message": str(error) if error is not None else "", "lost_after_s": lost_after, "again": again,
+            "others": others, "elsewhere": [elsewhere.stdout, elsewhere.node], "held_after": held(),
+            "survivor_containers": containers(list(survivors.values())), "agents_after": sorted(agents())}
+
+
+def hostile(tmp: Path) -> dict[str, Any]:
+    import resource
+
+    import ray
+
+    RaySource.from_env().nodes()  # joins the cluster
+    actor = ray.remote(raynodes.HostileAgent).options(max_concurrency=4).remote()
+    agent = Agent("hostile", actor)
+    agent.call("hello", timeout=60, cap=4096, what="say hello")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        agent.call("run", "sid", "code", 1.0, timeout=30, cap=1 << 20, what="run code")
+        oversized = "kept"
+    except Exception as exc:
+        oversized = f"{type(exc).__name__}: {exc}"
+    growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    started = time.monotonic()
+    try:
+        agent.call("state", "sid", timeout=2, cap=4096, what="report a state")
+        silent = "answered"
+    except Exception as exc:
+        silent = f"{type(exc).__name__}: {exc}"
+    ray.kill(actor)  # type: ignore[arg-type]
+    return {"oversized": oversized, "rss_growth_mib": growth, "silent": silent,
+            "silent_s": time.monotonic() - started}
+
+
+def main() -> None:
+    scenario, args = sys.argv[1], sys.argv[2:]
+    tmp = Path(os.environ.get("NBEXEC_RAY_TMP", "/tmp"))
+    scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile}
+    found = kill(tmp, args[0]) if scenario == "kill" else scenarios[scenario](tmp)
+    RaySource.from_env().close()
+    print(json.dumps(found, default=str))
+
+
+if __name__ == "__main__":
+    main()

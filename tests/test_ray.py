@@ -1,0 +1,195 @@
+"""Sandboxes on a Ray cluster (`nbexec.sandbox.ray`), tested two ways.
+
+Fast tier: the node's agent and the driver's handle, joined in this process (`raynodes.InProcess`) over the fake
+source: a run comes back as frames and reaches the engine's callback sized, files come back into an output
+folder, a listing carries no path of the node, a lost node ends a session with SessionLostError naming it.
+
+Docker tier: a real Ray cluster (a head and two workers) in a network namespace of its own, with the driver
+inside it too (`raynodes.ray_cluster`, tests/raydriver.py): a one-shot with its files, a session kept on its node,
+a batch spread over the nodes, the seam's conformance suite, and a node's raylet killed mid-run. Skipped, saying
+why, where a namespace cannot be made.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nbexec
+from nbexec.errors import NodeLostError, ProtocolError, SessionLostError
+from nbexec.files import artifacts
+from nbexec.files.folders import OutputFolder, make_output_dir
+from nbexec.sandbox.fake import FakeSource
+from nbexec.sandbox.messages import Message
+from nbexec.sandbox.ray.agent import NodeAgent
+from nbexec.sandbox.ray.handle import RayHandle
+
+from . import raynodes
+from .conftest import IMAGE
+
+CONFIG = nbexec.SandboxConfig(pool_size=0, timeout=10, interrupt_grace=2, max_output="4k", max_display="4k")
+
+
+@pytest.fixture
+def agent() -> Iterator[raynodes.InProcess]:
+    inner = NodeAgent("node_x")
+    inner.source = FakeSource()
+    yield raynodes.InProcess(inner)
+    for sandbox, owner in list(inner.owners.items()):
+        inner.release(owner, sandbox)
+
+
+def _handle(agent: raynodes.InProcess, purpose: str = "session") -> RayHandle:
+    return RayHandle(agent, agent.call("acquire", CONFIG, purpose, "driver", timeout=10, cap=4096, what="make"), CONFIG,
+                     purpose, owner="driver")
+
+
+def test_a_run_on_the_agent_reaches_the_engine_as_sized_messages(agent: raynodes.InProcess) -> None:
+    handle = _handle(agent)
+    seen: list[Message] = []
+    done = handle.run("print('from the node')", deadline=time.monotonic() + 10, on_output=seen.append)
+    assert done.status == "ok"
+    assert [m.content()["text"] for m in seen if m.msg_type == "stream"] == ["from the node\n"]
+    failed = handle.run("raise ValueError('boom')", deadline=time.monotonic() + 10, on_output=seen.append)
+    assert failed.status == "error"
+    assert [m.content()["ename"] for m in seen if m.msg_type == "error"] == ["ValueError"]
+
+
+def test_output_past_the_allowance_comes_back_as_headers_alone(agent: raynodes.InProcess) -> None:
+    handle = _handle(agent)
+    seen: list[Message] = []
+    done = handle.run("for i in range(300):\n    print('x' * 1000)", deadline=time.monotonic() + 10,
+                      on_output=seen.append)
+    assert done.status == "ok"
+    kept = sum(len(m.raw_content) for m in seen)
+    charged = sum(m.size for m in seen)
+    assert kept <= 2 * (4096 + 4096) and charged >= 300 * 1000  # dropped, still counted
+    assert any(not m.complete for m in seen)
+    answered = [a["ok"] for a in agent.answers if isinstance(a.get("ok"), bytes)]
+    assert answered and len(answered[-1]) < 64 * 1024  # the node sent headers past the allowance, not the output
+
+
+def test_files_come_back_into_the_output_folder_and_listings_carry_no_node_path(agent: raynodes.InProcess,
+                                                                                 tmp_path: Path) -> None:
+    handle = _handle(agent)
+    handle.put_file("given.txt", b"from the driver")
+    assert handle.run("open('/mnt/data/made.bin', 'wb').write(bytes(range(256)) * 8192)",
+                      deadline=time.monotonic() + 10, on_output=lambda m: None).status == "ok"
+    folder = OutputFolder.open(make_output_dir(tmp_path / "out", may_exist=False))
+    try:
+        copied = handle.snapshot(folder, artifacts.Limits())
+    finally:
+        os.close(folder.fd)
+    made = {f.name: f for f in copied.files}
+    assert Path(made["made.bin"].path or "").read_bytes() == bytes(range(256)) * 8192  # 2 MiB: three chunks
+    assert Path(made["given.txt"].path or "").read_bytes() == b"from the driver"
+    listing = next(a for a in agent.answers if isinstance(a.get("ok"), dict) and "files" in a["ok"])
+    fake_folder = str(agent.inner.handles[handle.id].folder)  # type: ignore[attr-defined]
+    assert fake_folder not in repr(listing) and all("path" not in f for f in listing["ok"]["files"])
+
+
+def test_a_lost_node_ends_a_session_naming_it_and_a_one_shot_with_node_lost(agent: raynodes.InProcess) -> None:
+    session, oneshot = _handle(agent, "session"), _handle(agent, "oneshot")
+
+    def gone(*args: Any, **kwargs: Any) -> Any:
+        raise NodeLostError("node node_x is lost (ActorDiedError): its raylet went away")
+
+    agent.call = gone  # type: ignore[method-assign]
+    with pytest.raises(SessionLostError, match="node_x"):
+        session.run("print(1)", deadline=time.monotonic() + 5, on_output=lambda m: None)
+    with pytest.raises(SessionLostError, match="node_x"):  # for good: no call is made again
+        session.state()
+    with pytest.raises(NodeLostError, match="node_x") as caught:
+        oneshot.run("print(1)", deadline=time.monotonic() + 5, on_output=lambda m: None)
+    assert not isinstance(caught.value, SessionLostError)
+    session.destroy()  # a lost node took its sandboxes along: nothing to wait for
+
+
+def test_an_answer_of_another_shape_is_refused(agent: raynodes.InProcess) -> None:
+    handle = _handle(agent)
+    agent.inner.run = lambda *a: {"ok": "not bytes"}  # type: ignore[method-assign]
+    with pytest.raises(ProtocolError, match="node_x"):
+        handle.run("print(1)", deadline=time.monotonic() + 5, on_output=lambda m: None)
+    agent.inner.state = lambda *a: {"ok": {"running": "yes"}}  # type: ignore[method-assign]
+    with pytest.raises(ProtocolError, match="node_x"):
+        handle.state()
+
+
+# -- on a real Ray cluster (Docker tier) -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_cluster(docker_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[raynodes.RayCluster]:
+    why = raynodes.can_make_namespaces()
+    if why:
+        pytest.skip(f"no Ray cluster: {why}")
+    with raynodes.ray_cluster(tmp_path_factory.mktemp("ray")) as cluster:
+        cluster.env["NBEXEC_IMAGE"] = IMAGE
+        cluster.env["NBEXEC_RAY_TMP"] = str(tmp_path_factory.mktemp("driver"))
+        yield cluster
+    raynodes.assert_nothing_left(cluster)
+
+
+def test_a_one_shot_runs_on_the_cluster_and_its_files_come_back(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("oneshot")
+    assert found["ok"] and found["stdout"] == "42\n" and found["node"] in raynodes.NODES, found
+    assert [(f["name"], f["text"]) for f in found["files"]] == [("out.txt", "made on ray")]
+    assert found["files"][0]["path"].startswith(found["output_dir"])  # the caller's output folder
+    assert all(ok for _, ok in found["ray_s"]) and all(ok for _, ok in found["local_s"])
+    assert not any(found["held"].values()), found["held"]  # released on its node
+    print(f"\nRay cluster up in {ray_cluster.started:.1f} s; one-shot on Ray {[round(s, 2) for s, _ in found['ray_s']]}"
+          f" s, local {[round(s, 2) for s, _ in found['local_s']]} s (cold, pool_size=0)")
+
+
+def test_a_session_keeps_its_state_on_its_node(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("session")
+    assert found["stdout"] == "42\n" and found["files"] == ["s.txt"]
+    node = found["nodes"][0]
+    assert node in raynodes.NODES and found["nodes"] == [node, node]
+    assert [len(ids) for name, ids in found["held_during"].items() if name == node] == [1]
+    assert not any(found["held_after"].values())
+
+
+def test_a_batch_spreads_over_the_nodes(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("batch")
+    assert [(i, out) for i, out, _ in found["results"]] == [(i, f"{i}\n") for i in range(6)], found["errors"]
+    assert len({node for *_, node in found["results"]}) >= 2, found["results"]
+    assert not any(found["held_after"].values())
+    print(f"\nbatch of 6 (1 s each, 3 at a time) on Ray: {found['seconds']:.1f} s over "
+          f"{sorted({node for *_, node in found['results']})}, locally {found['local_seconds']:.1f} s; "
+          f"nodes' last errors: {found['health']}")
+
+
+def test_the_seam_conformance_suite_passes_on_ray(ray_cluster: raynodes.RayCluster) -> None:
+    done = ray_cluster.inside(str(raynodes.VENV / "python"), "-m", "pytest", "-q", "-p", "no:randomly", "-p",
+                              "no:cacheprovider", "tests/test_seam_conformance.py", "-k", "ray", timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
+    print("\nconformance on Ray:", done.stdout.strip().splitlines()[-1])
+
+
+def test_a_killed_node_fails_by_name_while_the_others_answer(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("kill", "node_a")
+    assert found["killed"], "no raylet of node_a was found to kill"
+    assert found["error"] == "SessionLostError" and "node_a" in found["message"], found
+    assert found["lost_after_s"] < 60, found
+    assert found["again"].startswith("SessionLostError") and "node_a" in found["again"]
+    assert found["others"] and all(out == "1\n" for _, out in found["others"]), found["others"]
+    assert found["elsewhere"][0] == "elsewhere\n" and found["elsewhere"][1] != "node_a"
+    assert "node_a" not in found["agents_after"] and not any(found["held_after"].values()), found
+    assert found["survivor_containers"] == [], found["survivor_containers"]
+    print(f"\nnode_a's loss reached the session {found['lost_after_s']:.1f} s after its raylet was killed")
+
+
+
+def test_an_oversized_or_silent_actor_is_refused_by_size_and_deadline(ray_cluster: raynodes.RayCluster) -> None:
+    """The hostile shapes of tests/security/test_ray_attacks.py that need Ray itself: the answer's size is asked
+    of Ray before it is copied here, and a silent actor is given up at the call's deadline."""
+    found = ray_cluster.driver("hostile")
+    assert found["oversized"].startswith("ProtocolError") and "refused unread" in found["oversized"], found
+    assert found["rss_growth_mib"] < 16, found  # 32 MiB answered, never copied here
+    assert found["silent"].startswith("NodeLostError") and found["silent_s"] < 10, found
