@@ -34,7 +34,8 @@ BACKEND_EXCEPTIONS = {
     # A Ray node's agent runs that node's local source; the driver reads its answers with the remote backend's
     # hostile-input readers (frames, listings, files, node ranking), so both backends read a node the same way.
     "nbexec.sandbox.ray": ("nbexec.sandbox.docker.local", "nbexec.sandbox.remote.frames",
-                           "nbexec.sandbox.remote.files", "nbexec.sandbox.remote.nodes"),
+                           "nbexec.sandbox.remote.files", "nbexec.sandbox.remote.nodes",
+                           "nbexec.sandbox.remote.lost"),
 }
 
 # Top to bottom. A prefix names a module or a folder (everything under it).

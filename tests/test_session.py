@@ -11,7 +11,7 @@ import pytest
 import nbexec
 from nbexec import Session, SessionManager
 
-from .conftest import unaccounted_containers, wait_until
+from .conftest import own_containers, unaccounted_containers, wait_until
 
 
 def test_state_persists_and_notebook_grows(config: nbexec.SandboxConfig, tmp_path: Path) -> None:
@@ -27,6 +27,23 @@ def test_state_persists_and_notebook_grows(config: nbexec.SandboxConfig, tmp_pat
     session.close()  # idempotent
     with pytest.raises(nbexec.SessionClosedError):
         session.run("x")
+
+
+def test_a_second_close_returns_only_once_the_sandbox_is_gone(config: nbexec.SandboxConfig) -> None:
+    """A node's shutdown closes each run's session from its own thread while the run's end closes it too, then the
+    process exits: whichever close() returns second, the container must be gone by then (it was left to a dying
+    process's removal, one stop in five)."""
+    before = set(own_containers(role="session"))
+    session = Session(config.replace(pool_size=0)).start()
+    mine = set(own_containers(role="session")) - before
+    assert len(mine) == 1
+    first = threading.Thread(target=session.close)
+    first.start()
+    wait_until(lambda: session.status == "closed", 30, "the first close never began", interval=0.0005)
+    session.close()
+    left = mine & set(own_containers(role="session"))
+    first.join(60)
+    assert not left, "the second close() returned while the first was still removing the sandbox"
 
 
 def test_upload_download_binary_round_trip(config: nbexec.SandboxConfig, tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         self._start_s: float | None = None  # how long start() took, reported by the first run
         self._dead_reason: str | None = None
         self._closed = False
+        self._handed_back = threading.Event()  # set once a closed session's sandbox is gone or handed to teardown
         self._lock = threading.RLock()
         self.store: ArtifactStore = store if store is not None else LocalStore()
         self._uploaded: dict[str, str] = {}  # name -> sha256 last stored: only new and changed files are sent
@@ -208,19 +209,23 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         """Stop the sandbox (a replay under way ends first). Idempotent; files stay unless ``keep_files`` is False."""
         self._end_calls()
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            sandbox, self._sandbox = self._sandbox, None
-        reaper.forget(self)
-        if self._asleep == "checkpoint" and self._memory is not None and self._memory_dir is not None:
-            self._source().discard(self._memory, self._memory_dir)  # its files and memory, not woken
-        self._forget_memory()
-        if self._state is not None:
-            durable.forget(self._state, self.id)
-        if sandbox is not None:
-            self._source().release(sandbox, wait=True)
-        self._close_folder(remove=not self.keep_files)
+            closing, self._closed = not self._closed, True
+            sandbox, self._sandbox = (self._sandbox, None) if closing else (None, self._sandbox)
+        if not closing:  # closed by another thread, or a one-shot's end, handing its sandbox back now: returning
+            self._handed_back.wait(self.config.startup_timeout)  # sooner would let a process exit mid-removal
+            return
+        try:
+            reaper.forget(self)
+            if self._asleep == "checkpoint" and self._memory is not None and self._memory_dir is not None:
+                self._source().discard(self._memory, self._memory_dir)  # its files and memory, not woken
+            self._forget_memory()
+            if self._state is not None:
+                durable.forget(self._state, self.id)
+            if sandbox is not None:
+                self._source().release(sandbox, wait=True)
+            self._close_folder(remove=not self.keep_files)
+        finally:
+            self._handed_back.set()
 
     def _close_at_exit(self) -> None:
         """At interpreter exit: a durable session is left to its state folder (for `resume`); others close."""
@@ -378,7 +383,10 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
         if self.one_shot:  # handed back before the uploads, so the teardown and refill do not wait for them
             with self._lock:
                 self._closed, self._sandbox = True, None
-            self._source().release(sandbox, wait=False)
+            try:
+                self._source().release(sandbox, wait=False)
+            finally:
+                self._handed_back.set()
         try:
             return collect.result(self.notebook, run, gathered, self._folder, self.store, already=self._uploaded)
         finally:

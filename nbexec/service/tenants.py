@@ -273,6 +273,8 @@ class Tenants:
         """Record a one-shot run as it starts: shutdown interrupts it, and its files belong to ``who``."""
         assert session.output_dir is None or session.output_dir == self._folder(f"run-{execution_id}")
         with self._lock:
+            if self._closed:  # shutdown took its list of runs to stop: one starting now would outlive the process
+                raise SessionLimitError("the node is shutting down")
             self._results[execution_id] = _Kept(who, self._folder(f"run-{execution_id}"), session)
 
     def finish_one_shot(self, execution_id: str) -> None:

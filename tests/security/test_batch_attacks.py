@@ -142,6 +142,7 @@ def test_a_node_stopped_mid_batch_has_removed_its_sandboxes_when_it_exits(docker
         server.kill(signal.SIGTERM)
         took = time.monotonic() - started
         left = server.containers()
+        said = server.log.read_text(errors="replace")[-3000:]
     finally:
         if server.process is not None and server.process.poll() is None:
             server.kill(signal.SIGKILL)
@@ -149,7 +150,7 @@ def test_a_node_stopped_mid_batch_has_removed_its_sandboxes_when_it_exits(docker
             wait_until(lambda: not server.containers(), 60, "")
         server.remove_containers()
         remove_tree(tmp)
-    assert left == [], f"the node exited ({took:.1f} s after SIGTERM) leaving {len(left)} containers"
+    assert left == [], f"the node exited ({took:.1f} s after SIGTERM) leaving {len(left)} containers; its log:\n{said}"
 
 
 def test_a_node_fixture_that_finds_a_leak_reports_it_and_leaves_nothing(docker_ready: None) -> None:

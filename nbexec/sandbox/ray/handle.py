@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from nbexec.config import SandboxConfig
@@ -22,7 +22,6 @@ from nbexec.errors import (
     NodeLostError,
     ProtocolError,
     SessionLostError,
-    lost_sandbox,
 )
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
@@ -31,6 +30,7 @@ from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.kernel import Execution
 from nbexec.sandbox.messages import Message
 from nbexec.sandbox.remote import files, frames
+from nbexec.sandbox.remote.lost import OnNode
 from nbexec.sandbox.source import ContainerState, SandboxHandle
 
 from .agent import CHUNK, MAX_HEADERS
@@ -43,10 +43,11 @@ MAX_END = frames.MAX_END + kernel.MAX_HEADER  # bytes of a run's end frame and i
 MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's reply
 
 
-class RayHandle(SandboxHandle):
+class RayHandle(OnNode, SandboxHandle):
     """One sandbox on one Ray node (see the module docstring); made by `source.RaySource.acquire`."""
 
     backend = "ray"
+    losing, where = (NodeLostError,), "Ray node"
 
     def __init__(self, agent: Agent, answer: Any, config: SandboxConfig, purpose: str, *, owner: str) -> None:
         if not isinstance(answer, dict) or not isinstance(answer.get("id"), str) or len(answer["id"]) != 32 \
@@ -68,23 +69,6 @@ class RayHandle(SandboxHandle):
 
     def __repr__(self) -> str:
         return f"<RayHandle {self.id} on {self.node}>"
-
-    # -- the node going away ------------------------------------------------------------------------------
-
-    def _lost_error(self) -> Exception:
-        assert self.lost is not None
-        return lost_sandbox(self.lost, self.purpose)
-
-    @contextlib.contextmanager
-    def _on_node(self) -> Iterator[None]:
-        """A call to the agent; its loss makes this handle lost."""
-        if self.lost is not None:
-            raise self._lost_error()
-        try:
-            yield
-        except NodeLostError as exc:
-            self.lost = f"the sandbox on Ray node {self.node} is lost: {exc}"
-            raise self._lost_error() from exc
 
     def _call(self, method: str, *args: Any, timeout: float = LIFE_TIMEOUT, cap: int = SMALL, what: str) -> Any:
         with self._on_node():

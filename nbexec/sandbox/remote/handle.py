@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 from nbexec.config import SandboxConfig
@@ -30,7 +30,6 @@ from nbexec.errors import (
     NotOfferedError,
     ProtocolError,
     SessionLostError,
-    lost_sandbox,
 )
 from nbexec.files import artifacts, transfer
 from nbexec.files.folders import OutputFolder
@@ -42,6 +41,7 @@ from nbexec.sandbox.messages import Message
 from nbexec.sandbox.source import ContainerState, SandboxHandle, WheelFile
 
 from . import files, frames, paths
+from .lost import OnNode
 from .nodes import NodeClient
 
 SMALL = 64 * 1024  # bytes of a small answer (state, notes)
@@ -52,8 +52,10 @@ RELAYED = frames.RELAYED  # what a node may relay of a run
 WAKE_TIMEOUT = 300.0  # seconds a node may take to checkpoint, restore or restart a sandbox's kernel
 
 
-class RemoteHandle(SandboxHandle):
+class RemoteHandle(OnNode, SandboxHandle):
     """One sandbox on one node (see the module docstring); made by `source.RemoteSource.acquire`."""
+
+    losing = (NodeUnavailableError, NodeLostError, SessionLostError)  # unreachable, lost mid-call, the sandbox gone
 
     def __init__(self, client: NodeClient, answer: Any, config: SandboxConfig, purpose: str) -> None:
         if not isinstance(answer, dict) or not isinstance(answer.get("id"), str) or not answer["id"] \
@@ -112,23 +114,6 @@ class RemoteHandle(SandboxHandle):
         """What finds this sandbox again from another process (`RemoteSource.adopt`): its node and id."""
         return {"kind": "remote", "url": self.client.url, "id": self.id, "node": self.node,
                 "language_info": self.language_info, "memory": self.config.memory, "interrupt_grace": self.grace}
-
-    # -- the node going away ------------------------------------------------------------------------------
-
-    def _lost_error(self) -> Exception:
-        assert self.lost is not None
-        return lost_sandbox(self.lost, self.purpose)
-
-    @contextlib.contextmanager
-    def _on_node(self) -> Iterator[None]:
-        """A call to the node; its loss (unreachable, lost mid-call, the sandbox gone) makes this handle lost."""
-        if self.lost is not None:
-            raise self._lost_error()
-        try:
-            yield
-        except (NodeUnavailableError, NodeLostError, SessionLostError) as exc:
-            self.lost = f"the sandbox on node {self.node} is lost: {exc}"
-            raise self._lost_error() from exc
 
     def _answer(self, data: Any) -> dict[str, Any]:
         """``data`` when it is an object about this sandbox; ProtocolError for an answer about another."""
