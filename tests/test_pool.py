@@ -41,13 +41,14 @@ def test_the_first_call_does_not_wait_for_the_pool(cleanup_ledger: None) -> None
 
 
 @pytest.mark.long
-def test_two_hundred_executions_from_four_threads_leave_nothing(config: nbexec.SandboxConfig) -> None:
+@pytest.mark.parametrize("count", [40, pytest.param(200, marks=pytest.mark.load)])  # the soak runs with -m load
+def test_executions_from_four_threads_leave_nothing(config: nbexec.SandboxConfig, count: int) -> None:
     def one(n: int) -> str:
         return execute_notebook(f"print({n} * 2)", config=config).stdout
 
     with ThreadPoolExecutor(4) as workers:
-        outputs = list(workers.map(one, range(200)))
-    assert outputs == [f"{n * 2}\n" for n in range(200)]
+        outputs = list(workers.map(one, range(count)))
+    assert outputs == [f"{n * 2}\n" for n in range(count)]
     pool.shutdown()
     pool.wait_for_teardown()
     assert own_containers(include_pool=True) == []

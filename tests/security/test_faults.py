@@ -16,7 +16,7 @@ from nbexec.sandbox.docker import daemon, pool
 
 from ..conftest import IMAGE, own_containers, own_workdirs, wait_until
 
-LOAD = int(os.environ.get("NBEXEC_LOAD_COUNT", "120"))
+LOAD = int(os.environ.get("NBEXEC_LOAD_COUNT", "40"))
 
 
 def _load(count: int) -> None:
@@ -38,7 +38,7 @@ def _load(count: int) -> None:
 
 
 def test_load_from_eight_callers(cleanup_ledger: None) -> None:
-    """A smaller count by default (NBEXEC_LOAD_COUNT, default 120); the full count runs with `-m load`."""
+    """A short version by default (NBEXEC_LOAD_COUNT, default 40: five per caller); the soak runs with `-m load`."""
     _load(LOAD)
 
 
