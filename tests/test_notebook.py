@@ -89,3 +89,19 @@ def test_coerce_accepts_code_paths_and_notebooks(tmp_path: Path) -> None:
     assert notebook.coerce(dict(notebook.build("x = 3"))).cells[0].source == "x = 3"
     with pytest.raises(NotebookError, match="Cannot run a int"):
         notebook.coerce(3)
+
+
+def test_a_small_notebook_is_written_indented_and_a_large_one_compact() -> None:
+    """Indenting runs json's encoder in Python per container: a notebook of many (deep display data) is written
+    compact, read back the same."""
+    small = notebook.build("print(1)")
+    assert b'\n "cells": [' in notebook.dumps(small)
+    large = notebook.build("print(1)")
+    deep: list[object] = []
+    for _ in range(59):
+        deep = [deep]
+    large.cells[0].outputs = [nbformat.from_dict({"output_type": "display_data", "metadata": {},
+                                                   "data": {"application/json": [deep] * 400}})]
+    written = notebook.dumps(large)
+    assert b"\n" not in written[:-1] and written.endswith(b"\n")
+    assert nbformat.reads(written.decode(), as_version=4) == large

@@ -195,7 +195,9 @@ class CellState:
             return self._drop(text_size, text=True, output=True)
         self.budget.text -= text_size
         self.budget.outputs -= 1
-        node = from_dict(output)
+        # Two layers made nodes; the values stay the parsed JSON: converting each of a deep value's containers in
+        # Python cost 1 s of host CPU per MiB of lists (10 s of deep ones), a hundred times the promise.
+        node = NotebookNode({**output, "data": NotebookNode(data), "metadata": NotebookNode(metadata)})
         display_id = _display_id(content)
         if display_id:
             self.displays.setdefault(display_id, []).append(node)
@@ -271,7 +273,7 @@ def _prefix(text: str, room: int) -> str:
 
 def _text_size(data: dict[str, Any]) -> int:
     """What the text of a rich output costs the text allowance (its text views repeat it): its JSON size."""
-    return sum(_json_size(v if isinstance(v, str) else json.dumps(v)) for k, v in data.items()
+    return sum(_json_size(v if isinstance(v, str) else json.dumps(v, check_circular=False)) for k, v in data.items()
                if k.startswith("text/") and k != "text/html")
 
 
@@ -340,7 +342,13 @@ def keep_recent(nb: NotebookNode, current: int, limit: int, displays: Displays) 
     """Keep a session's notebook within ``limit`` bytes of outputs (their JSON): drop the outputs of its oldest
     cells, never those of the run that starts at cell ``current``, until the rest fits. Each emptied cell keeps a
     marker, and the display ids of dropped outputs are forgotten. A note for the run, or None when all fit."""
-    sizes = [len(json.dumps(cell.get("outputs", []), ensure_ascii=False)) for cell in nb.cells]
+    def size(cell: NotebookNode) -> int:
+        return len(json.dumps(cell.get("outputs", []), ensure_ascii=False, check_circular=False))
+
+    earlier = [size(cell) for cell in nb.cells[:current]]
+    if not any(earlier):  # nothing could be dropped: this run's outputs (within its budgets) are not measured
+        return None
+    sizes = earlier + [size(cell) for cell in nb.cells[current:]]
     total, dropped, gone = sum(sizes), 0, set[int]()
     for index in range(min(current, len(nb.cells))):
         if total <= limit:

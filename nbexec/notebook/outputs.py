@@ -52,11 +52,9 @@ def flatten(nb: NotebookNode, start: int = 0) -> list[dict[str, Any]]:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
+    """Nodes made plain; a display's parsed JSON values are shared as they are (a walk in Python costs a second of
+    host CPU per MiB of small lists)."""
+    return {k: _plain(v) for k, v in value.items()} if isinstance(value, NotebookNode) else value
 
 
 @dataclass(frozen=True)

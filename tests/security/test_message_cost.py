@@ -41,6 +41,8 @@ SHAPES = {
     "stream-deep-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={DEEP})"),
     "stream-surrogates-in-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={SURROGATES})"),
     "unknown-kind-deep-content": ("x_unknown", "[]", f"dict(pad={DEEP})"),
+    "display-deep-content": ("display_data", "[]", f"dict(data={{'application/json': {DEEP}}}, metadata={{}})"),
+    "display-lists-in-content": ("display_data", "[]", f"dict(data={{'application/json': {LISTS}}}, metadata={{}})"),
 }
 
 
