@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.docker import daemon
@@ -77,6 +78,15 @@ class Server:
         found = daemon.connect().containers.list(all=True, sparse=True,
                                                  filters={"label": f"{daemon.LABEL_NODE}={self.name}"})
         return [(c.attrs.get("Names") or ["/"])[0] for c in found]
+
+    def end(self, sig: int) -> None:
+        """After a test that judged it: stop the process with ``sig`` if it still runs, give its containers a
+        minute to go, then remove what is left."""
+        if self.process is not None and self.process.poll() is None:
+            self.kill(sig)
+        with contextlib.suppress(pytest.fail.Exception):  # judged by the test, never here
+            wait_until(lambda: not self.containers(), 60, "")
+        self.remove_containers()
 
     def remove_containers(self) -> None:
         """Remove what this node's processes left (after a test judged it): a node that failed, hung or lost its

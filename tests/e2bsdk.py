@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -14,3 +17,16 @@ def point(monkeypatch: pytest.MonkeyPatch, url: str, token: str) -> None:
     monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/sandbox")
     monkeypatch.setenv("E2B_API_KEY", token)
+
+
+@contextlib.contextmanager
+def sandbox(monkeypatch: pytest.MonkeyPatch, url: str, token: str) -> Iterator[Any]:
+    """A code-interpreter sandbox made with E2B's SDK through the server at ``url``; killed after."""
+    from e2b_code_interpreter import Sandbox  # E2B's SDK, imported only by the tests that make one
+
+    point(monkeypatch, url, token)
+    made = Sandbox.create(timeout=120)
+    try:
+        yield made
+    finally:
+        made.kill()

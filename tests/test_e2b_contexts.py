@@ -50,12 +50,8 @@ def _sdk(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def sandbox(door: Running, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
-    _sdk(door, monkeypatch)
-    made = Sandbox.create(timeout=120)
-    try:
+    with e2bsdk.sandbox(monkeypatch, door.url, TOKEN_A) as made:
         yield made
-    finally:
-        made.kill()
 
 
 def test_each_context_has_its_own_state_and_folder_and_shares_the_files(sandbox: Sandbox) -> None:

@@ -144,11 +144,7 @@ def test_a_node_stopped_mid_batch_has_removed_its_sandboxes_when_it_exits(docker
         left = server.containers()
         said = server.log.read_text(errors="replace")[-3000:]
     finally:
-        if server.process is not None and server.process.poll() is None:
-            server.kill(signal.SIGKILL)
-        with contextlib.suppress(pytest.fail.Exception):
-            wait_until(lambda: not server.containers(), 60, "")
-        server.remove_containers()
+        server.end(signal.SIGKILL)
         remove_tree(tmp)
     assert left == [], f"the node exited ({took:.1f} s after SIGTERM) leaving {len(left)} containers; its log:\n{said}"
 
@@ -291,11 +287,7 @@ def test_a_tampered_state_folder_is_never_followed_out_nor_read_whole(docker_rea
             made = http.post("/v1/batches", json=[{"code": "print(2)"}])
             assert made.status_code == 202, made.text  # the token's caps are not held by a planted record
     finally:
-        if server.process is not None and server.process.poll() is None:
-            server.kill(signal.SIGTERM)
-        with contextlib.suppress(pytest.fail.Exception):
-            wait_until(lambda: not server.containers(), 60, "")
-        server.remove_containers()
+        server.end(signal.SIGTERM)
         left_outside = sorted(p.name for p in outside.iterdir())
         away_intact = (outside / "batch-away" / "items.jsonl").exists()
         victim_after = (outside / "victim.jsonl").read_bytes() if (outside / "victim.jsonl").exists() else b""

@@ -47,12 +47,8 @@ def _sdk(service: Running, monkeypatch: pytest.MonkeyPatch, token: str = TOKEN_A
 
 @pytest.fixture
 def sandbox(door: Running, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
-    _sdk(door, monkeypatch)
-    made = Sandbox.create(timeout=120)
-    try:
+    with e2bsdk.sandbox(monkeypatch, door.url, TOKEN_A) as made:
         yield made
-    finally:
-        made.kill()
 
 
 def _kernels(sandbox: Sandbox) -> int:
