@@ -90,6 +90,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+_FILE_SECONDS: dict[str, float] = {}  # worker seconds per test file (set-up, call and tear-down)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    name = report.nodeid.split("::")[0]
+    _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The files that took the most worker time: where CI's time goes (docs/development.md)."""
+    if len(_FILE_SECONDS) < 2:
+        return
+    terminalreporter.write_sep("=", f"worker time by file: {sum(_FILE_SECONDS.values()) / 60:.1f} min in all")
+    for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda pair: -pair[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {name}")
+
+
 def _changed_only(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test module with ``COVERS`` (paths) re-runs what other modules test, under another runtime: in CI it runs
     only when one of those paths changed since the last landed commit (scripts/changed.py)."""
