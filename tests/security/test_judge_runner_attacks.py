@@ -1,4 +1,4 @@
-"""A second read of judge(), as an attacker: a sentinel an expected output can equal, the one process that
+"""judge()'s runner, as an attacker: a sentinel an expected output can equal, the one process that
 outlives every test (init), and a host that stops waiting before the checker's own limit. Judged from outside:
 the verdicts, and what a test can reach."""
 
