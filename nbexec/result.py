@@ -49,6 +49,8 @@ def _fields(cls: type, public: bool = False) -> list[dataclasses.Field[Any]]:
 
 def _dump(value: Any, spec: dataclasses.Field[Any] | None, public: bool) -> Any:
     digits = spec.metadata.get("digits") if spec is not None else None
+    if spec is not None and spec.metadata.get("as_is"):  # the kernel's JSON: a walk in Python costs seconds a MiB
+        return list(value)
     if isinstance(value, _Value):
         return value.to_dict(public=public)
     if isinstance(value, (tuple, list)):
@@ -267,7 +269,7 @@ class ExecutionResult(_Value):
     stderr: str
     text: str
     error: CellError | None
-    outputs: tuple[dict[str, Any], ...]
+    outputs: tuple[dict[str, Any], ...] = field(metadata={"as_is": True})  # plain JSON: never walked by to_dict
     images: tuple[Image, ...]
     files: tuple[File, ...]
     skipped_files: tuple[SkippedFile, ...]

@@ -180,6 +180,7 @@ class CellState:
             return self._drop(size * len(reached), text=False)
         self.budget.display -= max(0, extra)
         self.budget.text -= text
+        data, metadata = NotebookNode(data), NotebookNode(metadata)  # a node's plain dict would be walked whole
         for output in reached:
             output["data"], output["metadata"] = data, metadata
         return None

@@ -212,7 +212,8 @@ class Session(rules.LiveRules, reaper.SessionBase, SessionFiles, Hibernation):
             closing, self._closed = not self._closed, True
             sandbox, self._sandbox = (self._sandbox, None) if closing else (None, self._sandbox)
         if not closing:  # closed by another thread, or a one-shot's end, handing its sandbox back now: returning
-            self._handed_back.wait(self.config.startup_timeout)  # sooner would let a process exit mid-removal
+            if not self._handed_back.is_set():  # sooner would let a process exit mid-removal
+                self._handed_back.wait(self.config.startup_timeout)
             return
         try:
             reaper.forget(self)

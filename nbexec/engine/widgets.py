@@ -97,7 +97,7 @@ class WidgetState:
         kept, notes = viewer.widget_state(saved)
         self.notes.extend(notes)
         if kept["state"]:
-            nb.metadata["widgets"] = {MIME: kept}
+            nb.metadata["widgets"] = NotebookNode({MIME: kept})  # a plain dict would be made nodes, value by value
         else:
             nb.metadata.pop("widgets", None)
 

