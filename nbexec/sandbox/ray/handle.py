@@ -171,16 +171,7 @@ class RayHandle(OnNode, SandboxHandle):
         return size, transfer.FileChunks(_Body(self, token, size), size, CHUNK)
 
     def data_notes(self) -> tuple[list[str], bool]:
-        data = self._call("notes", what="report on /mnt/data")
-        data = data if isinstance(data, dict) else {}
-        notes, stopped, inputs = _texts(data.get("data_notes")), data.get("stopped"), _texts(data.get("input_notes"))
-        if notes is None or not isinstance(stopped, bool) or inputs is None:
-            raise ProtocolError(f"node {self.node} reported on /mnt/data with something else")
-        self._input_notes = inputs
-        return notes, stopped
-
-    def input_notes(self) -> list[str]:
-        return list(self._input_notes)
+        return self._noted(self._call("notes", what="report on /mnt/data"))
 
 
 class _Body:
@@ -214,10 +205,3 @@ class _Body:
         if not self.closed:
             self.closed = True
             self._handle.agent.send("close_file", self._handle.owner, self._token)
-
-
-def _texts(value: Any) -> list[str] | None:
-    """``value`` when it is a list of at most 1,000 strings, else None."""
-    if isinstance(value, list) and len(value) <= 1000 and all(isinstance(v, str) for v in value):
-        return list(value)
-    return None

@@ -41,7 +41,7 @@ from nbexec.sandbox.messages import Message
 from nbexec.sandbox.source import ContainerState, SandboxHandle, WheelFile
 
 from . import files, frames, paths
-from .lost import OnNode
+from .lost import OnNode, texts
 from .nodes import NodeClient
 
 SMALL = 64 * 1024  # bytes of a small answer (state, notes)
@@ -246,15 +246,8 @@ class RemoteHandle(OnNode, SandboxHandle):
 
     def data_notes(self) -> tuple[list[str], bool]:
         with self._on_node():
-            data = self._answer(self.client.json("GET", f"{self.route}/notes", "report on /mnt/data", SMALL))
-        notes, stopped, inputs = _texts(data.get("data_notes")), data.get("stopped"), _texts(data.get("input_notes"))
-        if notes is None or not isinstance(stopped, bool) or inputs is None:
-            raise ProtocolError(f"node {self.node} reported on /mnt/data with something else")
-        self._input_notes = inputs
-        return notes, stopped
-
-    def input_notes(self) -> list[str]:
-        return list(self._input_notes)  # nothing of this host is mounted; the node's own, read with data_notes
+            return self._noted(self._answer(self.client.json("GET", f"{self.route}/notes", "report on /mnt/data",
+                                                             SMALL)))
 
     def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
         for wheel in wheels:
@@ -274,7 +267,7 @@ class RemoteHandle(OnNode, SandboxHandle):
             found = tuple(Connection.from_dict(c) for c in data["connections"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"node {self.node} reported connections with something else") from exc
-        notes = _texts(data.get("notes"))
+        notes = texts(data.get("notes"))
         if notes is None:
             raise ProtocolError(f"node {self.node} reported connections with something else")
         return found, notes
@@ -317,10 +310,3 @@ class _Body:
             self.closed = True
             with contextlib.suppress(Exception):
                 self._stream.__exit__(None, None, None)
-
-
-def _texts(value: Any) -> list[str] | None:
-    """``value`` when it is a list of at most 1,000 strings, else None."""
-    if isinstance(value, list) and len(value) <= 1000 and all(isinstance(v, str) for v in value):
-        return list(value)
-    return None
