@@ -257,8 +257,8 @@ def _with_outputs(*sizes: int) -> NotebookNode:
     return v4.new_notebook(cells=made)
 
 
-def _size(cell: NotebookNode) -> int:
-    return len(json.dumps(cell.get("outputs", []), ensure_ascii=False))
+def _size(cell: NotebookNode) -> int:  # compact JSON, as a large notebook is written
+    return len(json.dumps(cell.get("outputs", []), ensure_ascii=False, separators=(",", ":")))
 
 
 def _marker(size: int, limit: int) -> list[dict[str, Any]]:

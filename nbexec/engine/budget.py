@@ -19,9 +19,9 @@ from nbformat import NotebookNode, from_dict
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, ProtocolError
-from nbexec.notebook import outputs
+from nbexec.notebook import outputs, verbatim
 from nbexec.sandbox.kernel import Execution
-from nbexec.sandbox.messages import Message
+from nbexec.sandbox.messages import MAX_MEMBERS, Message
 
 from . import cellsize, widgets
 
@@ -113,12 +113,12 @@ class CellState:
             return self._drop(msg.size, text=False, output=kind != "update_display_data")
         elif kind == "update_display_data":
             budget.display -= msg.size  # parsing it costs its size, whatever becomes of it
-            self._update(msg.content(), msg.size)
+            self._update(msg.bundle(), msg.size)
         else:  # display_data, execute_result
             if budget.outputs <= 0:
                 return self._drop(msg.size, text=False, output=True)
             budget.display -= msg.size
-            self._add_display(kind, msg.content())
+            self._add_display(kind, msg.bundle())
         return None
 
     def _add_error(self, msg: Message) -> None:
@@ -274,7 +274,8 @@ def _prefix(text: str, room: int) -> str:
 
 def _text_size(data: dict[str, Any]) -> int:
     """What the text of a rich output costs the text allowance (its text views repeat it): its JSON size."""
-    return sum(_json_size(v if isinstance(v, str) else json.dumps(v, check_circular=False)) for k, v in data.items()
+    return sum(_json_size(v if isinstance(v, str) else v.text if isinstance(v, verbatim.KEPT)
+                          else json.dumps(v, check_circular=False)) for k, v in data.items()
                if k.startswith("text/") and k != "text/html")
 
 
@@ -282,6 +283,9 @@ def _bundle(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     data, metadata = content.get("data", {}), content.get("metadata", {})
     if not isinstance(data, dict) or not isinstance(metadata, dict):
         raise ProtocolError("a display message whose data or metadata is not a JSON object")
+    if max(len(content), len(data), len(metadata)) > MAX_MEMBERS:  # each costs Python code; none is kept verbatim
+        raise ProtocolError(f"a display message with more than {MAX_MEMBERS} members in its content, data or "
+                            "metadata")
     return data, metadata
 
 
@@ -344,7 +348,7 @@ def keep_recent(nb: NotebookNode, current: int, limit: int, displays: Displays) 
     cells, never those of the run that starts at cell ``current``, until the rest fits. Each emptied cell keeps a
     marker, and the display ids of dropped outputs are forgotten. A note for the run, or None when all fit."""
     def size(cell: NotebookNode) -> int:
-        return len(json.dumps(cell.get("outputs", []), ensure_ascii=False, check_circular=False))
+        return len(verbatim.encode(cell.get("outputs", []), levels=3))
 
     earlier = [size(cell) for cell in nb.cells[:current]]
     if not any(earlier):  # nothing could be dropped: this run's outputs (within its budgets) are not measured

@@ -31,6 +31,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, NbexecError, NotOfferedError, SessionLostError, SessionNotFoundError
 from nbexec.files import statefolder
 from nbexec.files.statefolder import StateFolder
+from nbexec.notebook import verbatim
 
 SUFFIX = ".session"
 LOST = ".lost"
@@ -91,7 +92,8 @@ def save(folder: StateFolder, record: Record) -> None:
             "sandbox": record.sandbox, "output_dir": record.output_dir, "notebook": record.notebook,
             "ttl": record.ttl, "status": record.status, "created_at": record.created_at, "saved_at": time.time(),
             "asleep": record.asleep, "memory": record.memory}
-    folder.write(record.id + SUFFIX, json.dumps(body, separators=(",", ":")).encode())
+    text = verbatim.encode(body, levels=1 + notebook.LEVELS, ensure_ascii=True)  # display values as they came
+    folder.write(record.id + SUFFIX, text.encode("utf-8", "surrogatepass"))
     folder.touch()
 
 

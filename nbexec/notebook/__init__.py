@@ -18,7 +18,7 @@ from nbexec import languages
 from nbexec.errors import ConfigError, NotebookError
 from nbexec.languages import Language
 
-from . import shape
+from . import shape, verbatim
 
 _CELL_TYPE = re.compile(r"\[(markdown|md|raw)\]")
 _TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
@@ -271,6 +271,7 @@ def source(nb: Any, *, default: str = "python") -> NotebookNode:
     return nb if isinstance(nb, NotebookNode) else coerce(nb, default=default)
 
 
+LEVELS = 6  # from a notebook down to a display's values: cells, a cell, outputs, an output, its data
 _INDENTED = 20_000  # containers (brackets, counted in the compact text) up to which a notebook is indented
 
 
@@ -278,7 +279,7 @@ def dumps(nb: NotebookNode) -> bytes:
     """The notebook as .ipynb bytes, without re-validating what nbexec built: nbformat's layout (indented) when it
     is small, else compact. Indenting runs json's encoder in Python, a few microseconds per container: 10 s of host
     CPU per MiB of deeply nested display data, where the compact C encoder takes a fraction of one."""
-    text = json.dumps(nb, sort_keys=True, ensure_ascii=False, separators=(",", ":"), check_circular=False)
-    if text.count("[") + text.count("{") <= _INDENTED:  # no cycle check: parsed JSON has none, and it halves the cost
+    text = verbatim.encode(nb, levels=LEVELS, sort_keys=True)  # large display values as they came
+    if text.count("[") + text.count("{") <= _INDENTED:
         text = json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False)
     return (text + "\n").encode("utf-8", "surrogatepass")

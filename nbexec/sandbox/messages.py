@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbexec.errors import ProtocolError
+from nbexec.notebook import verbatim
 
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
+HEADER_CONTAINERS = 16  # brackets in a header, in strings too: an honest kernel's header has one
+MAX_MEMBERS = 64  # of a display's data or metadata (kernels send a few); read one by one, more is refused
 MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
 _HIGH, _LOW = "[89abAB][0-9a-fA-F]{2}", "[c-fC-F][0-9a-fA-F]{2}"  # a surrogate's escape after its \\ud
 # A surrogate's escape not in a pair; both branches start with \u, so the search skips ahead in C.
@@ -53,6 +56,14 @@ class Message:
             raise ProtocolError(f"the content of a {self.msg_type} message is not a JSON object")
         return content
 
+    def bundle(self) -> dict[str, Any]:
+        """The parsed content of a display (display_data, execute_result, update_display_data): as `content`,
+        its ``data`` and ``metadata`` values each kept with its text when large (`verbatim`)."""
+        content = parse(self.raw_content, self.msg_type, bundle=True)
+        if not isinstance(content, dict):
+            raise ProtocolError(f"the content of a {self.msg_type} message is not a JSON object")
+        return content
+
 
 def signature(key: bytes, parts: Sequence[bytes | bytearray]) -> bytes:
     """The hex HMAC-SHA256 of ``parts`` in order under ``key``: a Jupyter message's signature."""
@@ -72,15 +83,19 @@ _JOINED = 64 * 1024  # signed bytes a message may be joined by (past it: hashed 
 def parse_header(frame: bytes | bytearray, what: str) -> dict[str, Any]:
     """A message's header or parent header: a JSON object. Read before any budget is known (what is past a
     small allowance is charged later), so it costs the host no more than content does: `parse` runs no Python
-    code per value."""
+    code per value. A header is flat (strings and null): one with many containers is refused unparsed."""
+    if frame.count(b"[") + frame.count(b"{") > HEADER_CONTAINERS:
+        raise ProtocolError(f"a message's {what} holds more than {HEADER_CONTAINERS} brackets (a Jupyter header is a "
+                            "flat object)")
     value = parse(frame, what)
     if not isinstance(value, dict):
         raise ProtocolError(f"a message's {what} is not a JSON object")
     return value
 
 
-def parse(raw: bytes | bytearray | memoryview, what: str) -> Any:
-    """Strict UTF-8 JSON, nesting capped; lone surrogates (from \\ud800-style escapes) become U+FFFD.
+def parse(raw: bytes | bytearray | memoryview, what: str, *, bundle: bool = False) -> Any:
+    """Strict UTF-8 JSON, nesting capped; lone surrogates (from \\ud800-style escapes) become U+FFFD. With
+    ``bundle``, a large display's ``data`` and ``metadata`` values keep their text (`_bundle`).
 
     Every step runs in C, so a costly shape (a million empty lists, deep nesting, surrogates) costs the host
     about what plain text does: no Python code runs per value."""
@@ -89,11 +104,12 @@ def parse(raw: bytes | bytearray | memoryview, what: str) -> Any:
         if "\\ud" in text or "\\uD" in text:
             text = _lone_surrogates_replaced(text)
         containers = text.count("{") + text.count("[")
+        load = _bundle if bundle and len(text) >= verbatim.LARGE else _loads
         if containers <= _FEW:  # too few to set off a collection: no pause to pay for
-            value = _loads(text)
+            value = load(text)
         else:
             with _collector_paused(containers > _MANY):
-                value = _loads(text)
+                value = load(text)
         del text  # the host's peak: the depth check's copies come after the text is gone
     except RecursionError as exc:
         raise ProtocolError(f"a {what} message is nested too deeply") from exc
@@ -118,6 +134,62 @@ def _loads(text: str) -> Any:
     return value
 
 
+def _bundle(text: str) -> Any:
+    """A display's content, its ``data`` and ``metadata`` members read one by one (at most MAX_MEMBERS each, the
+    rest of the text in C) so each value's text is known: a large one is kept with it. Any other shape is
+    parsed whole, as `_loads` does."""
+    try:
+        top = _members(text, 0)
+        if top is not None:
+            content, end = top
+            if _skip(text, end) == len(text):
+                return content
+    except (ValueError, StopIteration):  # malformed: the whole parse says how
+        pass
+    return _loads(text)
+
+
+def _members(text: str, at: int, depth: int = 0) -> tuple[dict[str, Any], int] | None:
+    """The object at ``at`` and where it ends, its ``data`` and ``metadata`` (at depth 0) read member by member
+    and their values kept with their text; None for anything else (more than MAX_MEMBERS members, not an object)."""
+    at = _skip(text, at)
+    if text[at:at + 1] != "{":
+        return None
+    members: dict[str, Any] = {}
+    at, count = _skip(text, at + 1), 0
+    if text[at:at + 1] == "}":
+        return members, at + 1
+    while count < MAX_MEMBERS and text[at:at + 1] == '"':
+        key, at = _STRING(text, at + 1, True)
+        at = _skip(text, at)
+        if text[at:at + 1] != ":":
+            return None
+        at = _skip(text, at + 1)
+        if depth == 0 and key in ("data", "metadata"):
+            inner = _members(text, at, 1)
+            if inner is None:
+                return None
+            value, end = inner
+        else:
+            value, end = _SCAN(text, at)
+            if depth == 1:
+                value = verbatim.kept(value, text[at:end])
+        members[key], count = value, count + 1
+        at = _skip(text, end)
+        if text[at:at + 1] == "}":
+            return members, at + 1
+        if text[at:at + 1] != ",":
+            return None
+        at = _skip(text, at + 1)
+    return None
+
+
+def _skip(text: str, at: int) -> int:
+    return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_STRING: Any = json.decoder.scanstring  # type: ignore[attr-defined]  # C, not typed
 _SCAN: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, not typed
 _SPACE = " \t\n\r"
 

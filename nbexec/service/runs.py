@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request, Security
+from fastapi import Depends, HTTPException, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Receive
 
@@ -26,6 +26,7 @@ from nbexec.errors import (
     NotOfferedError,
     SessionError,
 )
+from nbexec.notebook import verbatim
 from nbexec.result import ExecutionResult
 
 from . import streaming
@@ -123,7 +124,7 @@ class Runs:
             work = asyncio.ensure_future(self.run(who, render))
             if not await streaming.first_or_gone(work, receive):
                 await streaming.interrupt_until_done(work, interrupt)
-            return await work
+            return answered(await work)
         self.take_slot(who)  # before the response starts, so a refusal is a real 429
         return streaming.respond(lambda on_output: self.run(who, render, on_output, slot_taken=True), interrupt,
                                  self.settings.keepalive, self.folders.background, headers)
@@ -138,6 +139,19 @@ class Runs:
             raise HTTPException(404, str(exc)) from exc
         except NbexecError as exc:
             raise http_error(exc) from exc
+
+
+def answered(body: Any) -> Any:
+    """A result's JSON answer with its display values written as they came (`verbatim`): encoding a deep value
+    again cost as much host CPU as parsing it. As it is (FastAPI writes it) when it holds what JSON has not,
+    NaN or an infinity: FastAPI writes those as null."""
+    if not isinstance(body, dict):
+        return body
+    try:
+        text = verbatim.encode(body, levels=4, ensure_ascii=True, finite=True)  # outputs, an output, its data
+    except (TypeError, ValueError):
+        return body
+    return Response(text.encode("utf-8"), media_type="application/json")
 
 
 def execute(session: Session, body: SessionExecuteBody, timeout: float, on_output: Any = None) -> ExecutionResult:
