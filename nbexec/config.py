@@ -107,7 +107,8 @@ class SandboxConfig:
         "Wall-clock limit for one cell, in seconds (default: the execution limit)."))
     max_output: str = field(default="1m", metadata=_doc("Text kept per execution; the rest is dropped with a marker."))
     max_display: str = field(default="32m", metadata=_doc(
-        "Rich output (images, HTML) kept per execution; the rest is dropped with a marker."))
+        "Rich output (images, HTML) kept per execution; the rest is dropped with a marker. JSON is charged what "
+        "holding it parsed costs the host (lists nested deep: about 40 times their text)."))
     max_outputs: int = field(default=2000, metadata=_doc(
         "Outputs kept per execution; later ones are dropped with a marker saying how many."))
     max_data: str = field(default="1g", metadata=_doc(

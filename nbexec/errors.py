@@ -112,6 +112,10 @@ class SessionLimitError(SessionError):
     """The cap on live sessions is reached."""
 
 
+class ShuttingDownError(SessionLimitError):
+    """The node is shutting down: nothing new starts on it. Try again, on another node."""
+
+
 class SessionNotFoundError(SessionError, KeyError):
     """No session has that id."""
 

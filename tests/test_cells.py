@@ -596,3 +596,48 @@ def test_drops_of_text_add_up_and_a_frame_or_stream_dropped_is_no_output() -> No
     first, second = (len(json.dumps({"name": "stdout", "text": t})) for t in ("abc", "defgh"))
     assert (state.budget.dropped_text, state.budget.dropped_display, state.budget.dropped_outputs) == (
         first + second, 7, 0)
+
+
+def test_a_display_is_charged_what_holding_it_parsed_costs_not_its_bytes() -> None:
+    """20 KiB of lists nested 60 deep takes 40 times its text once parsed: a 100 KiB allowance holds it by its
+    bytes, not by what it costs the host. It is dropped and counted; a display of the same size in a string fits."""
+    deep: list[Any] = []
+    for _ in range(59):
+        deep = [deep]
+    dense = _msg("display_data", {"data": {"application/json": [deep] * 170}, "metadata": {}})
+    plain = _msg("display_data", {"data": {"text/html": "x" * dense.size}, "metadata": {}})
+    assert dense.size < 25_000 and dense.held(10**9) > 100_000
+    state = _state(text=10**6, display=100_000)
+    state.add(dense)
+    state.add(plain)
+    assert [list(o.get("data", {})) for o in state.cell.outputs] == [[], ["text/html"]]  # the marker, the html
+    assert state.budget.dropped_display == dense.size and state.budget.display == 100_000 - plain.held(10**9)
+
+
+def test_older_outputs_are_kept_by_what_they_hold_parsed_not_their_bytes() -> None:
+    """A session keeps one run's allowance of older outputs. Counted by their JSON, 20 KiB of lists nested 60 deep
+    per run fitted 40 runs of them in a 1 MiB bound: 40 MiB of objects. Counted as a message is charged, the
+    older one goes."""
+    deep: list[Any] = []
+    for _ in range(59):
+        deep = [deep]
+    nb = v4.new_notebook(cells=[v4.new_code_cell("a"), v4.new_code_cell("b")])
+    for code in nb.cells:
+        code.outputs = [NotebookNode(output_type="display_data", metadata=NotebookNode(),
+                                     data=NotebookNode({"application/json": [deep] * 170}))]
+    text = sum(_size(c) for c in nb.cells)
+    assert text < 50_000
+    assert budget.keep_recent(nb, 1, 1024 * 1024, {}) is not None
+    assert nb.cells[0].outputs[0]["output_type"] == "stream" and nb.cells[1].outputs[0]["data"]
+
+
+def test_the_text_a_large_value_keeps_is_charged_too() -> None:
+    """A large value keeps its text to be written as it came (`verbatim`): a second copy, charged after the parse,
+    before it is kept."""
+    message = _msg("display_data", {"data": {"application/json": list(range(1000, 40_000))}, "metadata": {}})
+    held = message.held(10**9)
+    for room, kept in ((held + 100_000, False), (held + 400_000, True)):
+        state = _state(display=room)
+        state.add(message)
+        assert any("application/json" in o.get("data", {}) for o in state.cell.outputs) is kept, room
+        assert state.budget.display < room - held if kept else state.budget.dropped_display > 0

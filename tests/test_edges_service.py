@@ -20,11 +20,11 @@ import pytest
 
 from nbexec.cli import envfile
 from nbexec.egress import budget, request
-from nbexec.errors import ConfigError, FileTransferError
+from nbexec.errors import ConfigError, FileTransferError, ShuttingDownError
 from nbexec.notebook import viewer
 from nbexec.sandbox import lasterror
 from nbexec.sandbox.remote import paths
-from nbexec.service import identity, sse
+from nbexec.service import held, identity, runs, sse
 from nbexec.stores import serving
 
 
@@ -620,3 +620,16 @@ def test_a_refused_name_says_which_segment_rule_it_breaks(name: str, why: str) -
     assert str(refused.value) == (
         f"{name!r} is not a plain relative name: it has {why}. Name a file inside /mnt/data with segments that are "
         "not empty, '.' or '..' and hold no NUL or backslash (also percent-encoded).")
+
+
+def test_a_node_shutting_down_refuses_new_work_with_503_and_retry_after() -> None:
+    """A run or a sandbox asked for once shutdown began is not the request's fault: 503 with Retry-After (another
+    node, or this one after its restart, takes it), not 409 as for a cap the caller reached."""
+    released: list[object] = []
+    holding = held.Held(lambda handle, wait: released.append(handle), ttl=60)
+    holding.close()
+    with pytest.raises(ShuttingDownError) as refused:
+        holding.add("a", object(), "sandbox")  # type: ignore[arg-type]
+    assert len(released) == 1  # the handle given was released, not kept
+    answer = runs.http_error(refused.value)
+    assert answer.status_code == 503 and answer.headers == {"Retry-After": "5"}

@@ -5,6 +5,7 @@ Pure: parsed messages and encoders, no sandbox."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 from nbformat import NotebookNode
@@ -12,7 +13,7 @@ from nbformat import NotebookNode
 from nbexec import notebook
 from nbexec.errors import ProtocolError
 from nbexec.notebook import verbatim
-from nbexec.sandbox.messages import MAX_MEMBERS, parse, parse_header
+from nbexec.sandbox.messages import FREE_OBJECTS, MAX_MEMBERS, Message, objects, parse, parse_header
 from nbexec.service.runs import answered
 
 # Spaces and an order no encoder of nbexec writes: seen in the output only when the text was kept. Containers enough
@@ -62,13 +63,22 @@ def test_the_sizes_measured_are_those_of_the_text_written() -> None:
         + len(AS_SENT) - len(json.dumps(json.loads(AS_SENT), separators=(",", ":")))
 
 
-def test_an_http_answer_writes_display_values_as_they_came_and_leaves_nan_to_fastapi() -> None:
+def test_an_http_answer_writes_display_values_as_they_came_and_nan_as_null() -> None:
     content = parse(_display(AS_SENT), "display_data", bundle=True)
     body = {"ok": True, "outputs": [{"output_type": "display_data", **content}]}
     answer = answered(body)
     assert AS_SENT.encode() in answer.body and json.loads(answer.body)["outputs"][0]["data"] == content["data"]
-    with_nan = parse(_display(AS_SENT.replace("[1,", "[NaN,")), "display_data", bundle=True)
-    assert answered({"outputs": [with_nan]}) == {"outputs": [with_nan]}  # FastAPI writes NaN as null
+    for odd, read in (("[NaN,", None), ("[1e400,", None), ("[-Infinity,", None)):  # before: HTTP 500, result lost
+        with_odd = parse(_display(AS_SENT.replace("[1,", odd)), "display_data", bundle=True)
+        answer = answered({"outputs": [with_odd]})
+        assert json.loads(answer.body)["outputs"][0]["data"]["application/json"]["z"] == [read, 2]
+
+
+def test_a_repeated_key_is_refused() -> None:
+    """Read member by member, 65 repeats of one key were each parsed, then all parsed again, and kept as one."""
+    repeated = b'{"data": {' + b", ".join([b'"application/json": ' + AS_SENT.encode()] * 65) + b'}, "metadata": {}}'
+    with pytest.raises(ProtocolError, match="repeats the key"):
+        parse(repeated, "display_data", bundle=True)
 
 
 @pytest.mark.parametrize("frame", [b'{"msg_id": "a", "pad": [[[]]]' + b", []" * 20 + b"}",
@@ -85,3 +95,59 @@ def test_a_display_of_too_many_members_is_read_whole_never_member_by_member() ->
     content = parse(json.dumps({"data": many, "metadata": {}}).encode(), "display_data", bundle=True)
     assert content["data"] == many
     assert not any(isinstance(v, verbatim.VerbatimList) for v in content["data"].values())
+
+
+# -- a kept display is charged what holding it parsed costs ------------------------------------------------------
+
+DENSE = {  # 256 KiB or so of the shapes that parse into the most objects per byte of text
+    "lists-nested-60-deep": "[" + ",".join(["[" * 60 + "]" * 60] * 1000) + "]",
+    "empty-lists": "[" + ",".join(["[]"] * 60_000) + "]",
+    "empty-objects": "[" + ",".join(["{}"] * 60_000) + "]",
+    "small-objects": "[" + ",".join(f'{{"k{i % 7}":"v{i}"}}' for i in range(20_000)) + "]",
+    "floats": json.dumps([i / 7 for i in range(20_000)]),
+    "ints": json.dumps(list(range(1000, 40_000))),
+    "short-strings": json.dumps([f"s{i}" for i in range(40_000)]),
+    "ascii-and-one-astral": json.dumps(["a" * 200_000 + "\U0001f600"], ensure_ascii=False),
+    "ascii-and-one-escaped-astral": json.dumps(["a" * 200_000 + "\U0001f600"]),
+    "ascii-and-one-wide": json.dumps(["a" * 200_000 + "\u0100"], ensure_ascii=False),
+    "ascii-and-one-escaped-wide": json.dumps(["a" * 200_000 + "\u0100"]),
+}
+
+
+@pytest.mark.parametrize("shape", list(DENSE))
+def test_the_objects_charged_are_never_fewer_than_a_parse_makes(shape: str) -> None:
+    """Charged by their bytes, lists nested 60 deep held 40 times their text in host memory: 32 MiB of display
+    allowance took 1.5 GB; one character past U+FFFF made a string of ASCII take 4 times its text. The estimate is
+    made from counts in C, and is at least what the parse allocates."""
+    text = DENSE[shape].encode()
+    tracemalloc.start()
+    try:
+        value = parse(text, "display_data")
+        made, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    charged = len(text) + objects(text) + 1024  # a parse's constant: within a message's FREE_OBJECTS
+    assert value is not None and charged >= made, f"{charged:,} charged, {made:,} made"
+
+
+def test_an_honest_display_is_charged_its_size() -> None:
+    content = json.dumps({"data": {"text/plain": "<Figure>", "image/png": "iVBOR" * 20_000},
+                          "metadata": {"image/png": {"width": 640, "height": 480}}}).encode()
+    assert objects(content) <= FREE_OBJECTS
+
+
+def test_a_message_too_costly_to_hold_is_judged_by_a_bounded_count() -> None:
+    """Found by the attacker's read: 32 MiB of empty strings within the room by size was counted by splitting it
+    whole, a bytes object per string (0.5-0.9 GiB for each message, and dropped messages charge nothing, so a
+    kernel could send them again and again). Counted a chunk at a time, and only until past the room."""
+    raw = b'{"data": {"application/json": [' + b'"",' * (10 * 2**20) + b'""]}, "metadata": {}}'
+    message = Message("iopub", "display_data", "m", "p", len(raw), raw)
+    room = 32 * 2**20
+    tracemalloc.start()
+    try:
+        held = message.held(room)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held > room, held
+    assert peak < 2 * len(raw) + 16 * 2**20, f"{peak / 2**20:.0f} MiB to count a {len(raw) / 2**20:.0f} MiB message"

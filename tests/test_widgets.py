@@ -415,3 +415,15 @@ def test_a_model_this_run_made_that_is_dropped_is_named_in_the_note() -> None:
     assert "widgets" not in nb.metadata
     [note] = state.take_notes()
     assert "'w1' ('IntSliderModel': its model module 'evil-module'" in note, note
+
+
+def test_a_state_of_dense_json_is_charged_what_holding_it_parsed_costs() -> None:
+    """Lists nested 60 deep take 40 times their text once parsed: charged by bytes, 20 KiB of them fitted a
+    100 KiB room. Charged what they hold, they do not, and the state is dropped."""
+    deep: list[Any] = []
+    for _ in range(59):
+        deep = [deep]
+    msg = _message("comm_open", opened("w1", {**SLIDER, "pad": [deep] * 170}))
+    assert msg.size < 25_000 and msg.held(10**9) > 100_000
+    state = _state()
+    assert state.add(msg, 100_000) == 0 and state.dropped.startswith("a comm_open message of ")

@@ -11,6 +11,7 @@ limit, never sent) the one the reply or the kernel described stands in for it.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, ProtocolError
 from nbexec.notebook import outputs, verbatim
 from nbexec.sandbox.kernel import Execution
-from nbexec.sandbox.messages import MAX_MEMBERS, Message
+from nbexec.sandbox.messages import FREE_OBJECTS, MAX_MEMBERS, Message, flat, objects
 
 from . import cellsize, widgets
 
@@ -101,6 +102,8 @@ class CellState:
             if budget.text <= beside:
                 return self._drop(msg.size, text=True)
             budget.text -= beside
+            if not flat(msg.raw_content):  # a stream's name and text are strings: anything else costs a parse
+                raise ProtocolError("a stream message whose content holds a list or an object")
             self._add_stream(msg.content())
         elif kind == "error":
             self._add_error(msg)
@@ -109,17 +112,23 @@ class CellState:
                 return self._drop(msg.size, text=True)
             budget.text -= msg.size
             self._clear(msg.content())
-        elif budget.display < msg.size:
-            return self._drop(msg.size, text=False, output=kind != "update_display_data")
-        elif kind == "update_display_data":
-            budget.display -= msg.size  # parsing it costs its size, whatever becomes of it
-            self._update(msg.bundle(), msg.size)
-        else:  # display_data, execute_result
-            if budget.outputs <= 0:
-                return self._drop(msg.size, text=False, output=True)
-            budget.display -= msg.size
-            self._add_display(kind, msg.bundle())
+        else:
+            self._add_kept(kind, msg)
         return None
+
+    def _add_kept(self, kind: str, msg: Message) -> None:
+        """A display, a result or an update: charged what holding it parsed costs the host (`Message.held`)."""
+        budget = self.budget
+        held = msg.held(budget.display) if budget.display >= msg.size else msg.size + 1  # no count when past it
+        if budget.display < held:
+            return self._drop(msg.size, text=False, output=kind != "update_display_data")
+        if kind == "update_display_data":
+            budget.display -= held  # parsing it costs that, whatever becomes of it
+            return self._update(msg.bundle(), held)
+        if budget.outputs <= 0:
+            return self._drop(msg.size, text=False, output=True)
+        budget.display -= held
+        return self._add_display(kind, msg.bundle())
 
     def _add_error(self, msg: Message) -> None:
         budget = self.budget
@@ -175,10 +184,10 @@ class CellState:
     def _update(self, content: dict[str, Any], size: int) -> None:
         data, metadata = _bundle(content)
         reached = self.displays.get(_display_id(content) or "", [])
-        extra, text = size * (len(reached) - 1), _text_size(data) * len(reached)
+        extra, text = size * (len(reached) - 1) + _copies(data, metadata), _text_size(data) * len(reached)
         if reached and (extra > self.budget.display or text > self.budget.text):
             return self._drop(size * len(reached), text=False)
-        self.budget.display -= max(0, extra)
+        self.budget.display -= max(0, extra) if reached else 0
         self.budget.text -= text
         data, metadata = NotebookNode(data), NotebookNode(metadata)  # a node's plain dict would be walked whole
         for output in reached:
@@ -191,10 +200,12 @@ class CellState:
         if kind == "execute_result":
             count = content.get("execution_count")
             output["execution_count"] = count if isinstance(count, int) else None
-        text_size = _text_size(data)
+        text_size, copies = _text_size(data), _copies(data, metadata)
+        if copies > self.budget.display:  # the text its large values keep (`verbatim`) is held too
+            return self._drop(copies, text=False, output=True)
         if text_size > self.budget.text:  # the text of rich outputs counts against the text allowance too
             return self._drop(text_size, text=True, output=True)
-        self.budget.text -= text_size
+        self.budget.text, self.budget.display = self.budget.text - text_size, self.budget.display - copies
         self.budget.outputs -= 1
         # Two layers made nodes; the values stay the parsed JSON: converting each of a deep value's containers in
         # Python cost 1 s of host CPU per MiB of lists (10 s of deep ones), a hundred times the promise.
@@ -279,6 +290,11 @@ def _text_size(data: dict[str, Any]) -> int:
                if k.startswith("text/") and k != "text/html")
 
 
+def _copies(data: dict[str, Any], metadata: dict[str, Any]) -> int:
+    """Bytes the texts of a display's verbatim values hold (a second copy of what was parsed)."""
+    return sum(sys.getsizeof(v.text) for v in (*data.values(), *metadata.values()) if isinstance(v, verbatim.KEPT))
+
+
 def _bundle(content: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     data, metadata = content.get("data", {}), content.get("metadata", {})
     if not isinstance(data, dict) or not isinstance(metadata, dict):
@@ -344,11 +360,13 @@ def _without_outputs(nb: NotebookNode) -> int:
 
 
 def keep_recent(nb: NotebookNode, current: int, limit: int, displays: Displays) -> str | None:
-    """Keep a session's notebook within ``limit`` bytes of outputs (their JSON): drop the outputs of its oldest
-    cells, never those of the run that starts at cell ``current``, until the rest fits. Each emptied cell keeps a
-    marker, and the display ids of dropped outputs are forgotten. A note for the run, or None when all fit."""
-    def size(cell: NotebookNode) -> int:
-        return len(verbatim.encode(cell.get("outputs", []), levels=3))
+    """Keep a session's notebook within ``limit`` bytes of outputs (their JSON and, past a message's allowance, the
+    objects they hold parsed, as `Message.held` charges them): drop the outputs of its oldest cells, never those
+    of the run that starts at cell ``current``, until the rest fits. Each emptied cell keeps a marker, and the
+    display ids of dropped outputs are forgotten. A note for the run, or None when all fit."""
+    def size(cell: NotebookNode) -> int:  # its JSON, and what its values hold parsed as a message is charged
+        text = verbatim.encode(cell.get("outputs", []), levels=3).encode("utf-8", "surrogatepass")
+        return len(text) + max(0, objects(text) - FREE_OBJECTS * len(cell.get("outputs", [])))
 
     earlier = [size(cell) for cell in nb.cells[:current]]
     if not any(earlier):  # nothing could be dropped: this run's outputs (within its budgets) are not measured

@@ -55,14 +55,15 @@ class WidgetState:
         """Apply one comm message with ``room`` bytes left of the display allowance; return the bytes charged."""
         if self.dropped:
             return 0  # given up: later messages are not even parsed
-        if not msg.complete or msg.size > room:
+        held = msg.held(room) if msg.complete and msg.size <= room else msg.size  # its state's cost once parsed
+        if not msg.complete or held > room:
             self._drop(f"a {msg.msg_type} message of {msg.size:,} bytes came past the display allowance")
             return 0
         try:
-            return msg.size + self._apply(msg, room - msg.size)
+            return held + self._apply(msg, room - held)
         except ProtocolError as exc:
             self._drop(str(exc))
-            return msg.size
+            return held
 
     def take_notes(self) -> list[str]:
         notes, self.notes = self.notes, []

@@ -37,6 +37,7 @@ class VerbatimDict(dict[str, Any]):
 
 
 KEPT = (VerbatimList, VerbatimDict)
+_HUGE = re.compile(r"[eE][+-]?0*[0-9]{3}|[0-9]{309}")  # a number that may parse as an infinity (1e400)
 
 
 def kept(value: Any, text: str) -> Any:
@@ -62,8 +63,8 @@ def encode(value: Any, *, levels: int, sort_keys: bool = False, ensure_ascii: bo
                           separators=(",", ":"), check_circular=False, allow_nan=not finite)
     if not texts:
         return skeleton
-    if finite and any("NaN" in text or "Infinity" in text for text in texts):
-        raise ValueError("a verbatim value may hold NaN or Infinity")
+    if finite and any("NaN" in text or "Infinity" in text or _HUGE.search(text) for text in texts):
+        raise ValueError("a verbatim value may hold NaN or an infinity")
     return re.sub(f'"\\\\u0000{nonce}(\\d+)"', lambda found: texts[int(found.group(1))], skeleton)
 
 

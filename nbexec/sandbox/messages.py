@@ -22,11 +22,13 @@ from nbexec.notebook import verbatim
 MAX_CONTROL = 1024 * 1024  # content of the messages nbexec reads whatever the budget (status, replies)
 HEADER_CONTAINERS = 16  # brackets in a header, in strings too: an honest kernel's header has one
 MAX_MEMBERS = 64  # of a display's data or metadata (kernels send a few); read one by one, more is refused
+FREE_OBJECTS = 4096  # bytes of objects a kept message holds uncharged: an honest display's few dicts and strings
 MAX_DEPTH = 64  # nesting of parsed content: deeper is refused (later encoders would recurse past the stack)
 _HIGH, _LOW = "[89abAB][0-9a-fA-F]{2}", "[c-fC-F][0-9a-fA-F]{2}"  # a surrogate's escape after its \\ud
 # A surrogate's escape not in a pair; both branches start with \u, so the search skips ahead in C.
 _LONE = re.compile(rf"\\u[dD](?:{_HIGH}(?!\\u[dD]{_LOW})|(?<!\\u[dD]{_HIGH}\\u[dD]){_LOW})")
 _NOT_QUOTE_OR_BRACKET = bytes(set(range(256)) - set(b'"[]{}'))
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[]{},'))
 _AS_SQUARE = bytes.maketrans(b"{}", b"[]")
 _RUN = re.compile(rb"\[+|\]+")
 _MANY = 4096  # containers in a parse past which its objects skip the young collections (see _collector_paused)
@@ -45,6 +47,13 @@ class Message:
     raw_content: bytes | bytearray = field(repr=False)  # the received frame: not copied
     complete: bool = True  # False: past the frame limit, its content was read and dropped, never kept or checked
     buffers: tuple[bytes | bytearray | None, ...] = field(default=(), repr=False)  # binary frames (None: dropped)
+
+    def held(self, room: int) -> int:
+        """What keeping this message parsed costs the host: its size, and what its JSON takes parsed beyond its
+        text (`objects`) past a small allowance; once past ``room``, a figure past it (the count stops there).
+        Kept displays and widget state are charged this, not their bytes; the allowance is held at most once per
+        output or model (`max_outputs` of each)."""
+        return self.size + max(0, objects(self.raw_content, room + FREE_OBJECTS) - FREE_OBJECTS)
 
     def content(self, limit: int | None = None) -> dict[str, Any]:
         """The parsed content; ProtocolError when it is larger than ``limit`` or not a JSON object."""
@@ -161,6 +170,8 @@ def _members(text: str, at: int, depth: int = 0) -> tuple[dict[str, Any], int] |
         return members, at + 1
     while count < MAX_MEMBERS and text[at:at + 1] == '"':
         key, at = _STRING(text, at + 1, True)
+        if key in members:  # kernels never repeat one; each repeat would cost a parse kept nowhere
+            raise ProtocolError(f"a display message repeats the key {key[:100]!r}")
         at = _skip(text, at)
         if text[at:at + 1] != ":":
             return None
@@ -232,15 +243,70 @@ _pausing = 0  # parses under way that paused the collector
 _was_enabled = True  # whether it was on when the first of them began
 
 
+def objects(data: bytes | bytearray, room: int | None = None) -> int:
+    """Bytes parsing ``data`` (JSON) takes beyond its text, over-estimated in C: its strings widened to their
+    widest character (a character past U+00FF makes every character of its string take 2 or 4 bytes), and each
+    list 96 bytes, object 200, item (after a comma: its pointer and a number) 40, string 80. Charged by their
+    bytes, lists nested 60 deep took 40 times their text (a run's display allowance held 1.5 GB of them). Counted
+    a chunk at a time, at most a few MiB of objects made, and only until past ``room``: a message dropped for
+    what it would hold costs a bounded scan."""
+    if not data:
+        return 0
+    total = len(data) * (_width(data) - 1)
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in data else data
+    plain = unescaped.translate(None, _NOT_STRUCTURE)
+    inside = False  # whether the chunk starts in a string
+    for start in range(0, len(plain), _CHUNK):
+        if room is not None and total > room:
+            break
+        pieces = plain[start:start + _CHUNK].split(b'"')
+        outside = b"".join(pieces[1::2] if inside else pieces[::2])
+        total += 96 * outside.count(b"[") + 200 * outside.count(b"{") + 40 * outside.count(b",") \
+            + 40 * (len(pieces) - 1)
+        inside ^= len(pieces) % 2 == 0
+    return total
+
+
+def _width(data: bytes | bytearray) -> int:
+    """Bytes a character of ``data``'s widest string takes parsed (1, 2 or 4): by its UTF-8 lead bytes and its
+    escapes, in C. An escaped backslash before a ``u`` may count as an escape: charged more, never less."""
+    escaped = b"\\u" in data
+    if not escaped and data.isascii():  # most: one pass in C, a word at a time
+        return 1
+    if data.translate(None, _NOT_ASTRAL) or (escaped and _ASTRAL_ESCAPE.search(data)):
+        return 4
+    if data.translate(None, _NOT_WIDE) or (escaped and _WIDE_ESCAPE.search(data)):
+        return 2
+    return 1
+
+
+_CHUNK = 64 * 1024  # bytes of structure split at a time: at most 64 Ki pieces made
+_NOT_ASTRAL = bytes(set(range(256)) - set(range(0xF0, 0xF5)))  # all but the lead bytes of U+10000 and up
+_NOT_WIDE = bytes(set(range(256)) - set(range(0xC4, 0xF0)))  # all but the lead bytes of U+0100 to U+FFFF
+_ASTRAL_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+_WIDE_ESCAPE = re.compile(rb"\\u(?!00)")
+
+
+def flat(data: bytes | bytearray) -> bool:
+    """Whether ``data`` is a JSON object whose members hold no list or object (a stream message's content, a
+    header): judged on the bytes outside its strings, in C, before any parse."""
+    return bytes(_outside_strings(data, _NOT_QUOTE_OR_BRACKET)[0]) == b"{}"
+
+
+def _outside_strings(data: bytes | bytearray, dropped: bytes) -> tuple[bytes | bytearray, int]:
+    """``data`` (valid JSON) without its strings and the bytes in ``dropped``, and how many quotes it has, with no
+    Python code per value: escaped backslashes, then escaped quotes, gone (C, one copy each, no object per
+    match); then every other part between quotes is a string's."""
+    plain = (data.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in data else data).translate(None, dropped)
+    quotes = plain.count(b'"')
+    return (b"".join(plain.split(b'"')[::2]) if quotes else plain), quotes
+
+
 def _too_deep(data: bytes | bytearray) -> bool:
     """Whether valid JSON nests more than MAX_DEPTH levels, with no Python code per value: strings cut out and
     brackets kept; the innermost pairs removed a level at a time while that shrinks them fast (a wide value is
     soon gone); then the depth of what is left summed run by run (a deep value has long runs)."""
-    # Escaped backslashes, then escaped quotes, gone (C, one copy each, no object per match); then every other
-    # part between quotes is a string's.
-    plain = (data.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in data else data).translate(
-        None, _NOT_QUOTE_OR_BRACKET)
-    brackets, levels = (b"".join(plain.split(b'"')[::2]) if b'"' in plain else plain).translate(_AS_SQUARE), 0
+    brackets, levels = _outside_strings(data, _NOT_QUOTE_OR_BRACKET)[0].translate(_AS_SQUARE), 0
     while brackets and levels < _PASSES:
         shorter = brackets.replace(b"[]", b"")
         brackets, levels, slow = shorter, levels + 1, len(shorter) * 8 > len(brackets) * 7

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbexec.errors import SessionError, SessionLimitError
+from nbexec.errors import SessionError, ShuttingDownError
 from nbexec.files import artifacts
 from nbexec.files.workdir import remove_tree
 from nbexec.sandbox.source import SandboxHandle
@@ -66,14 +66,14 @@ class Held:
             return sum(1 for entry in self._entries.values() if entry.owner == who)
 
     def add(self, who: str, handle: SandboxHandle, purpose: str) -> str:
-        """Hold ``handle`` for ``who``; its id (SessionLimitError after shutdown began: it is released)."""
+        """Hold ``handle`` for ``who``; its id (ShuttingDownError after shutdown began: it is released)."""
         sandbox_id = uuid.uuid4().hex
         with self._lock:
             if not self._closed:
                 self._entries[sandbox_id] = Entry(who, handle, purpose)
                 return sandbox_id
         self._release(handle, True)
-        raise SessionLimitError("the node is shutting down")
+        raise ShuttingDownError("the node is shutting down")
 
     def get(self, who: str, sandbox_id: str) -> Entry | None:
         """The sandbox ``sandbox_id`` of ``who``; None for anyone else, as for an id that does not exist."""

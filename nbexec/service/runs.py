@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import pydantic_core
 from fastapi import Depends, HTTPException, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Receive
@@ -25,6 +26,7 @@ from nbexec.errors import (
     NbexecError,
     NotOfferedError,
     SessionError,
+    ShuttingDownError,
 )
 from nbexec.notebook import verbatim
 from nbexec.result import ExecutionResult
@@ -70,6 +72,8 @@ def http_error(exc: NbexecError) -> HTTPException:
         return HTTPException(503, exc.reason, headers={"Retry-After": "30"})
     if isinstance(exc, (FileTransferError, NotOfferedError)):  # the request asked for what this run cannot do
         return HTTPException(400, str(exc))
+    if isinstance(exc, ShuttingDownError):  # not this request's fault: another node, or this one later, takes it
+        return HTTPException(503, str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, SessionError):
         return HTTPException(409, str(exc))
     if isinstance(exc, DockerError):
@@ -143,15 +147,16 @@ class Runs:
 
 def answered(body: Any) -> Any:
     """A result's JSON answer with its display values written as they came (`verbatim`): encoding a deep value
-    again cost as much host CPU as parsing it. As it is (FastAPI writes it) when it holds what JSON has not,
-    NaN or an infinity: FastAPI writes those as null."""
+    again cost as much host CPU as parsing it. When it holds what JSON has not (NaN, an infinity), encoded in
+    Rust with those as null (the stdlib encoder refuses them: the answer was a 500 and the result lost)."""
     if not isinstance(body, dict):
         return body
     try:
-        text = verbatim.encode(body, levels=4, ensure_ascii=True, finite=True)  # outputs, an output, its data
+        # Four levels: the outputs, an output, its data, a value.
+        text = verbatim.encode(body, levels=4, ensure_ascii=True, finite=True).encode("utf-8")
     except (TypeError, ValueError):
-        return body
-    return Response(text.encode("utf-8"), media_type="application/json")
+        text = pydantic_core.to_json(body, inf_nan_mode="null")
+    return Response(text, media_type="application/json")
 
 
 def execute(session: Session, body: SessionExecuteBody, timeout: float, on_output: Any = None) -> ExecutionResult:

@@ -30,7 +30,7 @@ from nbexec.config import SandboxConfig
 from nbexec.engine import durable, snapshotblobs, sources
 from nbexec.engine.manager import SessionManager
 from nbexec.engine.session import Session
-from nbexec.errors import NbexecError, SessionLimitError, SessionNotFoundError, StorageError
+from nbexec.errors import NbexecError, SessionLimitError, SessionNotFoundError, ShuttingDownError, StorageError
 from nbexec.files.folders import work_root
 from nbexec.files.workdir import WORKDIR_PREFIX, remove_tree
 from nbexec.hostconfig import host_from_env
@@ -274,7 +274,7 @@ class Tenants:
         assert session.output_dir is None or session.output_dir == self._folder(f"run-{execution_id}")
         with self._lock:
             if self._closed:  # shutdown took its list of runs to stop: one starting now would outlive the process
-                raise SessionLimitError("the node is shutting down")
+                raise ShuttingDownError("the node is shutting down")
             self._results[execution_id] = _Kept(who, self._folder(f"run-{execution_id}"), session)
 
     def finish_one_shot(self, execution_id: str) -> None:

@@ -28,13 +28,16 @@ from nbexec.service.settings import ServerSettings
 from ..conftest import IMAGE
 from ..test_server import TOKEN_A, running
 
-PROMISE_S_PER_MIB = 0.15  # SECURITY.md, "host CPU per MiB of kernel output": costly JSON (the C decoder's own cost)
-# Display data the host keeps: parsed once in C, then written as it came (0.08-0.16 s/MiB of lists nested 60 deep
-# on a quiet 2-core machine; 0.14-0.36 when each value was encoded twice, 1.2-10.5 when values were walked in Python).
-PROMISE_KEPT_S_PER_MIB = 0.2
-PROMISE_SMALL_S_PER_MIB = 0.11  # SECURITY.md: the most messages a MiB can hold (issue #36's figure)
+PROMISE_S_PER_MIB = 0.11  # SECURITY.md, "host CPU per MiB of kernel output", every shape at the default allowances
+# JSON the host keeps, allowances raised so all of it is: parsed once in C, then written as it came (0.10-0.18 s per
+# MiB kept of lists nested 60 deep on a quiet 2-core machine; 0.14-0.36 when each value was encoded twice, 1.2-10.5
+# when values were walked in Python). At the defaults it is charged what it holds, and little of it is kept.
+PROMISE_KEPT_S_PER_MIB = 0.25
 
 SEND_BYTES = 12 * 1024 * 1024
+# Kept JSON is charged what it holds parsed: 12 MiB of lists nested 60 deep take about 600 MB. All of it kept, so
+# all of it is parsed, the most an operator's allowance can make the host do.
+KEPT_ALLOWANCE = "1g"
 # Values of at most 60 KiB (a header's frame holds 64 KiB): many empty lists; lists nested 60 deep (a header's
 # own two levels make 62, within the 64 allowed); lone surrogates among empty lists.
 LISTS = "[[]] * 20000"
@@ -44,9 +47,6 @@ SURROGATES = "['\\ud800', []] * 4000"
 SHAPES = {
     "unknown-kind-string-in-headers": ("x_unknown", "'h' * 60000", None),
     "unknown-kind-surrogates-in-headers": ("x_unknown", "'\\ud800' * 10000", None),
-    "stream-lists-in-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={LISTS})"),
-    "stream-deep-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={DEEP})"),
-    "stream-surrogates-in-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={SURROGATES})"),
     "unknown-kind-deep-content": ("x_unknown", "[]", f"dict(pad={DEEP})"),
     "display-deep-content": ("display_data", "[]", f"dict(data={{'application/json': {DEEP}}}, metadata={{}})"),
     "display-lists-in-content": ("display_data", "[]", f"dict(data={{'application/json': {LISTS}}}, metadata={{}})"),
@@ -55,18 +55,22 @@ SHAPES = {
                                                       "metadata={}, transient={'display_id': 'shown'})"),
 }
 # Shapes refused at their first message, unparsed or parsed in C only: headers full of containers (a Jupyter header
-# is flat), a display of many members (each one costs Python code). (kind, header pad, content, what the error says)
+# is flat), stream content holding lists (its name and text are strings), a display of many members (each one costs
+# Python code). (kind, header pad, content, what the error says)
 REFUSED = {
     "lists-in-headers": ("x_unknown", LISTS, None, "flat object"),
     "deep-headers": ("x_unknown", DEEP, None, "flat object"),
     "surrogates-among-lists-in-headers": ("x_unknown", SURROGATES, None, "flat object"),
+    "stream-lists-in-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={LISTS})", "list or an object"),
+    "stream-deep-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={DEEP})", "list or an object"),
+    "stream-surrogates-in-content": ("stream", "[]", f"dict(name='stdout', text='.', pad={SURROGATES})",
+                                     "list or an object"),
     "display-of-many-members": ("display_data", "[]", "dict(data={'text/plain': '.', **{f'application/x{i}': [[]] "
                                                       "for i in range(6000)}}, metadata={})", "members"),
 }
 
 
-def _promise(shape: str) -> float:
-    return PROMISE_KEPT_S_PER_MIB if shape.startswith(("display-", "update-")) else PROMISE_S_PER_MIB
+KEPT = [shape for shape in SHAPES if shape.startswith(("display-", "update-"))]
 
 
 def _cell(kind: str, pad: str, content: str | None) -> str:
@@ -96,7 +100,7 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _cheapest(shape: str, run: Callable[[str], Callable[[], str]]) -> float:
+def _cheapest(shape: str, run: Callable[[str], Callable[[], str]], bound: float) -> float:
     """Host CPU per MiB sent of ``shape``'s cell, the cheapest of up to four runs: contention on a loaded machine
     only adds. ``run`` runs the code and gives what reads its stdout after the measure."""
     costs = []
@@ -108,16 +112,14 @@ def _cheapest(shape: str, run: Callable[[str], Callable[[], str]]) -> float:
         costs.append(spent / (sent / 2**20))
         print(f"{shape}: {count} messages, {sent / 2**20:.1f} MiB, {wall:.1f} s, host CPU {spent:.2f} s "
               f"= {costs[-1]:.3f} s/MiB")
-        if costs[-1] <= _promise(shape):
+        if costs[-1] <= bound:
             break
     return min(costs)
 
 
-@pytest.mark.alone  # host CPU is measured: another worker's load on the shared caches only adds
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_host_cpu_per_mib_of_kernel_output_stays_within_the_promise(shape: str, cleanup_ledger: None) -> None:
+def _in_session(shape: str, bound: float, **allowances: str) -> float:
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, max_output="16m",
-                                  max_display="16m")
+                                  **allowances)
 
     def run(code: str) -> Callable[[], str]:
         result = session.run(code)
@@ -126,15 +128,30 @@ def test_host_cpu_per_mib_of_kernel_output_stays_within_the_promise(shape: str, 
 
     with Session(config) as session:
         assert session.run("1").ok
-        cost = _cheapest(shape, run)
-    assert cost <= _promise(shape), f"{cost:.3f} s of host CPU per MiB"
+        return _cheapest(shape, run, bound)
+
+
+@pytest.mark.alone  # host CPU is measured: another worker's load on the shared caches only adds
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_host_cpu_per_mib_of_kernel_output_stays_within_the_promise(shape: str, cleanup_ledger: None) -> None:
+    """At the default display allowance (the text one raised so every stream message is read)."""
+    cost = _in_session(shape, PROMISE_S_PER_MIB)
+    assert cost <= PROMISE_S_PER_MIB, f"{cost:.3f} s of host CPU per MiB"
+
+
+@pytest.mark.alone  # host CPU is measured: another worker's load on the shared caches only adds
+@pytest.mark.parametrize("shape", KEPT)
+def test_kept_json_costs_the_host_in_proportion_to_what_it_keeps(shape: str, cleanup_ledger: None) -> None:
+    """Allowances raised so every message is kept, the most the host can be made to parse and hold."""
+    cost = _in_session(shape, PROMISE_KEPT_S_PER_MIB, max_display=KEPT_ALLOWANCE)
+    assert cost <= PROMISE_KEPT_S_PER_MIB, f"{cost:.3f} s of host CPU per MiB"
 
 
 @pytest.mark.parametrize("shape", list(REFUSED))
 def test_a_shape_that_costs_python_code_is_refused_at_its_first_message(shape: str, cleanup_ledger: None) -> None:
-    """Before: each header was parsed whole (0.04-0.12 s of host CPU per MiB), and a display of 6,000 members
-    cost 0.29-0.57 s/MiB, here 12 MiB of either. After: the first message stops the run as the kernel breaking
-    the protocol, for next to no host CPU."""
+    """Before: each header was parsed whole (0.04-0.12 s of host CPU per MiB), stream content holding lists too
+    (0.03-0.10), and a display of 6,000 members cost 0.29-0.57 s/MiB, here 12 MiB of each. After: the first
+    message stops the run as the kernel breaking the protocol, for next to no host CPU."""
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, max_output="16m",
                                   max_display="16m")
     kind, pad, content, said = REFUSED[shape]
@@ -154,7 +171,7 @@ def test_the_http_answer_of_nested_display_data_stays_within_the_promise(shape: 
     """The node's whole process (one-shot, result, JSON answer) within the promise; the answer is parsed after
     the measure. Before: `to_dict` copied every value of the outputs in Python."""
     config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=60, max_output="16m",
-                                  max_display="16m")
+                                  max_display=KEPT_ALLOWANCE)
     settings = ServerSettings(config=config, tokens=(TOKEN_A,), max_sessions_per_token=1, max_running_per_token=1)
 
     def run(code: str) -> Callable[[], str]:
@@ -163,8 +180,8 @@ def test_the_http_answer_of_nested_display_data_stays_within_the_promise(shape: 
         return lambda: str(answer.json()["stdout"])
 
     with running(settings) as service, service.client(TOKEN_A) as client:
-        cost = _cheapest(shape, run)
-    assert cost <= _promise(shape), f"{cost:.3f} s of host CPU per MiB"
+        cost = _cheapest(shape, run, PROMISE_KEPT_S_PER_MIB)
+    assert cost <= PROMISE_KEPT_S_PER_MIB, f"{cost:.3f} s of host CPU per MiB"
 
 
 def test_the_answer_holds_a_large_display_value_as_the_kernel_sent_it(cleanup_ledger: None) -> None:
@@ -242,6 +259,6 @@ def test_messages_of_headers_just_under_their_allowance_stay_within_the_cpu_prom
             print(f"{count} messages, {sent / 2**20:.1f} MiB, host CPU {spent:.2f} s = {spent / count * 1e6:.0f} us a "
                   f"message, {costs[-1]:.3f} s/MiB")
             assert result.stdout.count(".") >= count and result.truncated_bytes == 0, "output was not honest"
-            if costs[-1] <= PROMISE_SMALL_S_PER_MIB:
+            if costs[-1] <= PROMISE_S_PER_MIB:
                 break
-        assert min(costs) <= PROMISE_SMALL_S_PER_MIB, f"{min(costs):.3f} s of host CPU per MiB"
+        assert min(costs) <= PROMISE_S_PER_MIB, f"{min(costs):.3f} s of host CPU per MiB"

@@ -367,3 +367,25 @@ def test_what_a_run_keeps_is_a_small_multiple_of_its_budgets(cleanup_ledger: Non
         assert run["json"] <= 2 * BUDGETS + 12 * MIB and run["notebook"] <= 2 * BUDGETS + 8 * MIB, run
         assert run["images"] <= parse_size(nbexec.SandboxConfig().max_display), run
     assert report["growth"] <= BUDGETS + 160 * MIB, report
+
+
+DENSE = textwrap.dedent(r'''
+    import functools
+    from IPython.display import display
+    shapes = {{"deep": [functools.reduce(lambda v, _: [v], range(59), [])] * 500,
+               "floats": [i / 7 for i in range(3000)], "objects": [{{"k": i}} for i in range(6000)]}}
+    value, sent = shapes["{shape}"], 0
+    while sent < 40 * 2**20:  # past the display allowance (32 MiB)
+        display({{"application/json": value}}, raw=True)
+        sent += 61000
+''')
+
+
+def test_host_memory_of_dense_json_displays_stays_within_the_stated_multiple(cleanup_ledger: None) -> None:
+    """Displays of the JSON that parses into the most objects per byte, past the default display allowance, in three
+    runs of a session. Before: the first run (lists nested 60 deep) grew the host by 1,540 MiB, the allowance
+    being charged by bytes. After: charged what holding them parsed costs, within the stated multiple."""
+    report = _measure([DENSE.format(shape=shape) for shape in ("deep", "floats", "objects")])
+    for run in report["runs"]:
+        assert run["ok"] and run["truncated"] > 0, run
+    assert report["growth"] <= BUDGETS + 160 * MIB, report
