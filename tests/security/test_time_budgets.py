@@ -30,12 +30,13 @@ from ..fakenode import for_header, raw_id
 
 HANG = 30.0  # seconds after which a wait counts as endless (today's code: no end at all)
 # A thread of the kernel that publishes, for as long as the kernel lives, a signed message every few milliseconds
-# whose headers are costly to parse (2,000 empty lists each): the host falls behind, so it never sees silence.
+# whose headers are costly to parse (2,000 lone surrogates each; a header of lists is refused at once): the host
+# never sees silence.
 FLOOD = ("import json, threading, time\n"
          "def _flood(k=get_ipython().kernel, parent=get_ipython().kernel.get_parent()):\n"
          "    s, n = k.session, 0\n"
-         "    head = json.dumps(dict(s.msg_header('stream'), pad=[[]] * 2000), default=str).encode()\n"
-         "    above = json.dumps(dict(parent['header'], pad=[[]] * 2000), default=str).encode()\n"
+         "    head = json.dumps(dict(s.msg_header('stream'), pad='\\ud800' * 2000), default=str).encode()\n"
+         "    above = json.dumps(dict(parent['header'], pad='\\ud800' * 2000), default=str).encode()\n"
          "    while True:\n"
          "        n += 1\n"
          "        parts = [head, above, b'{\"n\": %d}' % n, b'{\"name\": \"stdout\", \"text\": \".\"}']\n"
