@@ -13,7 +13,7 @@ from nbformat import NotebookNode
 from nbexec import notebook
 from nbexec.errors import ProtocolError
 from nbexec.notebook import verbatim
-from nbexec.sandbox.messages import FREE_OBJECTS, MAX_MEMBERS, Message, objects, parse, parse_header
+from nbexec.sandbox.messages import FREE_OBJECTS, MAX_MEMBERS, Message, flat, objects, parse, parse_header
 from nbexec.service.runs import answered
 
 # Spaces and an order no encoder of nbexec writes: seen in the output only when the text was kept. Containers enough
@@ -151,3 +151,16 @@ def test_a_message_too_costly_to_hold_is_judged_by_a_bounded_count() -> None:
         tracemalloc.stop()
     assert held > room, held
     assert peak < 2 * len(raw) + 16 * 2**20, f"{peak / 2**20:.0f} MiB to count a {len(raw) / 2**20:.0f} MiB message"
+
+
+def test_a_stream_content_of_many_strings_is_judged_with_bounded_memory() -> None:
+    """A stream's content is judged flat before it is parsed, whatever the text allowance: 30 MiB of empty strings
+    split whole took a bytes object each. Judged a chunk at a time, it costs about one copy of the message."""
+    raw = b'{"name": "stdout", "text": ".", "pad": [' + b'"",' * (10 * 2**20) + b'""]}'
+    tracemalloc.start()
+    try:
+        judged = flat(raw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not judged and peak < len(raw) + 16 * 2**20, f"{peak / 2**20:.0f} MiB"
