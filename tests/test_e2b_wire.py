@@ -4,6 +4,7 @@ Connect envelope reader under every shape of a hostile body (no Docker)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import struct
@@ -15,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nbexec.sandbox.docker.supervisor.events import End, Output
 from nbexec.service.e2b import connect, wire
+from nbexec.service.e2b.envd import _event
 
 
 def test_errors_are_in_e2b_shape_with_retry_advice() -> None:
@@ -153,3 +156,16 @@ def test_a_gzip_body_is_inflated_only_up_to_the_cap() -> None:
     with pytest.raises(wire.E2bError) as caught:
         asyncio.run(go())
     assert caught.value.status == 507
+
+
+def test_output_is_kept_to_the_byte_of_the_allowance_and_the_rest_is_said() -> None:
+    """A chunk that crosses the allowance keeps its head: what is kept depends on the allowance, not on how the
+    sandbox's output happened to be cut into chunks (a loaded host reads bigger ones)."""
+    kept = [0, 0]
+    shapes = [_event(Output("stdout", b"x" * 6), kept, 10), _event(Output("stdout", b"y" * 6), kept, 10),
+              _event(Output("stderr", b"z" * 3), kept, 10)]
+    sent = [base64.b64decode(m["event"]["data"]["stdout"]) for m in shapes if m is not None]
+    assert sent == [b"x" * 6, b"y" * 4] and shapes[2] is None and kept == [10, 5]
+    end = _event(End(0, True, "exit status 0", None), kept, 10)
+    assert end is not None and end["event"]["end"]["exitCode"] == 0
+    assert "5 bytes of output were dropped" in end["event"]["end"]["error"]

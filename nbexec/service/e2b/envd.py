@@ -156,11 +156,13 @@ def _event(event: Any, kept: list[int], allowance: int) -> dict[str, Any] | None
     if isinstance(event, Started):
         return {"event": {"start": {"pid": event.pid}}}
     if isinstance(event, Output):
-        if kept[0] + len(event.data) > allowance:
-            kept[1] += len(event.data)
+        room = max(0, allowance - kept[0])  # the head of a chunk that crosses the allowance is kept, to the byte
+        data = event.data[:room]
+        kept[0] += len(data)
+        kept[1] += len(event.data) - len(data)
+        if not data:
             return None
-        kept[0] += len(event.data)
-        return {"event": {"data": {event.stream: base64.b64encode(event.data).decode()}}}
+        return {"event": {"data": {event.stream: base64.b64encode(data).decode()}}}
     if isinstance(event, End):
         end: dict[str, Any] = {"exitCode": event.exit_code, "exited": event.exited, "status": event.status}
         notes = [event.error] if event.error else []
@@ -272,7 +274,7 @@ async def stream(control: Control, box: Box, sub: Subscription, keepalive: float
             message = _event(event, kept, allowance)
             if message is not None:
                 yield connect.envelope(message)
-            elif not muted and isinstance(event, Output):
+            if not muted and isinstance(event, Output) and kept[0] >= allowance:
                 muted = True
                 await call(control, box, _mute, box, sub)
             if isinstance(event, End):
