@@ -3,7 +3,8 @@
 from .config import SandboxConfig, from_env
 from .engine.budget import OutputCallback
 from .engine.execute import execute_notebook, execute_notebook_async
-from .engine.judge import JudgeItem, judge, judge_many
+from .engine.judge import judge
+from .engine.judgemany import JudgeItem, judge_many, judge_many_async
 from .engine.judgevalues import Comparison, JudgeResult, Limits, Test, TestResult
 from .engine.manager import SessionManager
 from .engine.many import BatchItem, execute_many, execute_many_async
@@ -128,6 +129,7 @@ __all__ = [
     "from_env",
     "judge",
     "judge_many",
+    "judge_many_async",
     "rewrite_links",
     "store_from_env",
 ]

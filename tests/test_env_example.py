@@ -28,7 +28,8 @@ _IMPLICIT = {
 # Read by the SDKs the examples use, not by a line of ours.
 _SDK_READ = {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
 # Shipped into the sandbox and run there: they read the sandbox's environment, never the operator's.
-_IN_SANDBOX = {"nbexec/engine/judgerunner.py", "nbexec/engine/judgechecker.py", "nbexec/engine/judgeinit.py"}
+_IN_SANDBOX = {"nbexec/engine/judgerunner.py", "nbexec/engine/judgechecker.py", "nbexec/engine/judgeinit.py",
+               "nbexec/engine/judgereset.py"}
 _DOCUMENTED = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)(=|<NAME>=)", re.MULTILINE)
 
 

@@ -96,6 +96,12 @@ def test_what_a_caller_passes_is_checked_before_any_sandbox(tests: object, optio
     assert time.monotonic() - started < 10  # refused on the spot (the Docker tier's engine is never asked)
 
 
+@pytest.mark.parametrize("reuse", ["sandbox", "", True, "BATCH"])
+def test_a_reuse_mode_nbexec_does_not_have_is_refused_on_the_spot(reuse: object) -> None:
+    with pytest.raises(nbexec.ConfigError, match="reuse is None"):
+        nbexec.judge_many([], reuse=reuse)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("record", [
     None, [], "accepted", {"v": "ACCEPTED"}, {"v": ["accepted"]}, {}, {"v": "accepted\u0000"},
 ], ids=["none", "list", "str", "case", "list-verdict", "empty", "nul"])

@@ -1,4 +1,4 @@
-"""judge() and judge_many(): one program against many tests in one sandbox, and many programs at a time.
+"""judge(): one program against many tests in one sandbox (judge_many, many programs at a time, is in `judgemany`).
 
 The host writes the program and the tests into /mnt/data, sends the runner (`judgerunner`, in the sandbox's
 kernel) a plan, and asks for the tests' verdicts a chunk at a time. Each answer is the reply to the host's own
@@ -13,7 +13,6 @@ import base64
 import binascii
 import json
 import math
-import os
 import secrets
 import tempfile
 import time
@@ -40,7 +39,6 @@ from .judgevalues import (
     as_bytes,
     tests_of,
 )
-from .many import Outcome, Runner, Running, outcomes
 from .session import Session
 
 CHUNK = 100  # tests per request to the runner: its answer stays well under the kernel's reply cap
@@ -83,14 +81,14 @@ def judge(program: str | bytes, tests: Iterable[Any], *, language: str = "python
     image=...) are the sandbox's, as for execute_notebook(). Errors of the program are verdicts; only failures
     of nbexec (no Docker, a bad argument, a language the image cannot compile) raise."""
     job = Job.of(program, tests, language, compare, limits)
-    session = _session(config, overrides)
+    session = new_session(config, overrides)
     try:
         return run(session, job)
     finally:
         session.close()
 
 
-def _session(config: SandboxConfig | None, overrides: dict[str, Any]) -> Session:
+def new_session(config: SandboxConfig | None, overrides: dict[str, Any]) -> Session:
     config = (config or from_env()).replace(**overrides)
     return Session(config.replace(language="python"), ttl=None, keep_files=False, one_shot=True)
 
@@ -105,9 +103,9 @@ def run(session: Session, job: Job) -> JudgeResult:
     folder = f".nbexec-judge-{secrets.token_hex(8)}"
     _upload(sandbox, folder, job)
     deadline = time.monotonic() + seconds  # the program's own time: a slow start or upload is not charged to it
-    answer = _ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds)!r})\n"
-                           "__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'])", _setup_code(),
-                  deadline + GRACE, job)
+    answer = ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds)!r})\n"
+                           "__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'])", setup_code(),
+                  deadline + GRACE)
     if not isinstance(answer, dict):  # the kernel died or stopped while the compiler ran: data, not an exception
         why = "the sandbox did not answer while the program was prepared (its compile, within the program's limit)"
         return JudgeResult(job.language.name, tuple(TestResult(i, "judge_error", message=why)
@@ -139,7 +137,7 @@ def _tests(sandbox: SandboxHandle, job: Job, deadline: float) -> Iterator[TestRe
         left = max(0.0, deadline - time.monotonic())
         code = f"__nbexec_report = __nbexec_judge.run({first}, {last}, {left!r}, {ANSWER_BUDGET})"
         try:
-            records = _ask(sandbox, code, "", deadline + late, job)
+            records = ask(sandbox, code, "", deadline + late)
         except ProtocolError as exc:
             records, why = None, f"the sandbox answered out of protocol: {exc}"
         except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel): none is judged
@@ -178,7 +176,7 @@ def _record(index: int, record: Any) -> TestResult:
                       diff=text("diff", 2048), stderr=text("err", 2048), message=text("why", 1024))
 
 
-def _ask(sandbox: SandboxHandle, code: str, prefix: str, deadline: float, job: Job) -> Any:
+def ask(sandbox: SandboxHandle, code: str, prefix: str, deadline: float) -> Any:
     """Run ``code`` in the kernel and decode what it left in __nbexec_report (None: no answer in time)."""
     content = sandbox.run_hidden(prefix + code, max(1.0, deadline - time.monotonic()),
                                  expressions={"r": "__nbexec_report"})
@@ -195,12 +193,12 @@ def _ask(sandbox: SandboxHandle, code: str, prefix: str, deadline: float, job: J
         raise ProtocolError(f"the judge's runner answered something else ({type(exc).__name__})") from exc
 
 
-def _shipped(name: str) -> str:
+def shipped(name: str) -> str:
     return resources.files("nbexec").joinpath(f"engine/{name}").read_text("utf-8")
 
 
-def _setup_code() -> str:
-    source, seal = _shipped("judgerunner.py"), _shipped("judgeinit.py")
+def setup_code() -> str:
+    source, seal = shipped("judgerunner.py"), shipped("judgeinit.py")
     return (f"__nbexec_judge_ns = {{'__name__': 'nbexec_judge'}}\n"
             f"exec(compile({source!r}, '<nbexec-judge>', 'exec'), __nbexec_judge_ns)\n"
             f"__nbexec_init_ns = {{'__name__': 'nbexec_judge_init'}}\n"
@@ -219,7 +217,7 @@ def _plan(folder: str, job: Job, seconds: float) -> dict[str, Any]:
             # files: a compiler writes objects and a binary (Go's, Rust's are MiBs); the filesystems' caps hold too
             "compile_limits": {"time": min(limits.compile_time, seconds), "output": 1024**2, "files": COMPILE_FILES,
                                "memory": parse_size(limits.compile_memory) if capped else 0},
-            "checker_limits": CHECKER_LIMITS, "checker_wrapper": _shipped("judgechecker.py"),
+            "checker_limits": CHECKER_LIMITS, "checker_wrapper": shipped("judgechecker.py"),
             "compare": job.compare.mode, "tolerance": job.compare.tolerance,
             "checker": job.compare.checker_source() if job.compare.mode == "checker" else ""}
 
@@ -245,41 +243,7 @@ def _upload(sandbox: SandboxHandle, folder: str, job: Job) -> None:
         sandbox.put_file(f"{folder}/tests.bin", blob)  # type: ignore[arg-type]
 
 
-class JudgeItem(Outcome[JudgeResult]):
-    """One submission's outcome in judge_many(): ``result``, or ``error`` when nbexec could not judge it."""
-
-
-_FIELDS = ("program", "tests", "language", "compare", "limits")
-
-
-def _job(submission: Any) -> Job:
-    if not isinstance(submission, Mapping):
-        submission = {name: getattr(submission, name) for name in _FIELDS if hasattr(submission, name)}
-    unknown = set(submission) - set(_FIELDS)
-    if unknown or "program" not in submission or "tests" not in submission:
-        raise ConfigError(f"a submission has program and tests, and may have language, compare and limits "
-                          f"(got {sorted(map(str, submission))[:8]})")
-    return Job.of(submission["program"], submission["tests"], submission.get("language", "python"),
-                  submission.get("compare", "whitespace"), submission.get("limits"))
-
-
-def judge_many(submissions: Iterable[Any], *, concurrency: int | None = None, config: SandboxConfig | None = None,
-               **overrides: Any) -> Iterator[JudgeItem]:
-    """judge() for each submission (a mapping or value with ``program``, ``tests`` and optionally
-    ``language``, ``compare``, ``limits``), each in its own sandbox, ``concurrency`` at a time (default: one per
-    core), yielded as each ends (``item.index`` says which), on execute_many()'s machinery: read lazily, never
-    all held, one's failure is its own, and leaving the loop stops the rest."""
-    def work(numbered: tuple[int, Any], running: Running) -> JudgeResult:
-        job = _job(numbered[1])
-        session = _session(config, dict(overrides))
-        return running.run(session, lambda: _closing(session, job))
-
-    # As execute_many(): one per core by default (a fresh sandbox costs about a core-second to start).
-    return outcomes(lambda: Runner(enumerate(submissions), work,
-                                   concurrency if concurrency is not None else max(1, os.cpu_count() or 1)), JudgeItem)
-
-
-def _closing(session: Session, job: Job) -> JudgeResult:
+def judged_alone(session: Session, job: Job) -> JudgeResult:
     try:
         return run(session, job)
     finally:

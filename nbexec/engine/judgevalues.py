@@ -179,12 +179,14 @@ class TestResult:
 
 @dataclass(frozen=True)
 class JudgeResult:
-    """One program's judgement: a TestResult per test, in order; ``compile_log`` (compiled languages)."""
+    """One program's judgement: a TestResult per test, in order; ``compile_log`` (compiled languages); ``mode``:
+    "fresh" (a sandbox of its own) or "batch" (judge_many's reuse="batch": a sandbox reset between items)."""
 
     language: str
     tests: tuple[TestResult, ...]
     compile_log: str = ""
     notes: tuple[str, ...] = field(default=())
+    mode: str = "fresh"
 
     @property
     def ok(self) -> bool:
@@ -203,4 +205,4 @@ class JudgeResult:
     def to_dict(self) -> dict[str, Any]:
         return {"language": self.language, "verdict": self.verdict, "passed": self.passed,
                 "tests": [test.to_dict() for test in self.tests], "compile_log": self.compile_log,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "mode": self.mode}

@@ -14,7 +14,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,11 +240,18 @@ def outcomes(start: Callable[[], Runner[Any, R]], item: Callable[[int, R | None,
         runner.stop()
 
 
-async def execute_many_async(sources: Iterable[Any], *, concurrency: int | None = None,
-                             **options: Unpack[BatchOptions]) -> AsyncIterator[BatchItem]:
+def execute_many_async(sources: Iterable[Any], *, concurrency: int | None = None,
+                       **options: Unpack[BatchOptions]) -> AsyncIterator[BatchItem]:
     """execute_many() for asyncio code. Cancelling the task that iterates (or ``aclose()``) stops the rest as
     closing execute_many() does; ``async with contextlib.aclosing(execute_many_async(...)) as items:``."""
-    runner = Runner(enumerate(sources), _executor(dict(options)), _concurrency(concurrency))
+    return outcomes_async(lambda: Runner(enumerate(sources), _executor(dict(options)), _concurrency(concurrency)),
+                          BatchItem)
+
+
+async def outcomes_async(start: Callable[[], Runner[Any, R]],
+                         item: Callable[[int, R | None, Exception | None], S]) -> AsyncGenerator[S, None]:
+    """outcomes() for asyncio code: the runner's calls on a thread; a cancel stops the rest and waits for it."""
+    runner = start()
     try:
         while True:
             try:
@@ -252,8 +259,7 @@ async def execute_many_async(sources: Iterable[Any], *, concurrency: int | None 
             except Exhausted:
                 return
             if done is not None:
-                index, result, error = done
-                yield BatchItem(index, result, error)
+                yield item(*done)
     finally:
         await _stopped(runner)
 

@@ -1,0 +1,166 @@
+"""judge_many(): many programs judged at a time, each in a sandbox of its own, or with reuse="batch" in a few
+sandboxes reset between two programs (`judgereset` runs in their kernels)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from nbexec.config import SandboxConfig
+from nbexec.errors import ConfigError, ProtocolError, SandboxError
+from nbexec.sandbox.source import DATA_MOUNT, PACKAGES_MOUNT
+
+from .judge import Job, ask, judged_alone, new_session, run, setup_code, shipped
+from .judgevalues import JudgeResult
+from .many import Outcome, Runner, Running, outcomes, outcomes_async
+from .session import Session
+
+RESET_SECONDS = 30.0  # a reset's own deadline (a test may have left many files): past it the sandbox is closed
+
+
+class JudgeItem(Outcome[JudgeResult]):
+    """One submission's outcome in judge_many(): ``result``, or ``error`` when nbexec could not judge it."""
+
+
+_FIELDS = ("program", "tests", "language", "compare", "limits")
+
+
+def _job(submission: Any) -> Job:
+    if not isinstance(submission, Mapping):
+        submission = {name: getattr(submission, name) for name in _FIELDS if hasattr(submission, name)}
+    unknown = set(submission) - set(_FIELDS)
+    if unknown or "program" not in submission or "tests" not in submission:
+        raise ConfigError(f"a submission has program and tests, and may have language, compare and limits "
+                          f"(got {sorted(map(str, submission))[:8]})")
+    return Job.of(submission["program"], submission["tests"], submission.get("language", "python"),
+                  submission.get("compare", "whitespace"), submission.get("limits"))
+
+
+def judge_many(submissions: Iterable[Any], *, concurrency: int | None = None, reuse: str | None = None,
+               config: SandboxConfig | None = None, **overrides: Any) -> Iterator[JudgeItem]:
+    """judge() for each submission (a mapping or value with ``program``, ``tests`` and optionally
+    ``language``, ``compare``, ``limits``), ``concurrency`` at a time (default: one per core), yielded as each
+    ends (``item.index`` says which), on execute_many()'s machinery: read lazily, never all held, one's failure
+    is its own, and leaving the loop stops the rest. Each submission has a sandbox of its own, unless
+    ``reuse="batch"``: then this call's submissions share a few sandboxes, each reset between two of them
+    (docs/judging.md says what a reset does not undo)."""
+    kept, start = _many(submissions, concurrency, reuse, config, overrides)
+    items = outcomes(start, JudgeItem)
+    return items if kept is None else kept.closing(items)
+
+
+def judge_many_async(submissions: Iterable[Any], *, concurrency: int | None = None, reuse: str | None = None,
+                     config: SandboxConfig | None = None, **overrides: Any) -> AsyncIterator[JudgeItem]:
+    """judge_many() for asyncio code. Cancelling the task that iterates (or ``aclose()``) stops the rest and
+    returns once their sandboxes are gone."""
+    kept, start = _many(submissions, concurrency, reuse, config, overrides)
+    items = outcomes_async(start, JudgeItem)
+    return items if kept is None else kept.closing_async(items)
+
+
+def _many(submissions: Iterable[Any], concurrency: int | None, reuse: str | None, config: SandboxConfig | None,
+          overrides: dict[str, Any]) -> tuple[Kept | None, Callable[[], Runner[Any, JudgeResult]]]:
+    """The sandboxes a call keeps (reuse="batch"), and what starts its runner at the first item asked for."""
+    if reuse not in (None, "batch"):
+        raise ConfigError(f"reuse is None (a sandbox per submission) or 'batch', not {reuse!r}")
+    kept = Kept() if reuse == "batch" else None
+
+    def work(numbered: tuple[int, Any], running: Running) -> JudgeResult:
+        job = _job(numbered[1])
+        if kept is None:
+            session = new_session(config, dict(overrides))
+            return running.run(session, lambda: judged_alone(session, job))
+        reused = kept.take()
+        session = reused or new_session(config, dict(overrides))
+        return running.run(session, lambda: kept.judged(session, job, fresh=reused is None))
+
+    # As execute_many(): one per core by default (a fresh sandbox costs about a core-second to start).
+    return kept, lambda: Runner(enumerate(submissions), work,
+                                concurrency if concurrency is not None else max(1, os.cpu_count() or 1))
+
+
+class Kept:
+    """The sandboxes one judge_many(reuse="batch") call holds between its items. Each is reset after an item
+    (`judgereset`) and handed to the next only if the reset left it clean; all close when the call ends."""
+
+    def __init__(self) -> None:
+        self._idle: list[Session] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> Session | None:
+        with self._lock:
+            return self._idle.pop() if self._idle else None
+
+    def judged(self, session: Session, job: Job, fresh: bool) -> JudgeResult:
+        """``job`` judged in ``session`` (``fresh``: new, no item judged in it yet), then reset and kept, or
+        closed."""
+        try:
+            reusable = _remembered(session) if fresh else True  # else judged as in a sandbox of its own
+            result = run(session, job)
+            clean = reusable and all(t.verdict != "judge_error" for t in result.tests) and _reset(session)
+        except BaseException:
+            session.close()
+            raise
+        with self._lock:
+            keep = clean and not self._closed
+            if keep:
+                self._idle.append(session)
+        if not keep:
+            session.close()
+        return dataclasses.replace(result, mode="batch")
+
+    def closing(self, items: Iterator[JudgeItem]) -> Iterator[JudgeItem]:
+        """``items``, then every kept sandbox closed (the runner has ended every item by then)."""
+        try:
+            yield from items  # closing this closes ``items``, whose runner waits for every item to end
+        finally:
+            self._close()
+
+    async def closing_async(self, items: AsyncGenerator[JudgeItem, None]) -> AsyncIterator[JudgeItem]:
+        """closing() for asyncio code: ``items`` closed first (its runner waits for every item to end)."""
+        try:
+            async for item in items:
+                yield item
+        finally:
+            try:
+                await items.aclose()
+            finally:
+                await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
+        with self._lock:
+            self._closed, idle, self._idle = True, self._idle, []
+        for session in idle:
+            session.close()
+
+
+PLACES = [DATA_MOUNT, PACKAGES_MOUNT, "/tmp", "/dev/shm", "/dev/mqueue"]  # where a test can write, and the home
+
+
+def _in_kernel(session: Session, code: str, prefix: str = "") -> Any:
+    """What a `judgereset` call answered in the session's kernel (None: no answer, or out of protocol)."""
+    sandbox = session._started_handle()
+    try:
+        return ask(sandbox, f"__nbexec_report = __nbexec_judge_ns['_encode']({code})", prefix,
+                    time.monotonic() + RESET_SECONDS)
+    except (ProtocolError, SandboxError):
+        return None
+
+
+def _remembered(session: Session) -> bool:
+    """Before a new sandbox's first item: what its kernel's start left, so that each reset keeps only that."""
+    prefix = (setup_code() + "__nbexec_reset_ns = {'__name__': 'nbexec_judge_reset'}\n"
+              f"exec(compile({shipped('judgereset.py')!r}, '<nbexec-judge-reset>', 'exec'), __nbexec_reset_ns)\n")
+    return _in_kernel(session, f"__nbexec_reset_ns['remember']({PLACES!r})", prefix) is True
+
+
+def _reset(session: Session) -> bool:
+    """After an item: True once the sandbox is as clean as `judgereset` makes it."""
+    code = f"__nbexec_reset_ns['reset']({PLACES!r}, __nbexec_judge.blob, __nbexec_judge_ns['_end_all'])"
+    return _in_kernel(session, code) == []
