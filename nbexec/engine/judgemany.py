@@ -4,11 +4,12 @@ sandboxes reset between two programs (`judgereset` runs in their kernels)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
 from typing import Any
 
 from nbexec.config import SandboxConfig
@@ -42,7 +43,7 @@ def _job(submission: Any) -> Job:
 
 
 def judge_many(submissions: Iterable[Any], *, concurrency: int | None = None, reuse: str | None = None,
-               config: SandboxConfig | None = None, **overrides: Any) -> Iterator[JudgeItem]:
+               config: SandboxConfig | None = None, **overrides: Any) -> Generator[JudgeItem, None, None]:
     """judge() for each submission (a mapping or value with ``program``, ``tests`` and optionally
     ``language``, ``compare``, ``limits``), ``concurrency`` at a time (default: one per core), yielded as each
     ends (``item.index`` says which), on execute_many()'s machinery: read lazily, never all held, one's failure
@@ -55,7 +56,7 @@ def judge_many(submissions: Iterable[Any], *, concurrency: int | None = None, re
 
 
 def judge_many_async(submissions: Iterable[Any], *, concurrency: int | None = None, reuse: str | None = None,
-                     config: SandboxConfig | None = None, **overrides: Any) -> AsyncIterator[JudgeItem]:
+                     config: SandboxConfig | None = None, **overrides: Any) -> AsyncGenerator[JudgeItem, None]:
     """judge_many() for asyncio code. Cancelling the task that iterates (or ``aclose()``) stops the rest and
     returns once their sandboxes are gone."""
     kept, start = _many(submissions, concurrency, reuse, config, overrides)
@@ -115,14 +116,14 @@ class Kept:
             session.close()
         return dataclasses.replace(result, mode="batch")
 
-    def closing(self, items: Iterator[JudgeItem]) -> Iterator[JudgeItem]:
+    def closing(self, items: Generator[JudgeItem, None, None]) -> Generator[JudgeItem, None, None]:
         """``items``, then every kept sandbox closed (the runner has ended every item by then)."""
         try:
             yield from items  # closing this closes ``items``, whose runner waits for every item to end
         finally:
             self._close()
 
-    async def closing_async(self, items: AsyncGenerator[JudgeItem, None]) -> AsyncIterator[JudgeItem]:
+    async def closing_async(self, items: AsyncGenerator[JudgeItem, None]) -> AsyncGenerator[JudgeItem, None]:
         """closing() for asyncio code: ``items`` closed first (its runner waits for every item to end)."""
         try:
             async for item in items:
@@ -137,7 +138,8 @@ class Kept:
         with self._lock:
             self._closed, idle, self._idle = True, self._idle, []
         for session in idle:
-            session.close()
+            with contextlib.suppress(Exception):  # one that fails to close never keeps the others open
+                session.close()
 
 
 PLACES = [DATA_MOUNT, PACKAGES_MOUNT, "/tmp", "/dev/shm", "/dev/mqueue"]  # where a test can write, and the home

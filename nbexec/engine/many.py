@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import queue
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,9 @@ from .session import Session
 
 S = TypeVar("S")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 _POLL = 0.2  # seconds between checks of the stop flag while waiting (a wait never outlives a stop by more)
+_STOP_GRACE = 5.0  # seconds a stop waits on interrupted items before it closes their sessions
 _RUN_OPTIONS = ("files", "packages", "allow_errors")  # execute_notebook()'s options for the run, not the session
 
 
@@ -89,6 +93,17 @@ class Running:
         finally:
             with self._lock:
                 self._sessions.discard(session)
+
+    def close(self) -> None:
+        """Close the sessions still running: for items whose kernel did not answer the interrupt (a test can stop
+        it). Their sandboxes are removed, so their calls end."""
+        with self._lock:
+            running = list(self._sessions)
+        for session in running:
+            try:
+                session.close()
+            except Exception:  # one that fails never keeps the others open
+                log.warning("closing a stopped batch item's session failed", exc_info=True)
 
     def interrupt(self) -> None:
         """Stop taking items and interrupt the running ones (again on each call: one may not have started)."""
@@ -179,6 +194,7 @@ class Runner(Generic[S, R]):
         self.running.interrupt()
         self._feeder.join(timeout=_POLL * 5)  # it stops at its next check (unless the caller's iterable blocks)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        closing = time.monotonic() + _STOP_GRACE
         while True:
             with self._lock:
                 pending = set(self._futures)
@@ -186,6 +202,8 @@ class Runner(Generic[S, R]):
                 break
             wait(pending, timeout=1.0)
             self.running.interrupt()  # again: one may have been starting its sandbox at the last round
+            if time.monotonic() > closing:  # a kernel that answers no interrupt does not hold the stop
+                self.running.close()
         self._pool.shutdown(wait=True)
 
 
@@ -224,7 +242,8 @@ def execute_many(sources: Iterable[Any], *, concurrency: int | None = None,
                     BatchItem)
 
 
-def outcomes(start: Callable[[], Runner[Any, R]], item: Callable[[int, R | None, Exception | None], S]) -> Iterator[S]:
+def outcomes(start: Callable[[], Runner[Any, R]],
+             item: Callable[[int, R | None, Exception | None], S]) -> Generator[S, None, None]:
     """Each outcome of the runner ``start()`` makes (at the first ``next``: nothing runs before the loop asks) as
     ``item(index, result, error)``, as it ends; leaving the loop stops the rest."""
     runner = start()

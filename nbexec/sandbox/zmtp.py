@@ -14,6 +14,7 @@ host announces ZMTP 3.0, so a libzmq peer speaks 3.0 to it: subscriptions are me
 
 from __future__ import annotations
 
+import contextlib
 import math
 import select
 import socket
@@ -32,6 +33,7 @@ MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 MAX_COMMAND = 64 * 1024  # READY and later commands (PING from 3.1 peers, ignored); libzmq's READY is < 100 bytes
 PEERS = {"DEALER": ("ROUTER",), "SUB": ("PUB", "XPUB")}  # the peer socket types each of ours may talk to
 _CHUNK = 256 * 1024  # bytes asked of the socket at a time (the socket buffer rarely holds more)
+_POLL_SLICE = 0.5  # seconds a receive waits between checks that its connection is still open
 _SUBSCRIBE_ALL = b"\x00\x01\x01"  # a one-byte message frame: \x01 (subscribe) + the empty topic
 
 
@@ -61,6 +63,7 @@ class Connection:
         self._buffer, self._pos = b"", 0  # received bytes not consumed yet (at most one chunk)
         self._ready = False
         self._broken = ""
+        self._shut = False  # closed by close(), maybe from another thread
         self._frames: list[bytes | bytearray | None] = []  # the message being read
         self._sizes: list[int] = []
         self._kept = 0
@@ -87,6 +90,11 @@ class Connection:
         return connection
 
     def close(self) -> None:
+        """Close the connection, and end a receive waiting on it in another thread: the shutdown wakes its poll,
+        and the flag stops one about to poll (its fd's number may by then be another socket's)."""
+        self._shut = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
     # -- handshake ----------------------------------------------------------------------------------
@@ -177,9 +185,18 @@ class Connection:
             read = True
 
     def _fill(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for bytes; False when none came."""
-        if not self._poll.poll(max(0, math.ceil(timeout * 1000))):
-            return False
+        """Wait up to ``timeout`` seconds for bytes, a slice at a time (a close from another thread ends the
+        wait); False when none came."""
+        end = time.monotonic() + timeout
+        while True:
+            if self._shut:
+                self.closed = True
+                raise self._fail(f"the {self.socket_type} connection was closed")
+            left = end - time.monotonic()
+            if self._poll.poll(max(0, math.ceil(min(left, _POLL_SLICE) * 1000))):
+                break
+            if left <= _POLL_SLICE:
+                return False
         try:
             if self._frame is not None and self._pos == len(self._buffer) and self._left >= _CHUNK:
                 # A large frame that is kept: straight into its buffer, one copy less.

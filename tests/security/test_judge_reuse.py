@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 import pytest
 
@@ -159,3 +160,142 @@ def test_the_async_form_judges_and_a_cancel_closes_every_sandbox(config: nbexec.
     assert {item.result.mode for item in judged if item.result} == {"batch"}
     assert stopping < 30, "the cancel waited for the sleepers"
     assert not unaccounted_containers(), "a sandbox of the batch outlived the cancel"
+
+
+@pytest.fixture
+def cold_config(config: nbexec.SandboxConfig) -> nbexec.SandboxConfig:
+    return config.replace(pool_size=0)
+
+
+def _judged(*submissions: dict[str, Any], config: nbexec.SandboxConfig) -> list[nbexec.JudgeItem]:
+    return sorted(nbexec.judge_many(list(submissions), concurrency=1, reuse="batch", config=config),
+                  key=lambda item: item.index)
+
+
+def _shown(program: str) -> dict[str, Any]:
+    return {"program": program, "tests": [{"expected": "?"}]}
+
+
+def _fresh(program: str, config: nbexec.SandboxConfig) -> list[str]:
+    return _where(nbexec.judge(program, [{"expected": "?"}], config=config))[1:]
+
+
+# What follows came from a review by someone who did not write the reset.
+# The kernel's rlimits: a test is the kernel's child, of the same uid, so prlimit(2) on the kernel is allowed
+# (non-dumpable does not stop it), and every later test inherits them. A hard limit lowered cannot be raised again.
+LOWER_KERNEL_LIMITS = WHERE + """
+import os, resource
+resource.prlimit(os.getppid(), resource.RLIMIT_MSGQUEUE, (424242, 424242))
+resource.prlimit(os.getppid(), resource.RLIMIT_RTTIME, (31337, 31337))
+"""
+SHOW_LIMITS = WHERE.replace("print(*sandbox)", "") + """
+import resource
+print(*sandbox, *resource.getrlimit(resource.RLIMIT_MSGQUEUE), *resource.getrlimit(resource.RLIMIT_RTTIME))
+"""
+
+
+def test_limits_a_submission_set_on_the_kernel_do_not_reach_the_next(cold_config: nbexec.SandboxConfig) -> None:
+    """A hard limit lowered cannot be raised again: that sandbox is closed, and the next item's is fresh."""
+    items = _judged(_shown(LOWER_KERNEL_LIMITS), _shown(SHOW_LIMITS), config=cold_config)
+    assert _where(items[1])[1:] == _fresh(SHOW_LIMITS, cold_config)
+
+
+@pytest.mark.parametrize("limit", ["RLIMIT_NPROC, (1, 1)", "RLIMIT_STACK, (16384, 16384)"])
+def test_a_submission_cannot_fail_every_later_one_through_the_kernels_limits(cold_config: nbexec.SandboxConfig,
+                                                                             limit: str) -> None:
+    """Once, each later correct submission in that sandbox was a runtime_error ("could not start: Resource
+    temporarily unavailable" for NPROC; a crash for STACK)."""
+    poison = {"program": f"import os, resource\nresource.prlimit(os.getppid(), resource.{limit})",
+              "tests": [{"expected": None}]}
+    correct = {"program": "print(int(input()) + 1)", "tests": [{"stdin": "1", "expected": "2"}]}
+    items = _judged(poison, correct, correct, config=cold_config)
+    assert [item.result.verdict if item.result else item.error for item in items[1:]] == ["accepted", "accepted"]
+
+
+# The scheduling of the kernel: SCHED_IDLE, nice and CPU affinity may be set on a process of the same uid; later
+# tests inherit them (slower, or starved on a busy host: timeouts that are not the program's).
+SCHEDULE_KERNEL = WHERE + """
+import os
+os.sched_setaffinity(os.getppid(), {0})
+os.setpriority(os.PRIO_PROCESS, os.getppid(), 7)
+os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))
+"""
+SHOW_SCHEDULE = WHERE.replace("print(*sandbox)", "") + """
+import os
+print(*sandbox, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), len(os.sched_getaffinity(0)))
+"""
+
+
+def test_the_kernels_scheduling_a_submission_set_does_not_reach_the_next(cold_config: nbexec.SandboxConfig) -> None:
+    """SCHED_IDLE and a higher nice cannot be undone without privilege: that sandbox is closed."""
+    items = _judged(_shown(SCHEDULE_KERNEL), _shown(SHOW_SCHEDULE), config=cold_config)
+    assert _where(items[1])[1:] == _fresh(SHOW_SCHEDULE, cold_config)
+
+
+# The places themselves: the reset empties them but keeps their own inode, with its extended attributes (user.*
+# on ext4 and tmpfs: kilobytes each), its mode and its times.
+MARK_PLACES = WHERE + """
+import os
+for place in ('/mnt/data', '/mnt/packages', '/home/sandbox'):
+    os.setxattr(place, 'user.left', b'from-the-last-item')
+os.utime('/mnt/packages', ns=(1, 123456789))
+os.chmod('/mnt/packages', 0o500)
+"""
+SHOW_PLACES = WHERE.replace("print(*sandbox)", "") + """
+import os
+shown = []
+for place in ('/mnt/data', '/mnt/packages', '/home/sandbox'):
+    shown += [name + '=' + os.getxattr(place, name).decode() for name in os.listxattr(place)]
+st = os.stat('/mnt/packages')
+print(*sandbox, oct(st.st_mode), st.st_mtime_ns == 123456789, *shown)
+"""
+
+
+def test_the_places_own_attributes_are_not_left_to_the_next(cold_config: nbexec.SandboxConfig) -> None:
+    """Their mode, extended attributes and times are put back, and the sandbox handed on."""
+    items = _judged(_shown(MARK_PLACES), _shown(SHOW_PLACES), config=cold_config)
+    assert _where(items[0])[0] == _where(items[1])[0], "the two items did not share a sandbox"
+    assert _where(items[1])[1:] == _fresh(SHOW_PLACES, cold_config)
+
+
+def test_a_default_acl_on_the_data_folder_does_not_fail_the_next_submission(
+        cold_config: nbexec.SandboxConfig) -> None:
+    """A default POSIX ACL (an xattr of /mnt/data) that grants its owner nothing: once, the host's next upload
+    inherited it and the runner could not read its tests (item.error)."""
+    acl = ("import os, struct\nacl = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', tag, 0, 0xFFFFFFFF) "
+           "for tag in (0x01, 0x04, 0x20))\nos.setxattr('/mnt/data', 'system.posix_acl_default', acl)\n")
+    correct = {"program": "print(int(input()) + 1)", "tests": [{"stdin": "1", "expected": "2"}]}
+    items = _judged({"program": acl, "tests": [{"expected": None}]}, correct, config=cold_config)
+    assert items[1].error is None and items[1].result is not None and items[1].result.verdict == "accepted"
+
+
+# The kernel's own files: its start copies Matplotlib's settings and font list into ~/.config/matplotlib.
+WRITE_KEPT_FILE = WHERE + """
+open('/home/sandbox/.config/matplotlib/matplotlibrc', 'w').write('from-the-last-item')
+"""
+READ_KEPT_FILE = WHERE.replace("print(*sandbox)", "") + """
+print(*sandbox, open('/home/sandbox/.config/matplotlib/matplotlibrc').read().split()[0])
+"""
+
+
+def test_files_outside_ipython_kept_by_the_reset_are_not_a_channel(cold_config: nbexec.SandboxConfig) -> None:
+    """A remembered file that changed: that sandbox is closed."""
+    items = _judged(_shown(WRITE_KEPT_FILE), _shown(READ_KEPT_FILE), config=cold_config)
+    assert _where(items[1])[1:] == _fresh(READ_KEPT_FILE, cold_config)
+
+
+@pytest.mark.parametrize("reuse", [None, "batch"])
+def test_leaving_the_loop_does_not_wait_for_a_stopped_kernel(cold_config: nbexec.SandboxConfig,
+                                                             reuse: str | None) -> None:
+    """A test that SIGSTOPs the kernel: the stop's interrupt is never answered. Once, leaving the loop waited for
+    the program's whole limit (47 s with a 45 s limit); now the stop closes the sessions it could not interrupt."""
+    stopper = {"program": "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(600)",
+               "tests": [{"expected": None}], "limits": {"time": 45, "program": 45}}
+    quick = {"program": "print(1)", "tests": [{"expected": "1"}]}
+    items = nbexec.judge_many([quick, stopper, stopper], concurrency=2, reuse=reuse, config=cold_config)
+    assert next(items).ok
+    time.sleep(3)
+    started = time.monotonic()
+    items.close()
+    assert time.monotonic() - started < 20, "leaving the loop waited for the stopped kernels"
+    assert not unaccounted_containers(), "a sandbox of the batch outlived the loop"
