@@ -319,7 +319,7 @@ UNDER_RUNSC: dict[str, tuple[Callable[[nbexec.ExecutionResult], None], str]] = {
              "never sees it, so nothing comes back, not even a skipped entry"),
     "tiny-messages": (finished_or_timed_out,
                       "each of 2,000,000 writes costs syscalls, which gVisor's ptrace platform makes about 5x "
-                      "slower (57 s against 12 s under runc here): the cell hits its 20 s limit, a contained end"),
+                      "slower (57 s against 12 s under runc here): the cell hits its 45 s limit, a contained end"),
 }
 
 
