@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
@@ -18,7 +17,7 @@ from nbexec.sandbox.source import DATA_MOUNT, PACKAGES_MOUNT
 
 from .judge import Job, ask, judged_alone, new_session, run, setup_code, shipped
 from .judgevalues import JudgeResult
-from .many import Outcome, Runner, Running, outcomes, outcomes_async
+from .many import Outcome, Runner, Running, concurrency_or_cores, outcomes, outcomes_async
 from .session import Session
 
 RESET_SECONDS = 30.0  # a reset's own deadline (a test may have left many files): past it the sandbox is closed
@@ -80,9 +79,7 @@ def _many(submissions: Iterable[Any], concurrency: int | None, reuse: str | None
         session = reused or new_session(config, dict(overrides))
         return running.run(session, lambda: kept.judged(session, job, fresh=reused is None))
 
-    # As execute_many(): one per core by default (a fresh sandbox costs about a core-second to start).
-    return kept, lambda: Runner(enumerate(submissions), work,
-                                concurrency if concurrency is not None else max(1, os.cpu_count() or 1))
+    return kept, lambda: Runner(enumerate(submissions), work, concurrency_or_cores(concurrency))
 
 
 class Kept:

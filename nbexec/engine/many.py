@@ -207,7 +207,7 @@ class Runner(Generic[S, R]):
         self._pool.shutdown(wait=True)
 
 
-def _concurrency(asked: int | None) -> int:
+def concurrency_or_cores(asked: int | None) -> int:
     """The caller's, or one item per core (a fresh sandbox costs about a core-second to start)."""
     return asked if asked is not None else max(1, os.cpu_count() or 1)
 
@@ -238,7 +238,7 @@ def execute_many(sources: Iterable[Any], *, concurrency: int | None = None,
     Sources are read lazily (an endless generator is fine) and results are never all held. Leaving the loop
     early, closing the iterator or Ctrl-C stops the rest: running items are interrupted and nothing of them is
     left. Use ``with contextlib.closing(execute_many(...)) as items:`` to stop at once when the loop is left."""
-    return outcomes(lambda: Runner(enumerate(sources), _executor(dict(options)), _concurrency(concurrency)),
+    return outcomes(lambda: Runner(enumerate(sources), _executor(dict(options)), concurrency_or_cores(concurrency)),
                     BatchItem)
 
 
@@ -263,8 +263,8 @@ def execute_many_async(sources: Iterable[Any], *, concurrency: int | None = None
                        **options: Unpack[BatchOptions]) -> AsyncIterator[BatchItem]:
     """execute_many() for asyncio code. Cancelling the task that iterates (or ``aclose()``) stops the rest as
     closing execute_many() does; ``async with contextlib.aclosing(execute_many_async(...)) as items:``."""
-    return outcomes_async(lambda: Runner(enumerate(sources), _executor(dict(options)), _concurrency(concurrency)),
-                          BatchItem)
+    return outcomes_async(
+        lambda: Runner(enumerate(sources), _executor(dict(options)), concurrency_or_cores(concurrency)), BatchItem)
 
 
 async def outcomes_async(start: Callable[[], Runner[Any, R]],
