@@ -60,7 +60,11 @@ LEAVES = {  # what these may import at all
     "nbexec.languages": {"nbexec.errors"},
     "nbexec.names": {"nbexec.errors"},
 }
-MAX_LINES = 400  # a longer module is a design conversation (STYLE.md)
+MAX_LINES = 400  # a longer module is a design conversation (STYLE.md): its reason is written here
+LONGER = {  # module: why it passes MAX_LINES, and the most it may have
+    "nbexec/engine/judgerunner.py": (
+        "one text run in the kernel: a test's process, its limits and its verdict read together", 420),
+}
 
 
 def module_name(path: Path) -> str:
@@ -174,9 +178,12 @@ FOLDERS: set[str] = set()
 
 
 def too_long(files: list[Path]) -> list[str]:
-    """The modules longer than MAX_LINES."""
-    lengths = {path: len(path.read_text().splitlines()) for path in files}
-    return [f"{p.relative_to(ROOT)}: {n} lines, over {MAX_LINES}" for p, n in lengths.items() if n > MAX_LINES]
+    """The modules longer than MAX_LINES (or than their written reason allows), and reasons left unused."""
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in files}
+    found = [f"{name}: {n} lines, over {LONGER.get(name, ('', MAX_LINES))[1]}" for name, n in lengths.items()
+             if n > LONGER.get(name, ("", MAX_LINES))[1]]
+    return found + [f"{name}: a reason to pass {MAX_LINES} lines, but it has {lengths.get(name, 0)}"
+                    for name in LONGER if lengths.get(name, 0) <= MAX_LINES]
 
 
 def check() -> list[str]:
@@ -232,7 +239,7 @@ def main() -> int:
     if problems:
         print(f"{len(problems)} problem(s) in the import graph (see scripts/layers.py)", file=sys.stderr)
         return 1
-    print(f"import graph ok: arrows point down, no circles, no module over {MAX_LINES} lines")
+    print(f"import graph ok: arrows point down, no circles, no module over {MAX_LINES} lines without a written reason")
     return 0
 
 

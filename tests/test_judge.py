@@ -10,7 +10,7 @@ import time
 import pytest
 
 import nbexec
-from nbexec.engine import judge, judgerunner
+from nbexec.engine import judge, judgecompare
 from nbexec.engine.judgevalues import Comparison, Limits, Test
 
 PROGRAM = r"""
@@ -55,16 +55,16 @@ elif command == "float":
     ("float", b"1 2", b"1", False),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_comparisons(mode: str, got: bytes, want: bytes, same: bool) -> None:
-    assert judgerunner.compare(mode, got, want, 1e-6) is same
+    assert judgecompare.compare(mode, got, want, 1e-6) is same
 
 
 def test_a_diff_names_the_first_differing_line_and_is_bounded() -> None:
-    shown = judgerunner.diff(b"a\nb\n" + b"x" * 10_000_000, b"a\nc\n" + b"y" * 10_000_000)
+    shown = judgecompare.diff(b"a\nb\n" + b"x" * 10_000_000, b"a\nc\n" + b"y" * 10_000_000)
     assert shown == "line 2: expected 'c', got 'b'"
-    long = judgerunner.diff(b"\xff" * 1_000_000, b"z" * 1_000_000)
+    long = judgecompare.diff(b"\xff" * 1_000_000, b"z" * 1_000_000)
     assert long.startswith("line 1:") and len(long) < 1000 and "\ufffd" in long
-    assert judgerunner.diff(b"1\n2", b"1\n2\n3").endswith("got '(no line)'") is False  # a missing line is said
-    assert "(no line)" in judgerunner.diff(b"1\n2", b"1\n2\n3")
+    assert judgecompare.diff(b"1\n2", b"1\n2\n3").endswith("got '(no line)'") is False  # a missing line is said
+    assert "(no line)" in judgecompare.diff(b"1\n2", b"1\n2\n3")
 
 
 @pytest.mark.parametrize(("tests", "options", "said"), [
@@ -268,3 +268,19 @@ def test_a_kept_batch_record_that_is_not_a_judge_item_is_left_to_the_execute_par
     assert judgeitems.load(b'{"code": "print(1)"}') is None
     with pytest.raises(pydantic.ValidationError):
         judgeitems.load(b'{"program": 1, "tests": []}')
+
+
+@pytest.mark.parametrize(("language", "program"), [
+    ("cpp", "#include <cstdio>\n#include <vector>\nint main(){int n;scanf(\"%d\",&n);"
+            "std::vector<char> v((size_t)n<<20,1);printf(\"%zu\\n\",v.size()>>20);}"),
+    ("java", "import java.util.*;\npublic class Main{public static void main(String[] x){int n=new Scanner(System.in)"
+             ".nextInt();byte[] b=new byte[n<<20];Arrays.fill(b,(byte)1);System.out.println(b.length>>20);}}"),
+    ("go", 'package main\nimport "fmt"\nfunc main(){var n int;fmt.Scan(&n);b:=make([]byte,n<<20)\n'
+           "for i:=range b{b[i]=1}\nfmt.Println(len(b)>>20)}"),
+], ids=["cpp", "java", "go"])
+def test_each_compiled_language_is_held_to_its_memory_limit(config: nbexec.SandboxConfig, judge_image: str,
+                                                            language: str, program: str) -> None:
+    """C++ by its address space, Java by its heap, Go by the memory it writes (once, Go had no limit at all)."""
+    result = nbexec.judge(program, [Test("64", expected="64"), Test("1024", expected="1024")], language=language,
+                          limits=Limits(memory="256m"), config=config.replace(image=judge_image))
+    assert [test.verdict for test in result.tests] == ["accepted", "memory"], result.to_dict()

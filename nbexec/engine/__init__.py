@@ -3,9 +3,10 @@
     session   Session: the only code that runs cells and builds results (local or any other source)
     execute   execute_notebook(): a throwaway Session, as nbclient's execute() wraps NotebookClient
     many      execute_many(): many execute_notebook() runs, a few at a time, streamed, stopped as one
-    judge     judge(), judge_many(): a program against tests in one sandbox; judgerunner, judgeinit and
-              judgechecker are shipped into it as text (they run in its kernel), judgevalues holds what a caller
-              passes and gets
+    judge     judge(): a program against tests in one sandbox; judgemany: many programs, in few sandboxes with
+              reuse="batch". judgerunner, judgecompare, judgeinit, judgechecker, judgereset and judgefork (the
+              fork server of Python tests) are shipped into it as text and run there; judgevalues holds what
+              a caller passes and gets
     cells     the cell loop (tags, deadlines, failures)
     budget    kernel messages turned into outputs within the output allowance, the failure kept whatever it cost
     widgets   widget models from the kernel's comm messages, within the budget, saved in the notebook (pure)

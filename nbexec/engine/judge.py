@@ -93,8 +93,9 @@ def new_session(config: SandboxConfig | None, overrides: dict[str, Any]) -> Sess
     return Session(config.replace(language="python"), ttl=None, keep_files=False, one_shot=True)
 
 
-def run(session: Session, job: Job) -> JudgeResult:
-    """Judge ``job`` in ``session``'s sandbox (started here); the caller closes the session."""
+def run(session: Session, job: Job, batch: bool = False) -> JudgeResult:
+    """Judge ``job`` in ``session``'s sandbox (started here); the caller closes the session. ``batch``: the
+    runner and the fork server (`judgefork`) are in its kernel already, and Python tests are forked from it."""
     config = session.config
     seconds = job.limits.program if job.limits.program is not None else config.timeout
     sandbox = session._started_handle()
@@ -103,9 +104,11 @@ def run(session: Session, job: Job) -> JudgeResult:
     folder = f".nbexec-judge-{secrets.token_hex(8)}"
     _upload(sandbox, folder, job)
     deadline = time.monotonic() + seconds  # the program's own time: a slow start or upload is not charged to it
-    answer = ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds)!r})\n"
-                           "__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'])", setup_code(),
-                  deadline + GRACE)
+    warm = list(config.warm_imports) if batch and job.language.name == "python" else None
+    fork = "__nbexec_fork_ns['current']" if warm is not None else "None"
+    answer = ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds, warm)!r})\n"
+                          f"__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'], {fork})",
+                 "" if batch else setup_code(), deadline + GRACE)
     if not isinstance(answer, dict):  # the kernel died or stopped while the compiler ran: data, not an exception
         why = "the sandbox did not answer while the program was prepared (its compile, within the program's limit)"
         return JudgeResult(job.language.name, tuple(TestResult(i, "judge_error", message=why)
@@ -198,14 +201,15 @@ def shipped(name: str) -> str:
 
 
 def setup_code() -> str:
-    source, seal = shipped("judgerunner.py"), shipped("judgeinit.py")
+    source, seal, compare = shipped("judgerunner.py"), shipped("judgeinit.py"), shipped("judgecompare.py")
     return (f"__nbexec_judge_ns = {{'__name__': 'nbexec_judge'}}\n"
+            f"exec(compile({compare!r}, '<nbexec-judge-compare>', 'exec'), __nbexec_judge_ns)\n"
             f"exec(compile({source!r}, '<nbexec-judge>', 'exec'), __nbexec_judge_ns)\n"
             f"__nbexec_init_ns = {{'__name__': 'nbexec_judge_init'}}\n"
             f"exec(compile({seal!r}, '<nbexec-judge-init>', 'exec'), __nbexec_init_ns)\n")
 
 
-def _plan(folder: str, job: Job, seconds: float) -> dict[str, Any]:
+def _plan(folder: str, job: Job, seconds: float, warm: list[str] | None = None) -> dict[str, Any]:
     lang, limits = job.language, job.limits
     memory, capped = parse_size(limits.memory), lang.name not in HEAP_ONLY
     run = list(lang.run)
@@ -213,12 +217,13 @@ def _plan(folder: str, job: Job, seconds: float) -> dict[str, Any]:
         run.insert(1, f"-Xmx{memory // 1024**2}m")
     return {"folder": f"/mnt/data/{folder}", "build": f"/mnt/data/{folder}/build", "env": lang.environment,
             "compile": list(lang.compile) if lang.compile else None, "output": lang.output, "run": run,
-            "limits": {"time": limits.time, "memory": memory if capped else 0, "output": parse_size(limits.output)},
+            "limits": {"time": limits.time, "memory": memory if capped else 0, "output": parse_size(limits.output),
+                       "data": memory if lang.name == "go" else 0},  # Go's heap: what it writes, not reserves
             # files: a compiler writes objects and a binary (Go's, Rust's are MiBs); the filesystems' caps hold too
             "compile_limits": {"time": min(limits.compile_time, seconds), "output": 1024**2, "files": COMPILE_FILES,
                                "memory": parse_size(limits.compile_memory) if capped else 0},
             "checker_limits": CHECKER_LIMITS, "checker_wrapper": shipped("judgechecker.py"),
-            "compare": job.compare.mode, "tolerance": job.compare.tolerance,
+            "compare": job.compare.mode, "tolerance": job.compare.tolerance, "warm": warm,
             "checker": job.compare.checker_source() if job.compare.mode == "checker" else ""}
 
 

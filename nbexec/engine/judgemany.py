@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
 from typing import Any
 
+from nbexec import judgelangs
 from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, ProtocolError, SandboxError
 from nbexec.sandbox.source import DATA_MOUNT, PACKAGES_MOUNT
@@ -21,6 +22,7 @@ from .many import Outcome, Runner, Running, concurrency_or_cores, outcomes, outc
 from .session import Session
 
 RESET_SECONDS = 30.0  # a reset's own deadline (a test may have left many files): past it the sandbox is closed
+FORK_START_SECONDS = 20.0  # the fork server's start, within the reset's deadline (its warm imports)
 
 
 class JudgeItem(Outcome[JudgeResult]):
@@ -100,7 +102,7 @@ class Kept:
         closed."""
         try:
             reusable = _remembered(session) if fresh else True  # else judged as in a sandbox of its own
-            result = run(session, job)
+            result = run(session, job, batch=reusable)
             clean = reusable and all(t.verdict != "judge_error" for t in result.tests) and _reset(session)
         except BaseException:
             session.close()
@@ -111,7 +113,7 @@ class Kept:
                 self._idle.append(session)
         if not keep:
             session.close()
-        return dataclasses.replace(result, mode="batch")
+        return dataclasses.replace(result, mode="batch" if reusable else "fresh")
 
     def closing(self, items: Generator[JudgeItem, None, None]) -> Generator[JudgeItem, None, None]:
         """``items``, then every kept sandbox closed (the runner has ended every item by then)."""
@@ -152,14 +154,28 @@ def _in_kernel(session: Session, code: str, prefix: str = "") -> Any:
         return None
 
 
+def _prepared(session: Session) -> str:
+    """What starts the fork server of Python tests (`judgefork`) where no test has run since the last reset."""
+    python = judgelangs.get("python").environment
+    return (f"__nbexec_fork_ns['prepare']({list(session.config.warm_imports)!r}, "
+            f"dict(__nbexec_judge_ns['_ENV'], **{python!r}), {FORK_START_SECONDS!r}, __nbexec_judge_ns['_SPARED'])")
+
+
 def _remembered(session: Session) -> bool:
-    """Before a new sandbox's first item: what its kernel's start left, so that each reset keeps only that."""
+    """Before a new sandbox's first item: what its kernel's start left, so that each reset keeps only that; then
+    the fork server."""
     prefix = (setup_code() + "__nbexec_reset_ns = {'__name__': 'nbexec_judge_reset'}\n"
-              f"exec(compile({shipped('judgereset.py')!r}, '<nbexec-judge-reset>', 'exec'), __nbexec_reset_ns)\n")
-    return _in_kernel(session, f"__nbexec_reset_ns['remember']({PLACES!r})", prefix) is True
+              f"exec(compile({shipped('judgereset.py')!r}, '<nbexec-judge-reset>', 'exec'), __nbexec_reset_ns)\n"
+              f"__nbexec_fork_ns = {{'__name__': 'nbexec_judge_fork'}}\n"
+              f"__nbexec_fork_src = {shipped('judgefork.py')!r}\n"
+              "exec(compile(__nbexec_fork_src, '<nbexec-judge-fork>', 'exec'), __nbexec_fork_ns)\n"
+              "__nbexec_fork_ns['SOURCE'] = __nbexec_fork_src\n")
+    code = f"__nbexec_reset_ns['remember']({PLACES!r}) and ({_prepared(session)} or True)"
+    return _in_kernel(session, code, prefix) is True
 
 
 def _reset(session: Session) -> bool:
     """After an item: True once the sandbox is as clean as `judgereset` makes it."""
-    code = f"__nbexec_reset_ns['reset']({PLACES!r}, __nbexec_judge.blob, __nbexec_judge_ns['_end_all'])"
+    code = (f"__nbexec_reset_ns['reset']({PLACES!r}, __nbexec_judge.blob, __nbexec_judge_ns['_end_all']) "
+            f"or {_prepared(session)}")
     return _in_kernel(session, code) == []

@@ -25,7 +25,8 @@ _LIMITS = sorted(name for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
 def _places(places: list[str]) -> list[str]:
-    return [p for p in [*places, os.environ.get("HOME", "")] if p.startswith("/") and p != "/"]
+    """The places that exist (gVisor has no /dev/mqueue), and the kernel's home."""
+    return [p for p in [*places, os.environ.get("HOME", "")] if p.startswith("/") and p != "/" and os.path.lexists(p)]
 
 
 def _xattrs(path: str) -> dict[str, bytes]:
@@ -217,8 +218,10 @@ def reset(places: list[str], blob: int, end_all: Callable[[], bool]) -> list[str
         os.close(blob)
     if not end_all():
         return ["a process of the last item could not be ended"]
-    left: list[str] = []
-    for place in _places(places):
+    now, every = _places(places), [*places, os.environ.get("HOME", "")]
+    left = [f"{place} appeared" for place in now if place not in _places_were]
+    left += [f"{place} is gone" for place in every if place in _places_were and place not in now]
+    for place in (place for place in now if place in _places_were):
         _restore_place(place, left)  # its mode first: a test may have taken its write bit
         _empty(place, left)
         _restore_place(place, left)  # its times, which emptying changed

@@ -6,8 +6,9 @@ program does can reach them:
 - The kernel is made non-dumpable first: a process of the same uid cannot ptrace it or read its memory, its
   environment or its descriptors, so the kernel's key (to speak to it) and the expected outputs stay out of reach.
 - The tests' files are opened and unlinked before any test runs: the program never reads an expected output.
-- After each test every process of the sandbox but init and the kernel is killed (kill(-1)): a child the program
-  left behind never sees the next test. A test that leaves one that cannot be ended stops the judging.
+- After each test every process of the sandbox but init and the kernel is killed (kill(-1); the fork server of
+  `judgefork` is spared while single kills keep up): a child the program left behind never sees the next test.
+  A test that leaves one that cannot be ended stops the judging.
 - The verdicts go back to the host in the reply to the host's own request (user_expressions), a channel only
   the kernel writes; nothing a test prints or writes is read as a verdict.
 - The kernel leaves /mnt/data (its folder and its import path) before the first test: a file a test plants is
@@ -27,12 +28,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # in the kernel, `judgecompare` is run into this namespace first
+    from nbexec.engine.judgecompare import compare, diff
 
 _PR_SET_DUMPABLE = 4
 _STDERR_KEPT = 2048  # bytes of a test's stderr kept for its record (its end)
-_DIFF_LINE = 160  # characters of a differing line shown in a diff
-_MEMORY_MARKS = (b"MemoryError", b"std::bad_alloc", b"out of memory", b"OutOfMemoryError", b"memory allocation")
+_MEMORY_MARKS = (b"MemoryError", b"std::bad_alloc", b"out of memory", b"OutOfMemoryError", b"memory allocation",
+                 b"annot allocate memory")  # ENOMEM, as Go (and perror) say it
 _FILE_TOO_LARGE = b"File too large"  # EFBIG: past RLIMIT_FSIZE where SIGXFSZ is ignored (Python ignores it)
 _ENV = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": "/tmp",
         "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -56,41 +60,61 @@ def _encode(value: Any) -> str:
     return base64.b64encode(json.dumps(value, separators=(",", ":")).encode()).decode("ascii")
 
 
+def _state(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(512).rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"X"
+
+
 def _others() -> list[int]:
-    """The live processes of the sandbox besides init and this kernel."""
+    """The live processes of the sandbox besides init and this kernel. A process whose first thread ended is a
+    zombie in /proc while its other threads run: it is live."""
     me, found = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in (1, me):
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                state = handle.read(512).rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
+        if _state(f"/proc/{name}/stat") not in (b"Z", b"X"):
             found.append(int(name))
+            continue
+        with contextlib.suppress(OSError):
+            if any(_state(f"/proc/{name}/task/{tid}/stat") not in (b"Z", b"X")
+                   for tid in os.listdir(f"/proc/{name}/task")):
+                found.append(int(name))
     return found
 
 
+_SPARED: list[int] = []  # the fork server (`judgefork`), which _end_all leaves while it can
+
+
 def _end_all(wait: float = 2.0) -> bool:
-    """Kill every process but init and the kernel (kill(-1) skips the caller); True once none is left."""
+    """Kill every process but init and the kernel (kill(-1) skips the caller), and the fork server unless the
+    others outrun single kills for a while (then it goes too); True once none is left."""
     end = time.monotonic() + wait
     while True:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
-        if not _others():
+        if not _SPARED or time.monotonic() >= end - wait * 0.9:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+        left = [pid for pid in _others() if pid not in _SPARED]
+        if not left:
             return True
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if time.monotonic() > end:
             return False
-        time.sleep(0.005)
+        time.sleep(0.001)
 
 
-def _limits(memory: int, cpu: float, fsize: int) -> Any:
+def _limits(memory: int, cpu: float, fsize: int, data: int = 0) -> Any:
+    """``data``: RLIMIT_DATA, for a runtime that reserves far more address space than it writes (Go)."""
     def apply() -> None:
         os.setsid()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if memory:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        for limit, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_DATA, data)):
+            if value:
+                resource.setrlimit(limit, (value, value))
         seconds = max(1, int(cpu + 0.999))
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -111,29 +135,63 @@ class Process:
     """One subprocess run within its limits: its stdout (capped), the end of its stderr, how it ended."""
 
     def __init__(self, argv: list[str], cwd: str, stdin_fd: int, limits: dict[str, Any],
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 pass_fds: tuple[int, ...] = (), zygote: Any = None) -> None:
         self.out, self.err, self.err_total = bytearray(), bytearray(), 0
+        self.err_head = b""  # where a runtime says it ran out of memory (Go's trace of every goroutine follows)
         self.over = self.late = False
         self.status, self.wall = 0, 0.0
         self.usage: Any = None
         self.cap, self.limit = int(limits["output"]), float(limits["time"])
-        started = time.monotonic()
-        self.proc = subprocess.Popen(argv, cwd=cwd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=dict(_ENV), close_fds=True, pass_fds=pass_fds,
-                                     preexec_fn=_limits(int(limits["memory"]), self.limit,
-                                                        int(limits.get("files", self.cap + 1))))
-        self._watch(started)
+        self.zygote, files = zygote, int(limits.get("files", self.cap + 1))
+        started, out, err = time.monotonic(), os.pipe(), os.pipe()
+        try:
+            if zygote is None:
+                self._popen = subprocess.Popen(argv, cwd=cwd, stdin=stdin_fd, stdout=out[1], stderr=err[1],
+                                               env=dict(_ENV), close_fds=True, pass_fds=pass_fds,
+                                               preexec_fn=_limits(int(limits["memory"]), self.limit, files,
+                                                                  int(limits.get("data", 0))))
+                self.pid = self._popen.pid
+            else:  # forked by the server (`judgefork`), which reports its end
+                self.pid = zygote.start(argv[1:], cwd, (stdin_fd, out[1], err[1]), {**limits, "fsize": files})
+        except BaseException:
+            os.close(out[0])
+            os.close(err[0])
+            raise
+        finally:
+            os.close(out[1])
+            os.close(err[1])
+        self.pipes = (out[0], err[0])
+        try:
+            self._watch(started)
+        finally:
+            os.close(out[0])
+            os.close(err[0])
+
+    def _exit_fd(self) -> int:
+        """A descriptor readable once the process ended; -1 where there is none (then its exit is polled)."""
+        if self.zygote is not None:
+            return os.dup(self.zygote.sock.fileno())  # the server reports the end
+        try:
+            return os.pidfd_open(self.pid)
+        except OSError:  # gVisor has none (ENOSYS): the exit is polled, never blamed on the program
+            return -1
+
+    def _reap(self) -> None:
+        if self.zygote is None:
+            _, self.status, self.usage = os.wait4(self.pid, 0)
+            self._popen.returncode = 0  # reaped here: Popen must not wait for it again
+            return
+        ended = self.zygote.ended()
+        if ended is None:
+            raise OSError("the fork server did not report the end of a test")
+        self.status, self.usage = ended
 
     def _watch(self, started: float) -> None:
-        try:
-            pidfd = os.pidfd_open(self.proc.pid)
-        except OSError:  # gVisor has none (ENOSYS): the exit is polled, never blamed on the program
-            pidfd = -1
+        pidfd = self._exit_fd()
         selector = selectors.DefaultSelector()
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        for stream, kept in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            os.set_blocking(stream.fileno(), False)
-            selector.register(stream.fileno(), selectors.EVENT_READ, kept)
+        for fd, kept in zip(self.pipes, (self.out, self.err), strict=True):
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ, kept)
         if pidfd >= 0:
             selector.register(pidfd, selectors.EVENT_READ, None)
         deadline, exited = started + self.limit, False
@@ -146,45 +204,43 @@ class Process:
                 for key, _ in selector.select(left if pidfd >= 0 else min(left, 0.005)):
                     if key.data is None:
                         exited = True
-                    else:
-                        self._read(key.fd, key.data)
+                    elif self._read(key.fd, key.data):  # at its end: never polled again (it stays readable)
+                        selector.unregister(key.fd)
                 if pidfd < 0:  # WNOWAIT: still reaped by wait4 below, with its usage
-                    exited = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+                    exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             self.wall = time.monotonic() - started
             _end_all()
             for key in list(selector.get_map().values()):  # what the ended processes wrote last
                 if key.data is not None:
                     self._read(key.fd, key.data)
-            _, self.status, self.usage = os.wait4(self.proc.pid, 0)
-            self.proc.returncode = 0  # reaped here: Popen must not wait for it again
+            self._reap()
         finally:
             selector.close()
             if pidfd >= 0:
                 os.close(pidfd)
-            self.proc.stdout.close()
-            self.proc.stderr.close()
 
-    def _read(self, fd: int, kept: bytearray) -> None:
+    def _read(self, fd: int, kept: bytearray) -> bool:
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
             except BlockingIOError:
-                return
+                return False
             if not chunk:
-                return
+                return True
             if kept is self.out:
                 room = self.cap - len(kept)
                 kept += chunk[:max(room, 0)]
                 if len(chunk) > room:
                     self.over = True
-                    return
+                    return False
             else:
                 self.err_total += len(chunk)
+                self.err_head += chunk[:max(0, _STDERR_KEPT - len(self.err_head))]
                 kept += chunk
                 del kept[:max(0, len(kept) - _STDERR_KEPT)]
                 if self.err_total > self.cap:
                     self.over = True
-                    return
+                    return False
 
     @property
     def signal(self) -> int:
@@ -210,53 +266,11 @@ class Process:
             return "timeout"
         if self.status == 0:
             return None
-        if any(mark in bytes(self.err) for mark in _MEMORY_MARKS) or (memory and self.peak >= memory * 0.9):
+        base = self.zygote.extra_rss if self.zygote is not None else 0  # the warm server's pages: not the test's
+        said = self.err_head + bytes(self.err)
+        if any(mark in said for mark in _MEMORY_MARKS) or (memory and self.peak - base >= memory * 0.9):
             return "memory"
         return "runtime_error"
-
-
-def _lines(data: bytes) -> list[bytes]:
-    return [line.rstrip() for line in data.rstrip().split(b"\n")]
-
-
-def _floats_equal(got: bytes, want: bytes, tolerance: float) -> bool:
-    if got == want:
-        return True
-    try:
-        a, b = float(got), float(want)
-    except ValueError:
-        return False
-    if a != a or b != b:  # NaN equals nothing but the same token
-        return False
-    if a == b:  # infinities too (their difference is NaN)
-        return True
-    return abs(a - b) <= tolerance * max(1.0, abs(b))
-
-
-def compare(mode: str, got: bytes, want: bytes, tolerance: float) -> bool:
-    """Whether ``got`` matches ``want`` under ``mode`` (exact, whitespace or float)."""
-    if mode == "exact":
-        return got == want
-    a, b = got.split(), want.split()
-    if mode == "whitespace":
-        return a == b
-    return len(a) == len(b) and all(_floats_equal(x, y, tolerance) for x, y in zip(a, b, strict=False))
-
-
-def diff(got: bytes, want: bytes) -> str:
-    """The first line where ``got`` and ``want`` differ, each side cut short: a bounded diff."""
-    a, b = _lines(got), _lines(want)
-    for number in range(max(len(a), len(b))):
-        x = a[number] if number < len(a) else None
-        y = b[number] if number < len(b) else None
-        if x != y:
-            def show(line: bytes | None) -> str:
-                if line is None:
-                    return "(no line)"
-                text = line[:_DIFF_LINE * 4].decode("utf-8", "replace")
-                return repr(text[:_DIFF_LINE]) + ("..." if len(text) > _DIFF_LINE else "")
-            return f"line {number + 1}: expected {show(y)}, got {show(x)}"
-    return "the outputs differ in whitespace" if got != want else ""
 
 
 class Judge:
@@ -267,9 +281,12 @@ class Judge:
         self.index: list[dict[str, Any]] = []
         self.blob = -1
         self.build = plan["build"]
+        self.fork: Any = None
 
-    def setup(self, seal: Any = None) -> str:
-        """Seal the kernel, init (``seal``: judgeinit's, "" once sealed) and the tests; compile the program."""
+    def setup(self, seal: Any = None, fork: Any = None) -> str:
+        """Seal the kernel, init (``seal``: judgeinit's, "" once sealed) and the tests; compile the program.
+        ``fork``: judgefork's `current`, when Python tests may be forked from a warm server."""
+        self.fork = fork if self.plan.get("warm") is not None else None
         _undumpable()
         _leave_data()
         exposed = seal() if seal is not None else ""
@@ -336,13 +353,17 @@ class Judge:
     def _one(self, test: dict[str, Any], end: float) -> dict[str, Any]:
         limits = dict(self.plan["limits"])  # the program's limit ends a test whose own limit is longer
         limits["time"] = min(float(limits["time"]), max(0.01, end - time.monotonic()))
+        zygote = self.fork(self.plan["warm"], dict(_ENV)) if self.fork is not None else None
+        _SPARED[:] = [zygote.pid] if zygote is not None else []  # before the sweep, which must spare it
         if not _end_all():
             return {"v": "judge_error", "why": "processes of an earlier test could not be ended"}
         given = self._read(test["stdin"]) or b""
         stdin = _memfd("stdin", [given])
         try:
-            run = Process([*self.plan["run"], *test["args"]], self.build, stdin, limits)
+            run = Process([*self.plan["run"], *test["args"]], self.build, stdin, limits, zygote=zygote)
         except OSError as exc:
+            if zygote is not None:  # the server was stopped or killed, most likely by a test: nothing is judged
+                return {"v": "judge_error", "why": f"the fork server failed: {exc}"}
             return {"v": "runtime_error", "why": f"could not start: {exc.strerror}"}
         finally:
             os.close(stdin)

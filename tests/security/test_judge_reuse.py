@@ -20,6 +20,9 @@ SANDBOX = """
 sandbox = [line.split()[3].split('/')[-2][:12] for line in open('/proc/self/mountinfo') if ' /etc/hostname ' in line]
 """
 WHERE = SANDBOX + "print(*sandbox)\n"
+# The kernel's pid, for a program (which imported os): with reuse="batch" a Python test's parent is the fork server.
+KERNEL = ("kernel = next(int(p) for p in os.listdir('/proc') if p.isdigit()"
+          " and b'kernel_launcher' in open('/proc/' + p + '/cmdline', 'rb').read())\n")
 PLACES = ("/tmp", "/dev/shm", "/dev/mqueue", "/mnt/data", "/mnt/packages", "/home/sandbox", "/home/user")
 PLANT = WHERE + f"""
 import os, subprocess, sys
@@ -93,7 +96,7 @@ def test_the_next_item_finds_nothing_the_last_one_left(config: nbexec.SandboxCon
 
 
 @pytest.mark.parametrize("left", [
-    "os.kill(os.getppid(), 9)",  # the kernel that runs the tests: the item is judge_error
+    KERNEL + "os.kill(kernel, 9)",  # the kernel that runs the tests: the item is judge_error
     # a folder deeper than a path may name: the reset cannot reach it
     "os.chdir('/tmp')\nfor _ in range(24):\n    os.mkdir('d' * 250)\n    os.chdir('d' * 250)\nopen('x', 'w')",
 ], ids=["kernel-killed", "past-path-max"])
@@ -185,8 +188,9 @@ def _fresh(program: str, config: nbexec.SandboxConfig) -> list[str]:
 # (non-dumpable does not stop it), and every later test inherits them. A hard limit lowered cannot be raised again.
 LOWER_KERNEL_LIMITS = WHERE + """
 import os, resource
-resource.prlimit(os.getppid(), resource.RLIMIT_MSGQUEUE, (424242, 424242))
-resource.prlimit(os.getppid(), resource.RLIMIT_RTTIME, (31337, 31337))
+""" + KERNEL + """
+resource.prlimit(kernel, resource.RLIMIT_MSGQUEUE, (424242, 424242))
+resource.prlimit(kernel, resource.RLIMIT_RTTIME, (31337, 31337))
 """
 SHOW_LIMITS = WHERE.replace("print(*sandbox)", "") + """
 import resource
@@ -205,7 +209,7 @@ def test_a_submission_cannot_fail_every_later_one_through_the_kernels_limits(col
                                                                              limit: str) -> None:
     """Once, each later correct submission in that sandbox was a runtime_error ("could not start: Resource
     temporarily unavailable" for NPROC; a crash for STACK)."""
-    poison = {"program": f"import os, resource\nresource.prlimit(os.getppid(), resource.{limit})",
+    poison = {"program": f"import os, resource\n{KERNEL}resource.prlimit(kernel, resource.{limit})",
               "tests": [{"expected": None}]}
     correct = {"program": "print(int(input()) + 1)", "tests": [{"stdin": "1", "expected": "2"}]}
     items = _judged(poison, correct, correct, config=cold_config)
@@ -216,9 +220,10 @@ def test_a_submission_cannot_fail_every_later_one_through_the_kernels_limits(col
 # tests inherit them (slower, or starved on a busy host: timeouts that are not the program's).
 SCHEDULE_KERNEL = WHERE + """
 import os
-os.sched_setaffinity(os.getppid(), {0})
-os.setpriority(os.PRIO_PROCESS, os.getppid(), 7)
-os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))
+""" + KERNEL + """
+os.sched_setaffinity(kernel, {0})
+os.setpriority(os.PRIO_PROCESS, kernel, 7)
+os.sched_setscheduler(kernel, os.SCHED_IDLE, os.sched_param(0))
 """
 SHOW_SCHEDULE = WHERE.replace("print(*sandbox)", "") + """
 import os
@@ -289,7 +294,7 @@ def test_leaving_the_loop_does_not_wait_for_a_stopped_kernel(cold_config: nbexec
                                                              reuse: str | None) -> None:
     """A test that SIGSTOPs the kernel: the stop's interrupt is never answered. Once, leaving the loop waited for
     the program's whole limit (47 s with a 45 s limit); now the stop closes the sessions it could not interrupt."""
-    stopper = {"program": "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(600)",
+    stopper = {"program": f"import os, signal, time\n{KERNEL}os.kill(kernel, signal.SIGSTOP)\ntime.sleep(600)",
                "tests": [{"expected": None}], "limits": {"time": 45, "program": 45}}
     quick = {"program": "print(1)", "tests": [{"expected": "1"}]}
     items = nbexec.judge_many([quick, stopper, stopper], concurrency=2, reuse=reuse, config=cold_config)
