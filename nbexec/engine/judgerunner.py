@@ -89,19 +89,24 @@ _SPARED: list[int] = []  # the fork server (`judgefork`), which _end_all leaves 
 
 
 def _end_all(wait: float = 2.0) -> bool:
-    """Kill every process but init and the kernel (kill(-1) skips the caller), and the fork server unless the
-    others outrun single kills for a while (then it goes too); True once none is left."""
+    """Kill every process but init and the kernel (kill(-1) skips the caller); True once none is left.
+    The fork server is spared while that holds: every process is stopped at once first (kill(-1, SIGSTOP): a
+    process with a stop pending cannot finish a fork), so a listing misses none, then each but the server is
+    killed and the server continued. Past a tenth of ``wait``, kill(-1) ends the server too."""
     end = time.monotonic() + wait
     while True:
-        if not _SPARED or time.monotonic() >= end - wait * 0.9:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(-1, signal.SIGKILL)
-        left = [pid for pid in _others() if pid not in _SPARED]
-        if not left:
-            return True
+        spare = bool(_SPARED) and time.monotonic() < end - wait * 0.9
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGSTOP if spare else signal.SIGKILL)
+        left = [pid for pid in _others() if pid not in _SPARED or not spare]
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for pid in _SPARED if spare else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if not left:
+            return True
         if time.monotonic() > end:
             return False
         time.sleep(0.001)
@@ -357,12 +362,15 @@ class Judge:
         _SPARED[:] = [zygote.pid] if zygote is not None else []  # before the sweep, which must spare it
         if not _end_all():
             return {"v": "judge_error", "why": "processes of an earlier test could not be ended"}
+        if zygote is not None and self.fork(self.plan["warm"], dict(_ENV)) is None:  # changed before the sweep
+            zygote = None
         given = self._read(test["stdin"]) or b""
         stdin = _memfd("stdin", [given])
         try:
             run = Process([*self.plan["run"], *test["args"]], self.build, stdin, limits, zygote=zygote)
         except OSError as exc:
             if zygote is not None:  # the server was stopped or killed, most likely by a test: nothing is judged
+                _end_all()
                 return {"v": "judge_error", "why": f"the fork server failed: {exc}"}
             return {"v": "runtime_error", "why": f"could not start: {exc.strerror}"}
         finally:

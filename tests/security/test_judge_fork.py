@@ -141,6 +141,12 @@ ATTACKS = {
     "stop-late": "import signal, time\nserver = os.getppid()\nif os.fork() == 0:\n    time.sleep(0.05)\n"
                  "    os.kill(server, signal.SIGSTOP)\n    time.sleep(600)",
     "fork-bomb": "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    # A chain of processes, each living only until it forks the next, that writes into every other's output:
+    # a listing followed by single kills can miss it (a second reviewer's read); a stop of all at once cannot.
+    "fork-chain": "if os.fork() == 0:\n    os.setsid()\n    while True:\n        for pid in os.listdir('/proc'):\n"
+                  "            try:\n                os.write(os.open(f'/proc/{pid}/fd/1', os.O_WRONLY), b'CHAIN ')\n"
+                  "            except (OSError, ValueError):\n                pass\n        if os.fork():\n"
+                  "            os._exit(0)",
     "left-behind": "import signal, time\nserver = os.getppid()\nif os.fork() == 0:\n    os.setsid()\n"
                    "    while True:\n        os.kill(server, signal.SIGSTOP)\n        time.sleep(0.001)",
 }
