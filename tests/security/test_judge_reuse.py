@@ -23,6 +23,10 @@ WHERE = SANDBOX + "print(*sandbox)\n"
 # The kernel's pid, for a program (which imported os): with reuse="batch" a Python test's parent is the fork server.
 KERNEL = ("kernel = next(int(p) for p in os.listdir('/proc') if p.isdigit()"
           " and b'kernel_launcher' in open('/proc/' + p + '/cmdline', 'rb').read())\n")
+# A change to the fork server (a Python test's parent in a batch): the reset then starts a new one, from the kernel,
+# so what a test changed on the kernel reaches later Python tests only if the reset did not put it back.
+REPLACE_SERVER = ("import resource\nsoft, hard = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)\n"
+                  "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (soft - 1, hard))\n")
 PLACES = ("/tmp", "/dev/shm", "/dev/mqueue", "/mnt/data", "/mnt/packages", "/home/sandbox", "/home/user")
 PLANT = WHERE + f"""
 import os, subprocess, sys
@@ -191,7 +195,7 @@ import os, resource
 """ + KERNEL + """
 resource.prlimit(kernel, resource.RLIMIT_MSGQUEUE, (424242, 424242))
 resource.prlimit(kernel, resource.RLIMIT_RTTIME, (31337, 31337))
-"""
+""" + REPLACE_SERVER
 SHOW_LIMITS = WHERE.replace("print(*sandbox)", "") + """
 import resource
 print(*sandbox, *resource.getrlimit(resource.RLIMIT_MSGQUEUE), *resource.getrlimit(resource.RLIMIT_RTTIME))
@@ -209,7 +213,7 @@ def test_a_submission_cannot_fail_every_later_one_through_the_kernels_limits(col
                                                                              limit: str) -> None:
     """Once, each later correct submission in that sandbox was a runtime_error ("could not start: Resource
     temporarily unavailable" for NPROC; a crash for STACK)."""
-    poison = {"program": f"import os, resource\n{KERNEL}resource.prlimit(kernel, resource.{limit})",
+    poison = {"program": f"import os, resource\n{KERNEL}{REPLACE_SERVER}resource.prlimit(kernel, resource.{limit})",
               "tests": [{"expected": None}]}
     correct = {"program": "print(int(input()) + 1)", "tests": [{"stdin": "1", "expected": "2"}]}
     items = _judged(poison, correct, correct, config=cold_config)
@@ -224,7 +228,7 @@ import os
 os.sched_setaffinity(kernel, {0})
 os.setpriority(os.PRIO_PROCESS, kernel, 7)
 os.sched_setscheduler(kernel, os.SCHED_IDLE, os.sched_param(0))
-"""
+""" + REPLACE_SERVER
 SHOW_SCHEDULE = WHERE.replace("print(*sandbox)", "") + """
 import os
 print(*sandbox, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), len(os.sched_getaffinity(0)))
