@@ -76,7 +76,7 @@ class Zygote:
 
     def __init__(self, source: str, warm: list[str], env: dict[str, str], end: float) -> None:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        own = dict(env)  # Matplotlib's settings and font cache: the kernel's read-only folder, never one in /tmp
+        own = dict(env)  # Matplotlib's settings and font cache: the kernel's folder (in its home), never /tmp
         own.update({name: os.environ[name] for name in ("MPLCONFIGDIR",) if name in os.environ})
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", source, json.dumps(warm), str(theirs.fileno()),

@@ -24,9 +24,14 @@ _settings_were: dict[str, Any] = {}
 _LIMITS = sorted(name for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
+def _named(places: list[str]) -> list[str]:
+    """The places and the kernel's home."""
+    return [p for p in [*places, os.environ.get("HOME", "")] if p.startswith("/") and p != "/"]
+
+
 def _places(places: list[str]) -> list[str]:
     """The places that exist (gVisor has no /dev/mqueue), and the kernel's home."""
-    return [p for p in [*places, os.environ.get("HOME", "")] if p.startswith("/") and p != "/" and os.path.lexists(p)]
+    return [p for p in _named(places) if os.path.lexists(p)]
 
 
 def _xattrs(path: str) -> dict[str, bytes]:
@@ -218,7 +223,7 @@ def reset(places: list[str], blob: int, end_all: Callable[[], bool]) -> list[str
         os.close(blob)
     if not end_all():
         return ["a process of the last item could not be ended"]
-    now, every = _places(places), [*places, os.environ.get("HOME", "")]
+    now, every = _places(places), _named(places)
     left = [f"{place} appeared" for place in now if place not in _places_were]
     left += [f"{place} is gone" for place in every if place in _places_were and place not in now]
     for place in (place for place in now if place in _places_were):
