@@ -29,7 +29,8 @@ _IMPLICIT = {
 _SDK_READ = {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
 # Shipped into the sandbox and run there: they read the sandbox's environment, never the operator's.
 _IN_SANDBOX = {"nbexec/engine/judgerunner.py", "nbexec/engine/judgechecker.py", "nbexec/engine/judgeinit.py",
-               "nbexec/engine/judgereset.py", "nbexec/engine/judgefork.py", "nbexec/engine/judgecompare.py"}
+               "nbexec/engine/judgereset.py", "nbexec/engine/judgefork.py", "nbexec/engine/judgecompare.py",
+               "nbexec/engine/judgeprocess.py"}
 _DOCUMENTED = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)(=|<NAME>=)", re.MULTILINE)
 
 

@@ -1,10 +1,10 @@
 """judge(): one program against many tests in one sandbox (judge_many, many programs at a time, is in `judgemany`).
 
 The host writes the program and the tests into /mnt/data, sends the runner (`judgerunner`, in the sandbox's
-kernel) a plan, and asks for the tests' verdicts a chunk at a time. Each answer is the reply to the host's own
-request: a test cannot forge it (see `judgerunner` for what keeps the program away from the kernel). Each answer
-is sized before it is decoded, each record checked; a malformed one ends the judging with ``judge_error`` for
-the tests it should have judged, never an ``accepted``.
+kernel) a plan, and asks for the tests' verdicts a chunk at a time, the first chunk with the setup. Each answer
+is the reply to the host's own request: a test cannot forge it (see `judgerunner` for what keeps the program
+away from the kernel). Each answer is sized before it is decoded, each record checked; a malformed one ends the
+judging with ``judge_error`` for the tests it should have judged, never an ``accepted``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from .session import Session
 CHUNK = 100  # tests per request to the runner: its answer stays well under the kernel's reply cap
 ANSWER_BUDGET = 512 * 1024  # bytes of JSON the runner may answer per chunk (base64 on the wire: 4/3 of it)
 GRACE = 5.0  # seconds a request may take past the program's deadline, which ends every test (a kill, the reply)
+AFTER_SECONDS = 10.0  # what a request with judged()'s ``after`` may take more (judgemany's REMOVE_SECONDS, the rest
+# of the reset): a stopped kernel holds the host that much longer
 CHECKER_LIMITS = {"time": 10.0, "memory": 1024**3, "output": 1024**2}
 COMPILE_FILES = 256 * 1024**2  # the largest file a compile may write (RLIMIT_FSIZE): a binary past it is refused
 HEAP_ONLY = ("java", "go")  # runtimes that reserve far more address space than they use: no RLIMIT_AS
@@ -93,9 +95,19 @@ def new_session(config: SandboxConfig | None, overrides: dict[str, Any]) -> Sess
     return Session(config.replace(language="python"), ttl=None, keep_files=False, one_shot=True)
 
 
-def run(session: Session, job: Job, batch: bool = False) -> JudgeResult:
-    """Judge ``job`` in ``session``'s sandbox (started here); the caller closes the session. ``batch``: the
-    runner and the fork server (`judgefork`) are in its kernel already, and Python tests are forked from it."""
+def run(session: Session, job: Job) -> JudgeResult:
+    """Judge ``job`` in ``session``'s sandbox (started here); the caller closes the session."""
+    return judged(session, job)[0]
+
+
+NOT_RUN = object()  # judged()'s ``after`` did not run (no test did, or one was not judged)
+
+
+def judged(session: Session, job: Job, batch: bool = False, after: str = "") -> tuple[JudgeResult, Any]:
+    """run(), and what ``after`` answered. ``batch``: the runner and the fork server (`judgefork`) are in the
+    kernel already, and Python tests are forked from it. ``after``: code for a callable the kernel calls once every
+    test is judged, in the same request as the last tests (the reset of reuse="batch"; AFTER_SECONDS more are
+    waited for it)."""
     config = session.config
     seconds = job.limits.program if job.limits.program is not None else config.timeout
     sandbox = session._started_handle()
@@ -106,58 +118,90 @@ def run(session: Session, job: Job, batch: bool = False) -> JudgeResult:
     deadline = time.monotonic() + seconds  # the program's own time: a slow start or upload is not charged to it
     warm = list(config.warm_imports) if batch and job.language.name == "python" else None
     fork = "__nbexec_fork_ns['current']" if warm is not None else "None"
-    answer = ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds, warm)!r})\n"
-                          f"__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'], {fork})",
-                 "" if batch else setup_code(), deadline + GRACE)
-    if not isinstance(answer, dict):  # the kernel died or stopped while the compiler ran: data, not an exception
-        why = "the sandbox did not answer while the program was prepared (its compile, within the program's limit)"
+    chunks = _Chunks(sandbox, job, deadline, after)
+    why = ("the sandbox did not answer while the program was prepared (its compile, within the program's limit) "
+           "or its first test ran: its kernel died or was stopped (the program may have killed it)")
+    try:
+        answer = ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds, warm)!r})\n"
+                              f"__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'], {fork}, "
+                              f"{chunks.request(0, seconds)})",
+                     "" if batch else setup_code(), chunks.deadline(0))
+    except ProtocolError as exc:  # as for any request of tests: the first one ran in this one
+        answer, why = None, f"the sandbox answered out of protocol: {exc}"
+    except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel)
+        answer, why = None, str(exc)
+    if not isinstance(answer, dict):  # the kernel died or stopped: data, not an exception
         return JudgeResult(job.language.name, tuple(TestResult(i, "judge_error", message=why)
-                                                    for i in range(len(job.tests))))
+                                                    for i in range(len(job.tests)))), NOT_RUN
     if "exposed" in answer:  # a test could reach init, which outlives it: no test is run
         why = f"the sandbox cannot be judged in: {str(answer['exposed'])[:200]}"
         return JudgeResult(job.language.name, tuple(TestResult(i, "judge_error", message=why)
-                                                    for i in range(len(job.tests))))
+                                                    for i in range(len(job.tests)))), NOT_RUN
     if "missing" in answer:
         raise NotOfferedError(f"the image {config.image_tag} has no {str(answer['missing'])[:40]!r} to judge "
                           f"{job.language.name}: {JUDGE_IMAGE_HINT}")
     compiled = answer.get("compiled")
-    if isinstance(compiled, dict):
-        log = str(compiled.get("log", ""))[-4096:]
-        if compiled.get("ok") is not True:
-            why = f"the compiler failed ({str(compiled.get('why'))[:20]})" if compiled.get("why") else log[-300:]
-            return JudgeResult(job.language.name, tuple(TestResult(i, "compile_error", message=why)
-                                                        for i in range(len(job.tests))), compile_log=log)
-    return JudgeResult(job.language.name, tuple(_tests(sandbox, job, deadline)),
-                       compile_log=str(compiled.get("log", ""))[-4096:] if isinstance(compiled, dict) else "")
+    log = str(compiled.get("log", ""))[-4096:] if isinstance(compiled, dict) else ""
+    if isinstance(compiled, dict) and compiled.get("ok") is not True:
+        why = f"the compiler failed ({str(compiled.get('why'))[:20]})" if compiled.get("why") else log[-300:]
+        return JudgeResult(job.language.name, tuple(TestResult(i, "compile_error", message=why)
+                                                    for i in range(len(job.tests))), compile_log=log), NOT_RUN
+    tests = tuple(chunks.results(answer))
+    return JudgeResult(job.language.name, tests, compile_log=log), chunks.after
 
 
-def _tests(sandbox: SandboxHandle, job: Job, deadline: float) -> Iterator[TestResult]:
-    total, first, size = len(job.tests), 0, 1
-    # The runner ends every test by the deadline; the last one's checker may then take its own limit.
-    late = (CHECKER_LIMITS["time"] if job.compare.mode == "checker" else 0.0) + GRACE
-    while first < total:  # requests of 1, 2, 4 ... CHUNK tests: a kernel killed early takes few verdicts with it
-        last, size = min(first + size, total), min(size * 2, CHUNK)
-        left = max(0.0, deadline - time.monotonic())
-        code = f"__nbexec_report = __nbexec_judge.run({first}, {last}, {left!r}, {ANSWER_BUDGET})"
-        try:
-            records = ask(sandbox, code, "", deadline + late)
-        except ProtocolError as exc:
-            records, why = None, f"the sandbox answered out of protocol: {exc}"
-        except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel): none is judged
-            records, why = None, str(exc)
-        else:
-            why = "the sandbox did not answer: its kernel died or was stopped (the program may have killed it)"
-        if not isinstance(records, list) or len(records) > last - first:
-            records = []
-        for number, record in enumerate(records, start=first):
-            yield _record(number, record)
-        if len(records) < last - first:  # the runner stopped early, or its answer was refused: none is accepted
-            done = first + len(records)
-            if records and isinstance(records[-1], dict) and records[-1].get("v") == "judge_error":
-                why = "judging stopped at an earlier test"
-            yield from (TestResult(i, "judge_error", message=why) for i in range(done, total))
-            return
-        first = last
+class _Chunks:
+    """The tests asked for in requests of 1, 15, then CHUNK tests, each at most fifteen times all before it (a
+    kernel killed early takes few verdicts with it): the first with the setup, ``after`` with the last. Each
+    request costs the kernel milliseconds: ten tests are two requests."""
+
+    def __init__(self, sandbox: SandboxHandle, job: Job, deadline: float, after: str) -> None:
+        self.sandbox, self.job, self.end, self.then = sandbox, job, deadline, after
+        self.total = len(job.tests)
+        # The runner ends every test by the deadline; the last one's checker may then take its own limit.
+        self.late = (CHECKER_LIMITS["time"] if job.compare.mode == "checker" else 0.0) + GRACE
+        self.after: Any = NOT_RUN
+
+    def _last(self, first: int) -> int:
+        return min(first + (1 if first == 0 else min(first * 15, CHUNK)), self.total)
+
+    def request(self, first: int, seconds: float) -> str:
+        last = self._last(first)
+        after = self.then if self.then and last == self.total else "None"
+        return f"[{first}, {last}, {seconds!r}, {ANSWER_BUDGET}, {after}]"
+
+    def deadline(self, first: int) -> float:
+        last_one = self.then and self._last(first) == self.total
+        return self.end + self.late + (AFTER_SECONDS if last_one else 0.0)
+
+    def results(self, answer: Any) -> Iterator[TestResult]:
+        """The records of ``answer`` (the setup's, for the first tests), then of each request still to make."""
+        first, why = 0, "the sandbox did not answer: its kernel died or was stopped (the program may have killed it)"
+        while first < self.total:
+            last = self._last(first)
+            if answer is None:
+                left = max(0.0, self.end - time.monotonic())
+                code = f"__nbexec_report = __nbexec_judge.run(*{self.request(first, left)})"
+                try:
+                    answer = ask(self.sandbox, code, "", self.deadline(first))
+                except ProtocolError as exc:
+                    why = f"the sandbox answered out of protocol: {exc}"
+                except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel)
+                    why = str(exc)
+            records = answer.get("records") if isinstance(answer, dict) else None
+            if not isinstance(records, list) or len(records) > last - first:
+                records = []
+            if last == self.total and isinstance(answer, dict):
+                self.after = answer.get("after", NOT_RUN)
+            for number, record in enumerate(records, start=first):
+                yield _record(number, record)
+            if len(records) < last - first:  # the runner stopped early, or its answer was refused
+                done = first + len(records)
+                if records and isinstance(records[-1], dict) and records[-1].get("v") == "judge_error":
+                    why = "judging stopped at an earlier test"
+                yield from (TestResult(i, "judge_error", message=why) for i in range(done, self.total))
+                return
+            first, answer = last, None
 
 
 def _record(index: int, record: Any) -> TestResult:
@@ -201,9 +245,11 @@ def shipped(name: str) -> str:
 
 
 def setup_code() -> str:
-    source, seal, compare = shipped("judgerunner.py"), shipped("judgeinit.py"), shipped("judgecompare.py")
+    source, seal = shipped("judgerunner.py"), shipped("judgeinit.py")
+    compare, process = shipped("judgecompare.py"), shipped("judgeprocess.py")
     return (f"__nbexec_judge_ns = {{'__name__': 'nbexec_judge'}}\n"
             f"exec(compile({compare!r}, '<nbexec-judge-compare>', 'exec'), __nbexec_judge_ns)\n"
+            f"exec(compile({process!r}, '<nbexec-judge-process>', 'exec'), __nbexec_judge_ns)\n"
             f"exec(compile({source!r}, '<nbexec-judge>', 'exec'), __nbexec_judge_ns)\n"
             f"__nbexec_init_ns = {{'__name__': 'nbexec_judge_init'}}\n"
             f"exec(compile({seal!r}, '<nbexec-judge-init>', 'exec'), __nbexec_init_ns)\n")

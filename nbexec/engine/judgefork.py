@@ -12,8 +12,11 @@ at its start, so it must not start where a test could have changed them.
 A test runs as the same user as the server. It cannot trace it or read it (the server is non-dumpable), but it
 can signal it and change its limits and scheduling, which the next child would inherit. So before each test the
 kernel checks the server (`Zygote.intact`); one that changed is closed, and the program's later tests run the
-usual way. Standard library only: this runs on the sandbox's Python.
+usual way. Standard library only: this runs on the sandbox's Python. The server imports little: each module it
+holds makes every fork dearer (subprocess's threading hooks doubled its cost).
 """
+
+from __future__ import annotations
 
 import array
 import atexit
@@ -26,16 +29,25 @@ import os
 import resource
 import signal
 import socket
-import subprocess
 import sys
 import time
 import types
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _LIMITS = sorted(name for name in dir(resource) if name.startswith("RLIMIT_"))
 _ANSWER = 2.0  # seconds the server may take to fork a child, or to report its end
 SOURCE = ""  # this file's text, set by the host where it runs it in the kernel
+# The handlers as Python's start leaves them; every other one is SIG_DFL.
+_STARTED: dict[int, Any] = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
+                             signal.SIGXFSZ: signal.SIG_IGN}
+_NO_SIGNALS = ctypes.create_string_buffer(128)  # an empty sigset_t
+_SWEPT = (1 << (signal.SIGCONT - 1)) | (1 << (signal.SIGCHLD - 1))  # what the sweep and a child's end leave waiting
+_DRAINED = 64  # signals the server takes after a test; past them it is replaced
+_WARM = b"n = int('7')\nvalues = [str(i * i) for i in range(n)]\ntotal = sum(int(v) for v in values)\n"
 
 
 def _vm() -> tuple[int, int]:
@@ -46,19 +58,30 @@ def _vm() -> tuple[int, int]:
     return int(size) * page, int(resident) * page
 
 
+_X86_64 = os.uname().machine == "x86_64"
+_libc: list[Any] = []  # the C library, loaded once (each load makes a class)
+
+
+def _c() -> Any:
+    if not _libc:
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    return _libc[0]
+
+
+def _syscall(*args: Any) -> int:
+    return int(_c().syscall(*args))
+
+
 def _sched(pid: int) -> bytes:
     """sched_getattr of ``pid`` (x86-64's syscall 315): policy, nice, priority and the rest a child inherits."""
-    if os.uname().machine != "x86_64":
+    if not _X86_64:
         return b""
-    libc = ctypes.CDLL(None, use_errno=True)
     attr = ctypes.create_string_buffer(56)
-    return attr.raw if libc.syscall(315, pid, attr, 56, 0) == 0 else b"?"
+    return attr.raw if _syscall(315, pid, attr, 56, 0) == 0 else b"?"
 
 
 def _ioprio(pid: int) -> int:
-    if os.uname().machine != "x86_64":
-        return 0
-    return int(ctypes.CDLL(None, use_errno=True).syscall(252, 1, pid))  # ioprio_get(IOPRIO_WHO_PROCESS)
+    return _syscall(252, 1, pid) if _X86_64 else 0  # ioprio_get(IOPRIO_WHO_PROCESS)
 
 
 def settings(pid: int) -> dict[str, Any]:
@@ -75,6 +98,8 @@ class Zygote:
     """The kernel's side: the server's process, what it inherits, and one request at a time."""
 
     def __init__(self, source: str, warm: list[str], env: dict[str, str], end: float) -> None:
+        import subprocess  # the kernel's side only
+
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         own = dict(env)  # Matplotlib's settings and font cache: the kernel's folder (in its home), never /tmp
         own.update({name: os.environ[name] for name in ("MPLCONFIGDIR",) if name in os.environ})
@@ -86,6 +111,7 @@ class Zygote:
         finally:
             theirs.close()
         self.pid = self.proc.pid
+        self.calm = True  # no signal was left waiting after the last test
         try:
             ready = self._answer(max(0.0, end - time.monotonic()))
             if not isinstance(ready, dict) or ready.get("threads") != 1:
@@ -108,12 +134,17 @@ class Zygote:
             return None
 
     def intact(self) -> bool:
-        """Alive, asleep waiting for the kernel, and with what a child inherits unchanged since its start."""
+        """Alive, asleep waiting for the kernel, with no signal waiting but those every test sends it, and with
+        what a child inherits unchanged since its start. Signals it blocks wait: a test could queue them to fill
+        the user's quota, or leave bits the next program reads."""
         try:
-            with open(f"/proc/{self.pid}/stat", "rb") as handle:
-                state = handle.read(512).rsplit(b")", 1)[1].split()[0]
-            return state in (b"S", b"R") and self.proc.poll() is None and settings(self.pid) == self.were
-        except (OSError, IndexError):
+            with open(f"/proc/{self.pid}/status", "rb") as handle:
+                fields = dict(line.split(b":", 1) for line in handle.read(4096).splitlines() if b":" in line)
+            # gVisor shows no pending signals: the server's own count after each test (calm) stands for them.
+            waiting = (int(fields.get(b"ShdPnd", b"0"), 16) | int(fields.get(b"SigPnd", b"0"), 16)) & ~_SWEPT
+            return fields[b"State"].split()[0] in (b"S", b"R") and not waiting and self.calm \
+                and self.proc.poll() is None and settings(self.pid) == self.were
+        except (OSError, KeyError, IndexError, ValueError):
             return False
 
     def start(self, args: list[str], cwd: str, fds: tuple[int, int, int], limits: dict[str, Any]) -> int:
@@ -132,6 +163,7 @@ class Zygote:
         answer = self._answer(_ANSWER)
         if not isinstance(answer, dict) or not isinstance(answer.get("status"), int):
             return None
+        self.calm = answer.get("calm") is True
         return answer["status"], resource.struct_rusage([*answer["usage"], *[0] * 13])
 
     def close(self) -> None:
@@ -140,6 +172,7 @@ class Zygote:
         self.proc.wait()
 
 
+START = "a fork server is to start"  # prepare()'s answer where it may not start one (judgemany says it too)
 _current: list[Any] = []  # the server in use, and the warm imports and environment it started with
 _failed: list[Any] = []  # what a server could not start with (its imports start threads, say): never tried again
 
@@ -150,13 +183,17 @@ def _drop() -> None:
         _current.clear()
 
 
-def prepare(warm: list[str], env: dict[str, str], seconds: float, spared: list[int]) -> list[str]:
+def prepare(warm: list[str], env: dict[str, str], seconds: float | None, spared: list[int]) -> list[str]:
     """Where no test has run since the places and the kernel were made clean: keep an intact server for ``warm``
     and ``env``, or start one within ``seconds``; ``spared`` (the runner's sweep spares it) then holds its pid.
-    [] whatever happens (without one, tests run the usual way)."""
+    [] whatever happens (without one, tests run the usual way). ``seconds`` None: no start here, where the
+    request has no time for one; [START] then says one is to start (in a request of its own)."""
     if _current and (_current[1:] != [warm, env] or not _current[0].intact()):
         _drop()
     if not _current and [warm, env] not in _failed:
+        if seconds is None:
+            spared[:] = []
+            return [START]
         try:
             _current[:] = [Zygote(SOURCE, warm, env, time.monotonic() + seconds), warm, env]
         except OSError:
@@ -201,33 +238,41 @@ def _serve(sock: socket.socket) -> dict[str, Any]:
             _, status, usage = os.wait4(pid, 0)
             if not os.WIFSTOPPED(status):
                 break
-        sock.send(json.dumps({"status": status, "usage": [usage.ru_utime, usage.ru_stime, usage.ru_maxrss]}).encode())
+        ended = {"status": status, "usage": [usage.ru_utime, usage.ru_stime, usage.ru_maxrss], "calm": _calm()}
+        sock.send(json.dumps(ended).encode())
 
 
-def _become(request: dict[str, Any], sock: socket.socket, env: dict[str, str]) -> str:
-    """In the child: the test's descriptors, session, limits, signals, environment and folder; its program's path."""
+def _calm() -> bool:
+    """Take the signals a test sent (they wait, blocked), a few at most: whether none is left. A test could queue
+    them until the user's quota is full, or leave bits the next program reads."""
+    for _ in range(_DRAINED):
+        waiting = signal.sigpending()
+        if not waiting:
+            return True
+        signal.sigtimedwait(waiting, 0)
+    return not signal.sigpending()
+
+
+def _become(request: dict[str, Any], sock: socket.socket, env: tuple[list[str], dict[str, str]]) -> str:
+    """In the child: the test's descriptors, session, limits, signals, environment (``env``: the server's names
+    to remove, and what to set) and folder; its program's path."""
     sock.close()
     for target, fd in enumerate(request["fds"]):
         os.dup2(fd, target)
     os.closerange(3, 1 << 16)
     # Dumpable again, as after the exec of a fresh interpreter (its own /proc/self/mem): it holds no secret.
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    _c().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
     os.setsid()
-    for number in range(1, signal.NSIG):
-        if number not in (signal.SIGKILL, signal.SIGSTOP):
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(number, signal.SIG_DFL)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python's start leaves them
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _c().sigprocmask(2, _NO_SIGNALS, None)  # SIG_SETMASK; the handlers are those of Python's start already
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if request["memory"]:
         resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
     seconds = max(1, int(request["cpu"] + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (request["fsize"], request["fsize"]))
-    os.environ.clear()
-    os.environ.update(env)
+    for name in env[0]:
+        del os.environ[name]
+    os.environ.update(env[1])
     os.chdir(request["cwd"])
     path = os.path.join(request["cwd"], request["args"][0])
     sys.argv[:] = [path, *request["args"][1:]]
@@ -242,13 +287,10 @@ def _become(request: dict[str, Any], sock: socket.socket, env: dict[str, str]) -
 
 
 def _main() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if _c().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         os._exit(1)
-    for number in range(1, signal.NSIG):  # a test's signal other than KILL and STOP leaves the server as it was
-        if number not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(number, signal.SIG_IGN)
+    # A test's signal other than KILL and STOP waits, blocked, and is never delivered: the server stays as it was.
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     sock = socket.socket(fileno=int(sys.argv[2]))
     env = json.loads(sys.argv[3])  # the tests' (the server's own may add Matplotlib's folder)
     vm, rss = _vm()
@@ -260,10 +302,16 @@ def _main() -> None:
     sock.send(json.dumps({"threads": threads, "extra_vm": after_vm - vm, "extra_rss": after_rss - rss}).encode())
     if threads != 1:
         os._exit(1)  # a fork copies one thread of many: never served
+    for number in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:  # what a child starts with
+        with contextlib.suppress(OSError, ValueError):  # once here, so a child only unblocks them
+            signal.signal(number, _STARTED.get(number, signal.SIG_DFL))
+    exec(compile(_WARM, "<warm>", "exec"), {})  # a compile's first use in a child costs it milliseconds
+    tests = ([name for name in os.environ if name not in env],  # worked out once: each change is a call
+             {name: value for name, value in env.items() if os.environ.get(name) != value})
     gc.freeze()  # a child's collections skip what the server holds, and leave its pages shared
     request = _serve(sock)
-    path = _become(request, sock, env)
-    del request, sock, env
+    path = _become(request, sock, tests)
+    del request, sock, env, tests
     main = types.ModuleType("__main__")
     status, interrupted = _run(path, main)
     _finish(status, interrupted, main)

@@ -16,13 +16,15 @@ from nbexec.config import SandboxConfig
 from nbexec.errors import ConfigError, ProtocolError, SandboxError
 from nbexec.sandbox.source import DATA_MOUNT, PACKAGES_MOUNT
 
-from .judge import Job, ask, judged_alone, new_session, run, setup_code, shipped
+from .judge import NOT_RUN, Job, ask, judged, judged_alone, new_session, setup_code, shipped
 from .judgevalues import JudgeResult
 from .many import Outcome, Runner, Running, concurrency_or_cores, outcomes, outcomes_async
 from .session import Session
 
-RESET_SECONDS = 30.0  # a reset's own deadline (a test may have left many files): past it the sandbox is closed
-FORK_START_SECONDS = 20.0  # the fork server's start, within the reset's deadline (its warm imports)
+RESET_SECONDS = 30.0  # a reset's own deadline, on the host: past it the sandbox is closed
+REMOVE_SECONDS = 5.0  # the reset's removal of what a test left (it may have left many files), in the kernel
+FORK_START_SECONDS = 20.0  # the fork server's start (its warm imports): with the removal, within RESET_SECONDS
+FORK_TO_START = "a fork server is to start"  # judgefork.START: the reset did not start one itself
 
 
 class JudgeItem(Outcome[JudgeResult]):
@@ -102,8 +104,12 @@ class Kept:
         closed."""
         try:
             reusable = _remembered(session) if fresh else True  # else judged as in a sandbox of its own
-            result = run(session, job, batch=reusable)
-            clean = reusable and all(t.verdict != "judge_error" for t in result.tests) and _reset(session)
+            # With the last tests, a request fewer: no time there for a fork server's start (FORK_TO_START).
+            reset = f"lambda: {_reset_code(session, None)}" if reusable else ""
+            result, after = judged(session, job, batch=reusable, after=reset)
+            clean = reusable and all(t.verdict != "judge_error" for t in result.tests) and (
+                _reset(session) if after is NOT_RUN else after == [] or (
+                    after == [FORK_TO_START] and _in_kernel(session, _prepared(session)) == []))
         except BaseException:
             session.close()
             raise
@@ -154,11 +160,12 @@ def _in_kernel(session: Session, code: str, prefix: str = "") -> Any:
         return None
 
 
-def _prepared(session: Session) -> str:
-    """What starts the fork server of Python tests (`judgefork`) where no test has run since the last reset."""
+def _prepared(session: Session, seconds: float | None = FORK_START_SECONDS) -> str:
+    """What starts the fork server of Python tests (`judgefork`) where no test has run since the last reset
+    (``seconds`` None: what says whether one is to start)."""
     python = judgelangs.get("python").environment
     return (f"__nbexec_fork_ns['prepare']({list(session.config.warm_imports)!r}, "
-            f"dict(__nbexec_judge_ns['_ENV'], **{python!r}), {FORK_START_SECONDS!r}, __nbexec_judge_ns['_SPARED'])")
+            f"dict(__nbexec_judge_ns['ENV'], **{python!r}), {seconds!r}, __nbexec_judge_ns['SPARED'])")
 
 
 def _remembered(session: Session) -> bool:
@@ -174,8 +181,13 @@ def _remembered(session: Session) -> bool:
     return _in_kernel(session, code, prefix) is True
 
 
+def _reset_code(session: Session, seconds: float | None = FORK_START_SECONDS) -> str:
+    """What resets the sandbox after an item, and starts the fork server again where it changed: [] once clean."""
+    return (f"__nbexec_reset_ns['reset']({PLACES!r}, __nbexec_judge.blob, __nbexec_judge_ns['end_all'], "
+            f"{REMOVE_SECONDS!r}) or {_prepared(session, seconds)}")
+
+
 def _reset(session: Session) -> bool:
-    """After an item: True once the sandbox is as clean as `judgereset` makes it."""
-    code = (f"__nbexec_reset_ns['reset']({PLACES!r}, __nbexec_judge.blob, __nbexec_judge_ns['_end_all']) "
-            f"or {_prepared(session)}")
-    return _in_kernel(session, code) == []
+    """After an item whose tests did not run (a compile error): True once the sandbox is as clean as
+    `judgereset` makes it."""
+    return _in_kernel(session, _reset_code(session)) == []

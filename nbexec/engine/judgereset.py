@@ -10,10 +10,12 @@ are as they were. Anything it cannot undo is said. The host then closes the sand
 next item. Standard library only.
 """
 
+import errno
 import hashlib
 import os
 import resource
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ _kept: dict[str, Any] = {}  # path: what it was (see _state)
 _places_were: dict[str, Any] = {}  # place: (mode, atime_ns, mtime_ns, xattrs)
 _settings_were: dict[str, Any] = {}
 _LIMITS = sorted(name for name in dir(resource) if name.startswith("RLIMIT_"))
+_until = [0.0]  # when the reset under way must stop removing
 
 
 def _named(places: list[str]) -> list[str]:
@@ -113,9 +116,12 @@ def remember(places: list[str]) -> bool:
 
 def _remove(top: str) -> None:
     """Remove ``top`` and what is under it, without recursion (a test may nest folders deeply), giving back the
-    bits a test took off its own folders. A path past the system's length limit raises: said, not reused."""
+    bits a test took off its own folders. A path past the system's length limit raises: said, not reused. So does
+    the reset's time running out."""
     stack = [(top, False)]
     while stack:
+        if time.monotonic() > _until[0]:
+            raise TimeoutError(errno.ETIME, "the reset ran out of time")
         path, emptied = stack.pop()
         mode = os.lstat(path).st_mode
         if not stat.S_ISDIR(mode):
@@ -142,13 +148,25 @@ def _empty(place: str, left: list[str]) -> None:
         try:
             if entry.path not in _kept:
                 _remove(entry.path)
-            elif _state(entry.path) != _kept[entry.path]:
+            elif not _same(entry.path):
                 left.append(f"{entry.path}: changed")
             elif entry.is_dir(follow_symlinks=False):
                 _empty(entry.path, left)
                 _restore_place(entry.path, left)  # its times
+        except TimeoutError:
+            raise
         except OSError as exc:
             left.append(f"{entry.path}: {exc.strerror}")
+
+
+def _same(path: str) -> bool:
+    """Whether a remembered path is as it was; a file's size first, so a file swapped for a huge one is not read."""
+    was = _kept[path]
+    if len(was) == 4:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != was[2]:
+            return False
+    return bool(_state(path) == was)
 
 
 def _restore_place(place: str, left: list[str]) -> None:
@@ -215,10 +233,11 @@ def _ipc_removed(left: list[str]) -> None:
                 left.append(f"System V {kind} {ident}: {os.strerror(ctypes.get_errno())}")
 
 
-def reset(places: list[str], blob: int, end_all: Callable[[], bool]) -> list[str]:
+def reset(places: list[str], blob: int, end_all: Callable[[], bool], seconds: float = 30.0) -> list[str]:
     """Close the last item's tests (``blob``), end its processes, empty ``places`` and the kernel's home of what
-    the kernel did not have, put the places and the kernel's settings back, and remove System V objects; what is
-    left ([] once clean)."""
+    the kernel did not have (within ``seconds``), put the places and the kernel's settings back, and remove
+    System V objects; what is left ([] once clean)."""
+    _until[0] = time.monotonic() + seconds
     if blob >= 0:
         os.close(blob)
     if not end_all():
@@ -226,10 +245,14 @@ def reset(places: list[str], blob: int, end_all: Callable[[], bool]) -> list[str
     now, every = _places(places), _named(places)
     left = [f"{place} appeared" for place in now if place not in _places_were]
     left += [f"{place} is gone" for place in every if place in _places_were and place not in now]
-    for place in (place for place in now if place in _places_were):
-        _restore_place(place, left)  # its mode first: a test may have taken its write bit
-        _empty(place, left)
-        _restore_place(place, left)  # its times, which emptying changed
+    try:
+        for place in (place for place in now if place in _places_were):
+            _restore_place(place, left)  # its mode first: a test may have taken its write bit
+            _empty(place, left)
+            _restore_place(place, left)  # its times, which emptying changed
+    except TimeoutError:
+        return ["the reset ran out of time removing what the last item left"]
+    left += [f"{path}: gone" for path in _kept if not os.path.lexists(path)][:8]
     _restore_settings(left)
     _ipc_removed(left)
     return left[:8]

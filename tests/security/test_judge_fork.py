@@ -16,6 +16,7 @@ import pytest
 import nbexec
 
 from ..conftest import unaccounted_containers
+from .test_judge_reuse import SANDBOX
 
 
 @pytest.fixture
@@ -55,7 +56,8 @@ PROGRAMS = {
     "environment": ("import hashlib, os\nshown = repr(sorted(os.environ.items()))\n"
                     "print(hashlib.sha256(shown.encode()).hexdigest()[:16], shown[:100])", [], "?", None),
     "signals": ("import hashlib, signal\nshown = repr([signal.getsignal(n) for n in range(1, signal.NSIG)"
-                " if n not in (signal.SIGKILL, signal.SIGSTOP)])\n"
+                " if n not in (signal.SIGKILL, signal.SIGSTOP)] + [line for line in open('/proc/self/status')"
+                " if line.startswith(('SigBlk', 'SigIgn', 'SigCgt'))])\n"
                 "print(hashlib.sha256(shown.encode()).hexdigest()[:16], shown[:100])", [], "?", None),
     "own-process": ("import os, resource\nos.close(os.open('/proc/self/mem', os.O_RDONLY))\n"
                     "print(sorted(os.listdir('/proc/self/fd')), os.getsid(0) == os.getpid(),"
@@ -119,12 +121,14 @@ def test_python_tests_of_a_batch_are_forked_from_a_warm_server(warm: nbexec.Sand
 # A forked test's address space limit is the test's plus what the warm server holds: only its floor is shown. A diff
 # shows one line, cut short: a digest of the whole, and its start.
 SHOW = """
-import hashlib, os, resource
+import ctypes, hashlib, os, resource
 limits = [resource.getrlimit(getattr(resource, name)) for name in sorted(dir(resource))
           if name.startswith('RLIMIT_') and name != 'RLIMIT_AS']
 space = resource.getrlimit(resource.RLIMIT_AS)[0] >= 512 * 1024**2
+timer = ctypes.c_void_p()  # a POSIX timer takes a pending signal of the user's quota
+timers = ctypes.CDLL(None).timer_create(1, None, ctypes.byref(timer)) == 0
 shown = repr([os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)), space,
-              limits])
+              timers, limits])
 print(hashlib.sha256(shown.encode()).hexdigest()[:16], shown[:80])
 """
 ATTACKS = {
@@ -136,6 +140,9 @@ ATTACKS = {
     "signals": "import signal, time\nfor number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,"
                " signal.SIGPIPE, signal.SIGALRM, signal.SIGCONT):\n    os.kill(os.getppid(), number)\n"
                "time.sleep(0.2)",
+    # Signals the server blocks wait: queued until the user's quota is full, every later timer would fail.
+    "queued-signals": "import ctypes, signal\nlibc = ctypes.CDLL(None)\nos.kill(os.getppid(), signal.SIGUSR1)\n"
+                      "while libc.sigqueue(os.getppid(), signal.SIGRTMIN + 3, 0) == 0:\n    pass",
     "kill": "os.kill(os.getppid(), 9)",
     "stop": "import signal\nos.kill(os.getppid(), signal.SIGSTOP)",
     "stop-late": "import signal, time\nserver = os.getppid()\nif os.fork() == 0:\n    time.sleep(0.05)\n"
@@ -172,8 +179,23 @@ def test_an_attack_on_the_fork_server_does_not_reach_a_later_test(warm: nbexec.S
     assert not unaccounted_containers()
 
 
-def test_a_signal_the_server_ignores_leaves_it_in_place(warm: nbexec.SandboxConfig) -> None:
-    """Ignored signals do not cost a new server; a changed limit does (each test prints its parent)."""
+def test_a_replaced_server_is_started_again_in_the_same_sandbox(warm: nbexec.SandboxConfig) -> None:
+    """A test that changes the server costs that program's later tests their server; the reset (in the request of
+    the last tests) leaves the start of a new one to a request of its own, and the next program is forked again."""
+    replace = ("import os, resource\nsoft, hard = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)\n"
+               "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (soft - 1, hard))\n")
+    show = SANDBOX + "import os\nprint(sandbox[0], b' -c ' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read())"
+    items = sorted(nbexec.judge_many([{"program": replace + show.replace("import os\n", ""),
+                                       "tests": [{"expected": "?"}] * 2},
+                                      {"program": show, "tests": [{"expected": "?"}] * 2}],
+                                     concurrency=1, reuse="batch", config=warm), key=lambda item: item.index)
+    shown = [[test.diff.split("got ", 1)[1].strip("'") for test in item.result.tests] for item in items if item.result]
+    sandbox = shown[0][0].split()[0]
+    assert shown == [[f"{sandbox} True", f"{sandbox} False"], [f"{sandbox} True"] * 2], shown
+
+
+def test_a_signal_the_server_blocks_leaves_it_in_place(warm: nbexec.SandboxConfig) -> None:
+    """Blocked signals do not cost a new server; a changed limit does (each test prints its parent)."""
     def parents(attack: str) -> list[str]:
         program = (f"import os, resource, signal\nif int(input()) == 0:\n    {attack}\n"
                    "print(os.getppid())")
@@ -267,6 +289,8 @@ elif step == 1 and os.fork() == 0:
             time.sleep(0.001)
     threading.Thread(target=lurk).start()
     ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: only this first thread ends
+elif step == 1:
+    time.sleep(0.3)  # the test ends once the lurker's first thread has (the sweep then sees a zombie leader)
 elif step >= 2:
     ctypes.CDLL(None).ptrace(0, 0, None, None)  # PTRACE_TRACEME: the server is its tracer
     os.kill(os.getpid(), signal.SIGSTOP)

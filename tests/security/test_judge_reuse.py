@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import nbexec
+from nbexec.engine import judgemany
 
 from ..conftest import unaccounted_containers
 
@@ -103,7 +104,10 @@ def test_the_next_item_finds_nothing_the_last_one_left(config: nbexec.SandboxCon
     KERNEL + "os.kill(kernel, 9)",  # the kernel that runs the tests: the item is judge_error
     # a folder deeper than a path may name: the reset cannot reach it
     "os.chdir('/tmp')\nfor _ in range(24):\n    os.mkdir('d' * 250)\n    os.chdir('d' * 250)\nopen('x', 'w')",
-], ids=["kernel-killed", "past-path-max"])
+    # the kernel's own files removed (its Matplotlib settings, IPython's): a fresh sandbox has them
+    "for root, _, names in [*os.walk('/home/sandbox'), *os.walk('/home/user')]:\n    for name in names:\n"
+    "        attempt(os.unlink, os.path.join(root, name))",
+], ids=["kernel-killed", "past-path-max", "kernel-files-removed"])
 def test_a_sandbox_the_reset_cannot_clean_is_not_handed_on(config: nbexec.SandboxConfig, left: str) -> None:
     items = _batch(PLANT + left + "\n", FIND, config=config)
     assert items[0].result is not None and items[1].result is not None
@@ -113,6 +117,21 @@ def test_a_sandbox_the_reset_cannot_clean_is_not_handed_on(config: nbexec.Sandbo
         assert _where(items[0])[0] != _where(items[1])[0], "a sandbox the reset could not clean was handed on"
     fresh = _where(nbexec.judge(FIND, [{"expected": "?"}], config=config))[1:]
     assert _where(items[1])[1:] == fresh
+
+
+@pytest.mark.parametrize("tests", [1, 3], ids=["reset-with-the-setup", "reset-with-the-last-tests"])
+def test_a_reset_out_of_time_keeps_the_verdicts_and_hands_nothing_on(config: nbexec.SandboxConfig, tests: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reset runs in the request of the last tests, within its own time: past it (here at once, as after a
+    test that left very many files) the verdicts stand and the next item gets another sandbox."""
+    monkeypatch.setattr(judgemany, "REMOVE_SECONDS", 0.0)
+    plant = WHERE + "open('/tmp/left', 'w').write('x')\n"
+    submissions = [{"program": program, "tests": [{"expected": "?"}] * tests} for program in (plant, WHERE)]
+    items = sorted(nbexec.judge_many(submissions, concurrency=1, reuse="batch", config=config),
+                   key=lambda item: item.index)
+    assert items[0].result is not None and items[0].result.mode == "batch"
+    assert [test.verdict for test in items[0].result.tests] == ["wrong_answer"] * tests
+    assert _where(items[0])[0] != _where(items[1])[0], "a sandbox the reset did not finish was handed on"
 
 
 def test_sandboxes_are_shared_within_one_call_only(config: nbexec.SandboxConfig) -> None:
