@@ -79,6 +79,15 @@ def _ioprio(tid: int, value: int | None = None) -> int:
     return int(libc.syscall(252, 1, tid) if value is None else libc.syscall(251, 1, tid, value))  # WHO_PROCESS
 
 
+def _sched(tid: int) -> bytes:
+    """sched_getattr (x86-64's 315): the policy's parameters and utilization clamps a same-user test can lower."""
+    import ctypes
+    if os.uname().machine != "x86_64":
+        return b""
+    attr = ctypes.create_string_buffer(56)
+    return attr.raw if ctypes.CDLL(None, use_errno=True).syscall(315, tid, attr, 56, 0) == 0 else b"?"
+
+
 def _settings(tid: int) -> dict[str, Any]:
     """The settings of one of the kernel's threads that its children inherit."""
     found: dict[str, Any] = {name: resource.getrlimit(getattr(resource, name)) for name in _LIMITS}
@@ -86,6 +95,7 @@ def _settings(tid: int) -> dict[str, Any]:
     found["policy"] = os.sched_getscheduler(tid)
     found["affinity"] = sorted(os.sched_getaffinity(tid))
     found["ioprio"] = _ioprio(tid)
+    found["sched"] = _sched(tid)
     found["oom"] = _oom()
     return found
 
@@ -211,6 +221,8 @@ def _restore_settings(left: list[str]) -> None:
                 os.setpriority(os.PRIO_PROCESS, tid, were["nice"])
             if _ioprio(tid) != were["ioprio"] and _ioprio(tid, were["ioprio"]) != 0:
                 left.append(f"the kernel's I/O priority (thread {tid}) could not be put back")
+            if _sched(tid) != were["sched"]:  # after the policy and nice: what is left is a clamp, not put back
+                left.append(f"the kernel's scheduling attributes (thread {tid}) changed")
         except OSError as exc:
             left.append(f"the kernel's scheduling (thread {tid}): {exc.strerror}")
     if _oom() != were["oom"]:

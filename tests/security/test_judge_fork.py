@@ -8,12 +8,17 @@ and the next program in the same sandbox, must see what a fresh sandbox shows.""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import nbexec
+from nbexec.engine.judge import shipped
 
 from ..conftest import unaccounted_containers
 from .test_judge_reuse import SANDBOX
@@ -159,6 +164,9 @@ ATTACKS = {
 }
 
 
+SEEN_BEFORE_A_TEST = ("limits", "schedule", "signals", "queued-signals")
+
+
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_an_attack_on_the_fork_server_does_not_reach_a_later_test(warm: nbexec.SandboxConfig, attack: str) -> None:
     shown = nbexec.judge(SHOW, [{"expected": "?"}], config=warm).tests[0].diff
@@ -175,6 +183,8 @@ def test_an_attack_on_the_fork_server_does_not_reach_a_later_test(warm: nbexec.S
     assert first is not None and second is not None, (items[0].error, items[1].error)
     for test in (*first.tests[1:], *second.tests):  # judge_error: the program was not judged further
         assert test.verdict == "judge_error" or test.diff.split("got ", 1)[1] == want, (attack, test)
+    if attack in SEEN_BEFORE_A_TEST:  # the kernel's check replaces the server: the later tests are judged
+        assert [test.verdict for test in first.tests[1:]] == ["wrong_answer"] * 2, first.tests
     assert [test.verdict for test in second.tests] == ["wrong_answer"] * 2, second.tests
     assert not unaccounted_containers()
 
@@ -192,6 +202,49 @@ def test_a_replaced_server_is_started_again_in_the_same_sandbox(warm: nbexec.San
     shown = [[test.diff.split("got ", 1)[1].strip("'") for test in item.result.tests] for item in items if item.result]
     sandbox = shown[0][0].split()[0]
     assert shown == [[f"{sandbox} True", f"{sandbox} False"], [f"{sandbox} True"] * 2], shown
+
+
+def test_signals_sent_to_the_server_after_a_test_never_reach_the_next_program(warm: nbexec.SandboxConfig) -> None:
+    """A process the test left signals the server until the sweep ends it, after the server took those waiting at
+    the test's end (a second reader's attack): the next program's test finds none waiting in its parent."""
+    left = ("import os, signal\nserver = os.getppid()\nif os.fork() == 0:\n    os.setsid()\n    while True:\n"
+            "        os.kill(server, signal.SIGCHLD)\n")
+    look = "import os\nprint(open(f'/proc/{os.getppid()}/status').read().split('ShdPnd:')[1].split()[0])"
+    items = sorted(nbexec.judge_many([{"program": left, "tests": [{"expected": None}]},
+                                      {"program": look, "tests": [{"expected": "?"}]}],
+                                     concurrency=1, reuse="batch", config=warm), key=lambda item: item.index)
+    assert items[1].result is not None and items[1].result.mode == "batch", items[1].error
+    assert items[1].result.tests[0].diff.split("got ", 1)[1] == "'0000000000000000'", items[1].result.tests
+
+
+def test_signals_waiting_when_a_test_is_asked_for_are_taken_before_the_fork(tmp_path: Path) -> None:
+    """The server, driven on this host as the kernel drives it, with signals sent between two tests and no check
+    of them by the kernel (gVisor shows none in /proc): the second test finds none waiting in its parent."""
+    source = shipped("judgefork.py")
+    namespace: dict[str, Any] = {"__name__": "nbexec_judge_fork"}
+    exec(compile(source, "<nbexec-judge-fork>", "exec"), namespace)
+    (tmp_path / "main.py").write_text("import os\nprint(open(f'/proc/{os.getppid()}/status').read()"
+                                      ".split('ShdPnd:')[1].split()[0])")
+    server = namespace["Zygote"](source, [], {"PATH": os.environ["PATH"]}, time.monotonic() + 20)
+
+    def test() -> bytes:
+        stdin, (out, out_end), (err, err_end) = os.open(os.devnull, os.O_RDONLY), os.pipe(), os.pipe()
+        server.start(["main.py"], str(tmp_path), (stdin, out_end, err_end), {"memory": 0, "time": 5, "fsize": 1 << 20})
+        for fd in (stdin, out_end, err_end):
+            os.close(fd)
+        assert server.ended() is not None
+        shown = os.read(out, 100).strip()
+        os.close(out)
+        os.close(err)
+        return shown
+
+    try:
+        test()
+        for number in (signal.SIGUSR1, signal.SIGHUP, signal.SIGRTMIN + 3):
+            os.kill(server.pid, number)
+        assert test() == b"0000000000000000"
+    finally:
+        server.close()
 
 
 def test_a_signal_the_server_blocks_leaves_it_in_place(warm: nbexec.SandboxConfig) -> None:

@@ -260,6 +260,28 @@ def test_the_kernels_scheduling_a_submission_set_does_not_reach_the_next(cold_co
     assert _where(items[1])[1:] == _fresh(SHOW_SCHEDULE, cold_config)
 
 
+# sched_setattr on the kernel: a custom time slice (Linux 6.12 on), or utilization clamps where the kernel has
+# them, which later tests inherit and the reset cannot put back.
+SLICE_KERNEL = WHERE + """
+import ctypes, os, struct
+""" + KERNEL + """
+attr = ctypes.create_string_buffer(struct.pack('IIQiIQQQII', 56, 0, 0, 0, 0, 3_000_000, 0, 0, 0, 0), 56)
+ctypes.CDLL(None).syscall(314, kernel, attr, 0)  # sched_setattr: SCHED_OTHER with a 3 ms slice
+""" + REPLACE_SERVER
+SHOW_SLICE = WHERE.replace("print(*sandbox)", "") + """
+import ctypes, struct
+attr = ctypes.create_string_buffer(56)
+ctypes.CDLL(None).syscall(315, 0, attr, 56, 0)  # sched_getattr
+print(*sandbox, struct.unpack('IIQiIQQQII', attr.raw)[5])
+"""
+
+
+def test_the_kernels_time_slice_a_submission_set_does_not_reach_the_next(cold_config: nbexec.SandboxConfig) -> None:
+    """A slice or clamp set with sched_setattr is not put back: that sandbox is closed."""
+    items = _judged(_shown(SLICE_KERNEL), _shown(SHOW_SLICE), config=cold_config)
+    assert _where(items[1])[1:] == _fresh(SHOW_SLICE, cold_config)
+
+
 # The places themselves: the reset empties them but keeps their own inode, with its extended attributes (user.*
 # on ext4 and tmpfs: kilobytes each), its mode and its times.
 MARK_PLACES = WHERE + """
