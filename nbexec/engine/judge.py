@@ -121,15 +121,10 @@ def judged(session: Session, job: Job, batch: bool = False, after: str = "") -> 
     chunks = _Chunks(sandbox, job, deadline, after)
     why = ("the sandbox did not answer while the program was prepared (its compile, within the program's limit) "
            "or its first test ran: its kernel died or was stopped (the program may have killed it)")
-    try:
-        answer = ask(sandbox, f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds, warm)!r})\n"
-                              f"__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'], {fork}, "
-                              f"{chunks.request(0, seconds)})",
-                     "" if batch else setup_code(), chunks.deadline(0))
-    except ProtocolError as exc:  # as for any request of tests: the first one ran in this one
-        answer, why = None, f"the sandbox answered out of protocol: {exc}"
-    except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel)
-        answer, why = None, str(exc)
+    code = (f"__nbexec_judge = __nbexec_judge_ns['Judge']({_plan(folder, job, seconds, warm)!r})\n"
+            f"__nbexec_report = __nbexec_judge.setup(__nbexec_init_ns['seal_init'], {fork}, "
+            f"{chunks.request(0, seconds)})")
+    answer, why = _asked(sandbox, code, "" if batch else setup_code(), chunks.deadline(0), why)  # runs test 0 too
     if not isinstance(answer, dict):  # the kernel died or stopped: data, not an exception
         return JudgeResult(job.language.name, tuple(TestResult(i, "judge_error", message=why)
                                                     for i in range(len(job.tests)))), NOT_RUN
@@ -182,12 +177,7 @@ class _Chunks:
             if answer is None:
                 left = max(0.0, self.end - time.monotonic())
                 code = f"__nbexec_report = __nbexec_judge.run(*{self.request(first, left)})"
-                try:
-                    answer = ask(self.sandbox, code, "", self.deadline(first))
-                except ProtocolError as exc:
-                    why = f"the sandbox answered out of protocol: {exc}"
-                except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel)
-                    why = str(exc)
+                answer, why = _asked(self.sandbox, code, "", self.deadline(first), why)
             records = answer.get("records") if isinstance(answer, dict) else None
             if not isinstance(records, list) or len(records) > last - first:
                 records = []
@@ -202,6 +192,16 @@ class _Chunks:
                 yield from (TestResult(i, "judge_error", message=why) for i in range(done, self.total))
                 return
             first, answer = last, None
+
+
+def _asked(sandbox: SandboxHandle, code: str, prefix: str, deadline: float, why: str) -> tuple[Any, str]:
+    """ask() for a request that runs tests: its answer, or None and why (``why`` when the kernel did not answer)."""
+    try:
+        return ask(sandbox, code, prefix, deadline), why
+    except ProtocolError as exc:
+        return None, f"the sandbox answered out of protocol: {exc}"
+    except SandboxError as exc:  # the runner was interrupted (a test can signal the kernel)
+        return None, str(exc)
 
 
 def _record(index: int, record: Any) -> TestResult:
