@@ -12,6 +12,7 @@ from .engine.options import BatchOptions, ExecuteOptions, RestoreOptions, Sessio
 from .engine.session import Session
 from .errors import (
     CellTooLargeError,
+    ClusterFullError,
     ConfigError,
     DiskSpaceError,
     DockerError,
@@ -60,6 +61,7 @@ __all__ = [
     "BatchOptions",
     "CellError",
     "CellTooLargeError",
+    "ClusterFullError",
     "Collection",
     "Comparison",
     "ConfigError",

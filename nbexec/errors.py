@@ -149,6 +149,15 @@ class NodeUnavailableError(NodeError):
     """No node answered; the call never reached one, so nothing ran."""
 
 
+class ClusterFullError(NodeUnavailableError):
+    """Every node holds as many of this caller's sandboxes as it takes; nothing ran. Retry after
+    ``retry_after`` seconds, or once a sandbox of yours is released."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class NodeLostError(NodeError):
     """The node was lost while it ran the call. The code may have run, so it is not retried."""
 

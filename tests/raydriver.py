@@ -1,7 +1,7 @@
 """A Ray driver for tests/test_ray.py, run INSIDE the test cluster's network namespace (`raynodes.RayCluster`):
 one scenario per call, its findings printed as one JSON line. It judges nothing itself; the test asserts.
 
-    raydriver.py oneshot | session | batch | hostile | kill VICTIM
+    raydriver.py oneshot | session | batch | hostile | full | kill VICTIM
 """
 
 from __future__ import annotations
@@ -105,6 +105,33 @@ def batch(tmp: Path) -> dict[str, Any]:
             "local_seconds": local_s, "local_ok": all(item.ok for item in local)}
 
 
+def full(tmp: Path) -> dict[str, Any]:
+    """A driver's source that may hold one sandbox per node: three sessions fill the cluster, a fourth is refused
+    (what it raises, and whether a fourth sandbox appeared anywhere), and one closed makes room again."""
+    source = RaySource(per_node=1)
+    config = CONFIG.replace(source="local")  # the config sent to the agents; the source is this one
+    handles = [source.acquire(config, purpose="session") for _ in range(3)]
+    nodes = sorted(source.agents[h.ray_node].name for h in handles)  # type: ignore[attr-defined]
+    retry_after = None
+    try:
+        source.acquire(config, purpose="session")
+        refused = "none"
+    except NbexecError as exc:
+        refused = f"{type(exc).__name__}: {exc}"
+        retry_after = getattr(exc, "retry_after", None)
+    counts = {a.name: len(a.call("held", source.owner, timeout=30, cap=65536, what="list"))
+              for a in source.agents.values()}
+    source.release(handles.pop(), wait=True)
+    again = source.acquire(config, purpose="session")
+    handles.append(again)
+    for handle in handles:
+        source.release(handle, wait=True)
+    left = {a.name: a.call("held", source.owner, timeout=30, cap=65536, what="list") for a in source.agents.values()}
+    source.close()
+    return {"nodes": nodes, "refused": refused, "retry_after": retry_after, "counts": counts,
+            "again": source.agents[again.ray_node].name, "left": left}  # type: ignore[attr-defined]
+
+
 def kill(tmp: Path, victim: str) -> dict[str, Any]:
     before = pids()
     sessions = []
@@ -184,7 +211,7 @@ def hostile(tmp: Path) -> dict[str, Any]:
 def main() -> None:
     scenario, args = sys.argv[1], sys.argv[2:]
     tmp = Path(os.environ.get("NBEXEC_RAY_TMP", "/tmp"))
-    scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile}
+    scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile, "full": full}
     found = kill(tmp, args[0]) if scenario == "kill" else scenarios[scenario](tmp)
     RaySource.from_env().close()
     print(json.dumps(found, default=str))

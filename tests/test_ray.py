@@ -13,6 +13,7 @@ why, where a namespace cannot be made.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +22,15 @@ from typing import Any
 import pytest
 
 import nbexec
-from nbexec.errors import NodeLostError, ProtocolError, SessionLostError
+from nbexec.errors import NbexecError, NodeLostError, ProtocolError, SessionLimitError, SessionLostError
 from nbexec.files import artifacts
 from nbexec.files.folders import OutputFolder, make_output_dir
 from nbexec.sandbox.fake import FakeSource
 from nbexec.sandbox.messages import Message
+from nbexec.sandbox.ray import source as raysource
 from nbexec.sandbox.ray.agent import NodeAgent
 from nbexec.sandbox.ray.handle import RayHandle
+from nbexec.sandbox.ray.source import RaySource
 
 from . import raynodes
 from .conftest import IMAGE
@@ -120,6 +123,112 @@ def test_an_answer_of_another_shape_is_refused(agent: raynodes.InProcess) -> Non
         handle.state()
 
 
+# -- back-pressure: a node's limit, a full cluster ---------------------------------------------------------------
+
+class _Slow(FakeSource):
+    """A fake source whose sandboxes take until ``go`` is set to make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked, self.go = threading.Event(), threading.Event()
+
+    def acquire(self, config: nbexec.SandboxConfig, *, purpose: str, claim: str = "") -> Any:
+        self.asked.set()
+        assert self.go.wait(10)
+        return super().acquire(config, purpose=purpose, claim=claim)
+
+
+def test_an_agent_refuses_a_sandbox_past_its_limit_before_making_it() -> None:
+    inner = NodeAgent("node_x", limit=2)
+    fake = inner.source = FakeSource()
+    agent = raynodes.InProcess(inner)
+    first, second = _handle(agent), _handle(agent)
+    with pytest.raises(SessionLimitError, match="node node_x holds 2 sandboxes"):
+        _handle(agent)
+    assert len(fake.live) == 2  # refused before the source was asked
+    assert agent.call("capacity", CONFIG, timeout=5, cap=4096, what="say")["limit"] == 2
+    first.destroy()
+    third = _handle(agent)  # room again
+    for handle in (second, third):
+        handle.destroy()
+    assert not fake.live and not inner.handles
+
+
+def test_a_sandbox_being_made_counts_against_the_limit() -> None:
+    """Two calls at once on a node with room for one: the second is refused while the first is still made."""
+    inner = NodeAgent("node_x", limit=1)
+    slow = inner.source = _Slow()
+    agent = raynodes.InProcess(inner)
+    made: list[RayHandle] = []
+    first = threading.Thread(target=lambda: made.append(_handle(agent)))
+    first.start()
+    assert slow.asked.wait(10)
+    try:
+        with pytest.raises(SessionLimitError):
+            _handle(agent)
+    finally:
+        slow.go.set()
+        first.join(10)
+    assert len(made) == 1 and len(slow.live) == 1
+    made[0].destroy()
+
+
+def _full_source(monkeypatch: pytest.MonkeyPatch, agents: list[raynodes.InProcess]) -> RaySource:
+    source = RaySource(per_node=1)
+    monkeypatch.setattr(source, "candidates", lambda config: [(a.name, a) for a in agents])
+    return source
+
+
+def test_a_cluster_whose_every_node_is_at_its_limit_raises_a_retryable_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = [NodeAgent(name, limit=1) for name in ("node_a", "node_b")]
+    for inner in nodes:
+        inner.source = FakeSource()
+    agents = [raynodes.InProcess(inner, inner.name) for inner in nodes]
+    source = _full_source(monkeypatch, agents)
+    held = [source.acquire(CONFIG, purpose="session") for _ in nodes]
+    with pytest.raises(nbexec.ClusterFullError, match="node_a, node_b") as caught:
+        source.acquire(CONFIG, purpose="session")
+    assert isinstance(caught.value, nbexec.NodeUnavailableError) and caught.value.retry_after == 5
+    assert sum(len(inner.handles) for inner in nodes) == 2  # nothing was made for the refused call
+    source.release(held[0], wait=True)
+    held.append(source.acquire(CONFIG, purpose="session"))  # a released sandbox makes room
+    for handle in held[1:]:
+        source.release(handle, wait=True)
+
+
+def test_a_node_full_and_a_node_failing_is_not_called_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full means every node asked was at its limit: a node that failed otherwise gives its own error."""
+    full, broken = NodeAgent("node_a", limit=1), NodeAgent("node_b")
+    full.source = FakeSource()
+    broken.source = FakeSource()
+    broken.acquire = lambda *a: {"error": "DockerError", "detail": "the engine is down"}  # type: ignore[method-assign]
+    source = _full_source(monkeypatch, [raynodes.InProcess(full, "node_a"), raynodes.InProcess(broken, "node_b")])
+    held = source.acquire(CONFIG, purpose="session")
+    with pytest.raises(NbexecError, match="the engine is down") as caught:
+        source.acquire(CONFIG, purpose="session")
+    assert not isinstance(caught.value, nbexec.ClusterFullError)
+    source.release(held, wait=True)
+
+
+@pytest.mark.parametrize(("resources", "per_node", "limit"), [
+    ({"CPU": 2.0}, None, 8), ({"CPU": 2.0, "nbexec_sandboxes": 3.0}, None, 3), ({"CPU": 2.0}, 1, 1),
+    ({}, None, 4), ({"CPU": 0.5}, None, 4), ({"nbexec_sandboxes": 0.0, "CPU": 1.0}, None, 4), ({"CPU": 2.0}, 0, 1),
+])
+def test_a_nodes_limit_comes_from_its_resources(resources: dict[str, float], per_node: int | None,
+                                                limit: int) -> None:
+    assert raysource.node_limit({"Resources": resources}, per_node) == limit
+    assert raysource.node_name({"Resources": {**resources, "node_a": 1.0}}) == "node_a"  # never the limit's name
+
+
+def test_a_full_cluster_is_503_with_retry_after_over_http() -> None:
+    from nbexec.service.runs import http_error
+
+    full = http_error(nbexec.ClusterFullError("every node ... (node_a)", 5.0))
+    assert (full.status_code, full.headers) == (503, {"Retry-After": "5"}) and "node_a" in full.detail
+    down = http_error(nbexec.NodeUnavailableError("no node answers: node_a: http://10.1.2.3:8000 refused"))
+    assert (down.status_code, down.headers) == (503, {"Retry-After": "5"}) and "10.1.2.3" not in down.detail
+
+
 # -- on a real Ray cluster (Docker tier) -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -170,6 +279,15 @@ def test_the_seam_conformance_suite_passes_on_ray(ray_cluster: raynodes.RayClust
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
     print("\nconformance on Ray:", done.stdout.strip().splitlines()[-1])
+
+
+def test_a_full_cluster_refuses_with_a_retryable_error_and_takes_the_next_once_one_is_released(
+        ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("full")
+    assert found["nodes"] == sorted(raynodes.NODES), found  # one each: the limit spread them
+    assert found["refused"].startswith("ClusterFullError") and found["retry_after"] == 5, found
+    assert set(found["counts"].values()) == {1}, found["counts"]  # nothing made for the refused call
+    assert found["again"] in raynodes.NODES and not any(found["left"].values()), found
 
 
 def test_a_killed_node_fails_by_name_while_the_others_answer(ray_cluster: raynodes.RayCluster) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -18,12 +19,14 @@ from nbexec.config import SandboxConfig
 from nbexec.engine.session import Session
 from nbexec.errors import (
     CellTooLargeError,
+    ClusterFullError,
     ConfigError,
     DiskSpaceError,
     DockerError,
     FileTooLargeError,
     FileTransferError,
     NbexecError,
+    NodeUnavailableError,
     NotOfferedError,
     SessionError,
     ShuttingDownError,
@@ -78,6 +81,12 @@ def http_error(exc: NbexecError) -> HTTPException:
         return HTTPException(409, str(exc))
     if isinstance(exc, DockerError):
         return HTTPException(503, "the sandbox engine failed; try again later")
+    if isinstance(exc, ClusterFullError):  # nothing ran; a retry may succeed (its text names nodes alone)
+        return HTTPException(503, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+    if isinstance(exc, NodeUnavailableError):  # nothing ran; its text may hold the nodes' addresses: the log has it
+        log.warning("no node could take a call: %s", exc)
+        return HTTPException(503, "no node of this server's cluster can take the call now; try again later",
+                             headers={"Retry-After": "5"})
     return HTTPException(500, "nbexec failed to run this; see the server's log")
 
 

@@ -11,6 +11,9 @@ and a Ray cluster is one trust domain (anyone who can call an actor can run code
 Tenancy: each driver's source makes its own agents (unnamed actors, never adopted by name), and every call about
 a sandbox or an open file names its owner (the source's random token): another owner's sandbox is answered as
 one that does not exist, and `held` lists only the caller's.
+
+Back-pressure: an agent holds at most ``limit`` sandboxes (the driver's cap on this node, `source.node_limit`).
+Past it, `acquire` answers SessionLimitError before any sandbox is made, and the driver asks the next node.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbexec.config import SandboxConfig
-from nbexec.errors import DiskSpaceError, NbexecError, ProtocolError, SandboxError
+from nbexec.errors import DiskSpaceError, NbexecError, ProtocolError, SandboxError, SessionLimitError
 from nbexec.files import artifacts, transfer
 from nbexec.sandbox.docker.local import LocalSource
 from nbexec.sandbox.messages import Message
@@ -75,9 +78,10 @@ class NodeAgent:
     """The sandboxes of one node (see the module docstring). Thread-safe: the actor runs calls concurrently, so
     an interrupt reaches a sandbox while its run waits."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, limit: int = 1 << 30) -> None:
+        self.name, self.limit = name, max(1, int(limit))
         self.source: SandboxSource = LocalSource()
+        self.making = 0  # sandboxes being made: counted against the limit before they exist
         self.handles: dict[str, SandboxHandle] = {}
         self.owners: dict[str, str] = {}  # sandbox id -> the driver's source that made it (`close` is per owner)
         self.streams: dict[str, transfer.FileChunks] = {}
@@ -115,7 +119,7 @@ class NodeAgent:
             ready = self.source.capacity(_local(config))
             with self.lock:
                 held = len(self.handles)
-            return {"node": self.name, "held": held, "ready": ready.ready, "size": ready.size}
+            return {"node": self.name, "held": held, "ready": ready.ready, "size": ready.size, "limit": self.limit}
         return self._answer(work)
 
     def held(self, owner: str) -> dict[str, Any]:
@@ -128,7 +132,15 @@ class NodeAgent:
         def work() -> dict[str, Any]:
             if not isinstance(owner, str) or not owner:
                 raise SandboxError("a sandbox needs its owner")
-            handle = self.source.acquire(_local(config), purpose=purpose)
+            with self.lock:
+                if len(self.handles) + self.making >= self.limit:
+                    raise SessionLimitError(f"node {self.name} holds {self.limit} sandboxes, its limit")
+                self.making += 1
+            try:
+                handle = self.source.acquire(_local(config), purpose=purpose)
+            finally:
+                with self.lock:
+                    self.making -= 1
             sandbox = secrets.token_hex(16)
             with self.lock:
                 self.handles[sandbox] = handle

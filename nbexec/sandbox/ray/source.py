@@ -9,6 +9,10 @@ sandbox goes to the node with the most free capacity (each agent asked, within P
 nodes are: `nbexec.sandbox.remote.nodes.rank`); a node that fails to answer or to make it is left alone a while
 and the next is asked (no code ran yet). Once a sandbox is held, its node is never swapped. Nothing of this host
 is mounted on a node (``mounts_host_folders`` is False: a config with ``input_dir`` is refused).
+
+Back-pressure: this source holds at most `node_limit` sandboxes on a node (the node's ``nbexec_sandboxes`` Ray
+resource, else four per CPU it declares; ``per_node`` overrides both). When every node is at its limit, `acquire`
+raises ClusterFullError, a NodeUnavailableError: nothing ran, and a retry later may succeed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nbexec.config import SandboxConfig
 from nbexec.errors import (
+    ClusterFullError,
     ConfigError,
     NbexecError,
     NodeLostError,
@@ -48,6 +53,9 @@ ACQUIRE_SLACK = 120.0  # seconds past startup_timeout a node may take to make a 
 CLUSTER_TIMEOUT = 30.0  # seconds to join the cluster or read its nodes from Ray's control store
 AGENT_THREADS = 64  # calls an agent runs at once (an interrupt reaches a sandbox whose run waits)
 STANDARD = {"CPU", "GPU", "memory", "object_store_memory", "accelerator_type"}
+LIMIT_RESOURCE = "nbexec_sandboxes"  # a node's Ray resource: how many sandboxes a driver may hold there
+PER_CPU = 4  # sandboxes per CPU a node declares, when it does not declare LIMIT_RESOURCE
+FULL_RETRY = 5.0  # seconds a caller of a full cluster is told to wait
 
 
 class RaySource(SandboxSource):
@@ -56,12 +64,13 @@ class RaySource(SandboxSource):
     backend = "ray"
     mounts_host_folders = False
 
-    def __init__(self, address: str = "auto", namespace: str = "nbexec") -> None:
-        self.address, self.namespace = address, namespace
+    def __init__(self, address: str = "auto", namespace: str = "nbexec", per_node: int | None = None) -> None:
+        self.address, self.namespace, self.per_node = address, namespace, per_node
         self.owner = secrets.token_hex(16)  # what the agents file this source's sandboxes under
         self.agents: dict[str, Agent] = {}  # by Ray node id
         self.health: dict[str, Health] = {}
         self.inflight: dict[str, int] = {}
+        self.limits: dict[str, int] = {}  # by Ray node id: the sandboxes this source may hold there
         self._lock = threading.Lock()
         self._joining = threading.Lock()  # one thread at a time joins the cluster and makes agents
         self._pool = ThreadPoolExecutor(16, thread_name_prefix="nbexec-ray")  # probes, new agents, teardowns
@@ -116,6 +125,8 @@ class RaySource(SandboxSource):
             resting = {i for i, h in self.health.items() if not h.due()}
         # each started at once (a worker each to boot); a node whose agent failed is left alone for its backoff
         new = [n for n in alive if str(n["NodeID"]) not in known and str(n["NodeID"]) not in resting]
+        with self._lock:
+            self.limits.update({str(n["NodeID"]): node_limit(n, self.per_node) for n in new})
         made = self._pool.map(lambda n: (str(n["NodeID"]), self._agent(str(n["NodeID"]), node_name(n), wait)), new)
         for node_id, agent in made:
             if isinstance(agent, Agent):
@@ -134,10 +145,12 @@ class RaySource(SandboxSource):
 
     def _agent(self, node_id: str, name: str, wait: float) -> Agent | str:
         """A new agent of this source's own on the node (unnamed: never another driver's), or why not."""
+        with self._lock:
+            limit = self.limits.get(node_id, PER_CPU)
         try:
             actor = self._bounded(lambda: ray.remote(NodeAgent).options(
                 num_cpus=0, max_concurrency=AGENT_THREADS, max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(name),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(name, limit),
                 CLUSTER_TIMEOUT, f"start an agent on node {name}")
             agent = Agent(name, actor)
             agent.call("hello", timeout=wait, cap=SMALL, what="start its agent")
@@ -193,7 +206,9 @@ class RaySource(SandboxSource):
             raise ConfigError("input_dir (--mount-input) is a folder of this host, which Ray nodes cannot mount: "
                               "pass the files with files={name: bytes} or upload() instead")
         last: NbexecError | None = None
-        for node_id, agent in self.candidates(config):
+        tried = self.candidates(config)
+        full: list[str] = []
+        for node_id, agent in tried:
             self._count(node_id, 1)  # counted while it is made: acquires at the same time spread over the nodes
             made = False
             try:
@@ -202,6 +217,8 @@ class RaySource(SandboxSource):
                 handle = RayHandle(agent, answer, config, purpose, owner=self.owner)
                 made = True
             except (SessionLimitError, NotOfferedError) as exc:  # at its cap, or not offering it: the next is asked
+                if isinstance(exc, SessionLimitError):
+                    full.append(agent.name)
                 last = exc
                 continue
             except NbexecError as exc:  # Docker, its image, its disk, the agent: nothing ran; the next is asked
@@ -213,6 +230,10 @@ class RaySource(SandboxSource):
                     self._count(node_id, -1)
             handle.ray_node = node_id
             return handle
+        if full and len(full) == len(tried):
+            raise ClusterFullError(f"every node of the Ray cluster holds as many of this driver's sandboxes as it "
+                                   f"takes ({', '.join(full[:8])}); nothing ran: retry after {FULL_RETRY:g} s or "
+                                   "once a sandbox is released", FULL_RETRY)
         assert last is not None
         raise last
 
@@ -252,10 +273,24 @@ class RaySource(SandboxSource):
 def node_name(node: dict[str, Any]) -> str:
     """What errors call a node: its first custom Ray resource (``--resources '{"node_a": 1}'``), else its address
     and the start of its id."""
-    custom = sorted(k for k in (node.get("Resources") or {}) if k not in STANDARD and not k.startswith("node:"))
+    custom = sorted(k for k in (node.get("Resources") or {})
+                    if k not in STANDARD and k != LIMIT_RESOURCE and not k.startswith("node:"))
     if custom:
         return str(custom[0])[:64]
     return f"{node.get('NodeManagerAddress', '?')}/{str(node.get('NodeID', ''))[:8]}"[:64]
+
+
+def node_limit(node: dict[str, Any], per_node: int | None = None) -> int:
+    """How many sandboxes a driver may hold on ``node``: ``per_node`` if given, else the node's LIMIT_RESOURCE,
+    else PER_CPU per CPU it declares (at least one)."""
+    if per_node is not None:
+        return max(1, int(per_node))
+    resources = node.get("Resources") or {}
+    declared = resources.get(LIMIT_RESOURCE)
+    if isinstance(declared, (int, float)) and declared >= 1:
+        return int(declared)
+    cpus = resources.get("CPU")
+    return max(1, PER_CPU * int(cpus)) if isinstance(cpus, (int, float)) and cpus >= 1 else PER_CPU
 
 
 _source: RaySource | None = None
