@@ -1,13 +1,15 @@
 """A Ray driver for tests/test_ray.py, run INSIDE the test cluster's network namespace (`raynodes.RayCluster`):
 one scenario per call, its findings printed as one JSON line. It judges nothing itself; the test asserts.
 
-    raydriver.py oneshot | session | batch | hostile | full | kill VICTIM
+    raydriver.py oneshot | session | batch | hostile | full | judge | tools | stop | kill VICTIM | back NODE
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
@@ -19,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import docker
 
 import nbexec
+from nbexec import Test
 from nbexec.errors import NbexecError
 from nbexec.sandbox.docker import daemon
 from nbexec.sandbox.ray.calls import Agent
@@ -132,6 +135,41 @@ def full(tmp: Path) -> dict[str, Any]:
             "again": source.agents[again.ray_node].name, "left": left}  # type: ignore[attr-defined]
 
 
+DOUBLE = "print(2 * int(input()))"
+
+
+def judge(tmp: Path) -> dict[str, Any]:
+    """judge and judge_many on the cluster, unchanged: one program's verdicts, then three programs in both modes
+    (``reuse="batch"`` forks its tests in a sandbox reset between programs); what each node holds afterwards."""
+    tests = [Test(stdin="2", expected="4"), Test(stdin="3", expected="7"), Test(stdin="x", expected="")]
+    one = nbexec.judge(DOUBLE, tests, config=CONFIG)
+    programs = [DOUBLE, "print(int(input()) + 4)", "import sys\nsys.exit(3)"]
+    many = {}
+    for reuse in (None, "batch"):
+        items = nbexec.judge_many([{"program": p, "tests": tests[:2]} for p in programs], concurrency=2, reuse=reuse,
+                                  config=CONFIG)
+        many[str(reuse)] = sorted((i.index, [t.verdict for t in i.result.tests] if i.result else str(i.error),
+                                   i.result.mode if i.result else "") for i in items)
+    return {"one": [t.verdict for t in one.tests], "one_mode": one.mode, "many": many, "held_after": held()}
+
+
+def tools(tmp: Path) -> dict[str, Any]:
+    """The LLM tool handler, unchanged: a one-shot, then a conversation's session whose state carries over."""
+    from nbexec.integrations import toolcall
+
+    once = toolcall.run({"code": "print(2 ** 10)"}, config=CONFIG)
+    sessions = nbexec.SessionManager(CONFIG, max_sessions=2, keep_files=False)
+    try:
+        first = toolcall.run({"code": "total = 41"}, sessions=sessions, conversation="chat")
+        named = re.search(r"session_id: (\S+);", first if isinstance(first, str) else first.text)
+        second = toolcall.run({"code": "print(total + 1)", "session_id": named[1] if named else ""},
+                              sessions=sessions, conversation="chat")
+    finally:
+        sessions.close_all()
+    said = [r if isinstance(r, str) else (r.stdout, r.node) for r in (once, first, second)]
+    return {"said": said, "held_after": held()}
+
+
 def kill(tmp: Path, victim: str) -> dict[str, Any]:
     before = pids()
     sessions = []
@@ -181,6 +219,78 @@ def kill(tmp: Path, victim: str) -> dict[str, Any]:
             "survivor_containers": containers(list(survivors.values())), "agents_after": sorted(agents())}
 
 
+SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)"
+
+
+def stop(tmp: Path) -> dict[str, Any]:
+    """A user's interrupt and close() on a Ray session while a cell runs: the interrupt ends the cell and keeps
+    the kernel's state; close() returns while the cell still runs there, and the sandbox is gone."""
+    session = nbexec.Session(CONFIG)
+    session.run("x = 41")
+    ended: list[Any] = []
+
+    def long_run() -> None:
+        started = time.monotonic()
+        try:
+            result = session.run(SLEEPER)
+            said = "ok" if result.ok or result.error is None else f"{result.error.kind}:{result.error.ename}"
+            ended.append((said, result.stdout, time.monotonic() - started))
+        except Exception as exc:  # what close() makes of a run under way: the test reads it
+            ended.append((type(exc).__name__, str(exc)[:200], time.monotonic() - started))
+
+    runner = threading.Thread(target=long_run)
+    runner.start()
+    time.sleep(4)
+    session.interrupt()
+    runner.join(timeout=60)
+    interrupted = ended.pop() if ended else None
+    kept = session.run("print(x + 1)").stdout
+    node = session.run("1").node
+    runner = threading.Thread(target=long_run)
+    runner.start()
+    time.sleep(4)
+    started = time.monotonic()
+    session.close()
+    close_s = time.monotonic() - started
+    runner.join(timeout=60)
+    return {"interrupted": interrupted, "kept": kept, "node": node, "close_s": close_s,
+            "closed_run": ended.pop() if ended else None, "runner_alive": runner.is_alive(), "held_after": held()}
+
+
+def back(tmp: Path, node: str) -> dict[str, Any]:
+    """A node that dies and joins again is used again by a driver that knew it before: ``node``'s raylet is
+    killed (once the driver has an agent there), Ray starts a new node with its name, and sessions held open
+    (placement spreads them) are made until one lands on it."""
+    source = RaySource.from_env()
+    known = sorted(agents())
+    for pid in raynodes.raylets(node):
+        os.kill(pid, 9)
+    gone_at = time.monotonic() + 60
+    while node in agents() and time.monotonic() < gone_at:
+        time.sleep(1)
+    without = sorted(agents())
+    started = subprocess.run(
+        ["ray", "start", "--address", os.environ["RAY_ADDRESS"], "--node-ip-address", "127.0.0.1", "--resources",
+         json.dumps({node: 1}), "--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024),
+         "--disable-usage-stats"], capture_output=True, text=True, timeout=180)
+    sessions, landed = [], []
+    until = time.monotonic() + 120
+    while node not in landed and time.monotonic() < until and started.returncode == 0:
+        one = nbexec.Session(CONFIG)
+        sessions.append(one)
+        try:
+            landed.append(str(one.run("print('here')").node))
+        except NbexecError as exc:  # the new node still starting its agent: the test reads what happened
+            landed.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+        if len(sessions) >= 4:
+            sessions.pop(0).close()  # keep a few open: each new one goes to the freest node
+    for one in sessions:
+        one.close()
+    return {"known": known, "without": without, "started": started.returncode, "start_log": started.stderr[-1500:],
+            "landed": landed, "after": sorted(agents()), "held_after": held(),
+            "health": {source.agents[i].name: h.last_error for i, h in source.health.items() if i in source.agents}}
+
+
 def hostile(tmp: Path) -> dict[str, Any]:
     import resource
 
@@ -211,8 +321,10 @@ def hostile(tmp: Path) -> dict[str, Any]:
 def main() -> None:
     scenario, args = sys.argv[1], sys.argv[2:]
     tmp = Path(os.environ.get("NBEXEC_RAY_TMP", "/tmp"))
-    scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile, "full": full}
-    found = kill(tmp, args[0]) if scenario == "kill" else scenarios[scenario](tmp)
+    scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile, "full": full,
+                 "judge": judge, "tools": tools, "stop": stop}
+    found = kill(tmp, args[0]) if scenario == "kill" else back(tmp, args[0]) if scenario == "back" \
+        else scenarios[scenario](tmp)
     RaySource.from_env().close()
     print(json.dumps(found, default=str))
 

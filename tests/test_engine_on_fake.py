@@ -167,3 +167,18 @@ def test_a_session_on_a_backend_without_checkpoints_sleeps_by_replay(fake: Recor
         assert session.run("y = 3").ok and session.hibernate()
         assert fake.made[0].kernel is None  # slept: its kernel dropped, its files kept
         assert session.run("print(y)").restored == "replay"
+
+
+# -- judging needs hidden code -------------------------------------------------------------------------------------
+
+def test_judging_is_refused_where_hidden_code_is_not_run(fake: Recording, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote node's hidden route takes named requests only: judging there says so, before any file is sent."""
+    from nbexec.sandbox.fake import FakeSandbox
+    from nbexec.sandbox.remote.handle import RemoteHandle
+    from nbexec.sandbox.source import SandboxHandle
+
+    assert RemoteHandle.hidden_code is False and SandboxHandle.hidden_code is True
+    monkeypatch.setattr(FakeSandbox, "hidden_code", False)
+    monkeypatch.setattr(FakeSandbox, "put_file", lambda *a, **k: pytest.fail("a file was sent"))
+    with pytest.raises(nbexec.ConfigError, match="not on a remote node"):
+        nbexec.judge("print(1)", [nbexec.Test(expected="1")], config=cfg())

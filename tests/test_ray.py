@@ -290,6 +290,25 @@ def test_a_full_cluster_refuses_with_a_retryable_error_and_takes_the_next_once_o
     assert found["again"] in raynodes.NODES and not any(found["left"].values()), found
 
 
+def test_judging_runs_on_the_cluster_unchanged(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("judge")
+    assert found["one"] == ["accepted", "wrong_answer", "runtime_error"] and found["one_mode"] == "fresh", found
+    verdicts = [[0, ["accepted", "wrong_answer"]], [1, ["wrong_answer", "accepted"]],
+                [2, ["runtime_error", "runtime_error"]]]
+    assert [row[:2] for row in found["many"]["None"]] == verdicts, found["many"]
+    assert [row[:2] for row in found["many"]["batch"]] == verdicts, found["many"]
+    assert {row[2] for row in found["many"]["batch"]} == {"batch"}, found["many"]
+    assert not any(found["held_after"].values()), found
+
+
+def test_the_llm_tool_handler_runs_on_the_cluster_unchanged(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("tools")
+    once, first, second = found["said"]
+    assert once[0] == "1024\n" and once[1] in raynodes.NODES, found
+    assert second[0] == "42\n" and second[1] == first[1] in raynodes.NODES, found  # the session stayed on its node
+    assert not any(found["held_after"].values()), found
+
+
 def test_a_killed_node_fails_by_name_while_the_others_answer(ray_cluster: raynodes.RayCluster) -> None:
     found = ray_cluster.driver("kill", "node_a")
     assert found["killed"], "no raylet of node_a was found to kill"
@@ -302,6 +321,24 @@ def test_a_killed_node_fails_by_name_while_the_others_answer(ray_cluster: raynod
     assert found["survivor_containers"] == [], found["survivor_containers"]
     print(f"\nnode_a's loss reached the session {found['lost_after_s']:.1f} s after its raylet was killed")
 
+
+
+def test_an_interrupt_and_a_close_reach_a_cell_running_on_a_node(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("stop")
+    status, stdout, seconds = found["interrupted"]
+    assert status == "exception:KeyboardInterrupt" and stdout == "started\n" and seconds < 30, found  # not 60 s
+    assert found["kept"] == "42\n" and found["node"] in raynodes.NODES, found  # the kernel's state stays
+    assert found["close_s"] < 30 and not found["runner_alive"], found
+    assert found["closed_run"] is not None and found["closed_run"][2] < 40, found  # the run under way ended too
+    assert not any(found["held_after"].values()), found
+
+
+def test_a_node_that_joins_again_is_used_again_by_a_driver_that_knew_it(ray_cluster: raynodes.RayCluster) -> None:
+    found = ray_cluster.driver("back", "node_b")
+    assert "node_b" in found["known"] and "node_b" not in found["without"], found
+    assert found["started"] == 0, found["start_log"]
+    assert found["landed"][-1] == "node_b", found  # a session ran on the node that came back
+    assert "node_b" in found["after"] and not any(found["held_after"].values()), found
 
 
 def test_an_oversized_or_silent_actor_is_refused_by_size_and_deadline(ray_cluster: raynodes.RayCluster) -> None:

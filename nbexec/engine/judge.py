@@ -111,8 +111,8 @@ def judged(session: Session, job: Job, batch: bool = False, after: str = "") -> 
     config = session.config
     seconds = job.limits.program if job.limits.program is not None else config.timeout
     sandbox = session._started_handle()
-    if sandbox.node is not None:
-        raise ConfigError("judging runs in sandboxes of this host for now, not on a remote node")
+    if not sandbox.hidden_code:
+        raise ConfigError("judging runs in sandboxes of this host or of a Ray cluster for now, not on a remote node")
     folder = f".nbexec-judge-{secrets.token_hex(8)}"
     _upload(sandbox, folder, job)
     deadline = time.monotonic() + seconds  # the program's own time: a slow start or upload is not charged to it
