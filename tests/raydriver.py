@@ -1,7 +1,7 @@
 """A Ray driver for tests/test_ray.py, run INSIDE the test cluster's network namespace (`raynodes.RayCluster`):
 one scenario per call, its findings printed as one JSON line. It judges nothing itself; the test asserts.
 
-    raydriver.py oneshot | session | batch | hostile | full | judge | tools | stop | kill VICTIM | back NODE
+    raydriver.py oneshot | session | batch | hostile | full | judge | tools | stop | rewards | kill VICTIM | back NODE
 """
 
 from __future__ import annotations
@@ -257,6 +257,13 @@ def stop(tmp: Path) -> dict[str, Any]:
             "closed_run": ended.pop() if ended else None, "runner_alive": runner.is_alive(), "held_after": held()}
 
 
+def rewards(tmp: Path) -> dict[str, Any]:
+    """examples/ray_rewards.py as a trainer would run it: reward actors judging and keeping sessions."""
+    from examples import ray_rewards
+
+    return ray_rewards.main()
+
+
 def back(tmp: Path, node: str) -> dict[str, Any]:
     """A node that dies and joins again is used again by a driver that knew it before: ``node``'s raylet is
     killed (once the driver has an agent there), Ray starts a new node with its name, and sessions held open
@@ -322,7 +329,7 @@ def main() -> None:
     scenario, args = sys.argv[1], sys.argv[2:]
     tmp = Path(os.environ.get("NBEXEC_RAY_TMP", "/tmp"))
     scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile, "full": full,
-                 "judge": judge, "tools": tools, "stop": stop}
+                 "judge": judge, "tools": tools, "stop": stop, "rewards": rewards}
     found = kill(tmp, args[0]) if scenario == "kill" else back(tmp, args[0]) if scenario == "back" \
         else scenarios[scenario](tmp)
     RaySource.from_env().close()

@@ -333,6 +333,17 @@ def test_an_interrupt_and_a_close_reach_a_cell_running_on_a_node(ray_cluster: ra
     assert not any(found["held_after"].values()), found
 
 
+def test_the_reward_actors_example_judges_and_keeps_sessions_on_the_cluster(ray_cluster: raynodes.RayCluster) -> None:
+    """examples/ray_rewards.py: the sandboxes are made by Ray actors (a trainer's reward workers), not a driver."""
+    found = ray_cluster.driver("rewards")
+    assert [(s["reward"], s["verdict"]) for s in found["single"]] == \
+        [(1.0, "accepted"), (0.0, "wrong_answer"), (0.5, "wrong_answer")], found
+    assert found["group"] == [1.0, 0.0, 0.5], found
+    turns = found["turns"]
+    assert [t["stdout"] for t in turns[:2]] == ["", "[1, 2, 3]\n"] and turns[2]["error"] == "NameError", turns
+    assert turns[0]["node"] == turns[1]["node"] == turns[2]["node"] in raynodes.NODES, turns  # one session
+
+
 def test_a_node_that_joins_again_is_used_again_by_a_driver_that_knew_it(ray_cluster: raynodes.RayCluster) -> None:
     found = ray_cluster.driver("back", "node_b")
     assert "node_b" in found["known"] and "node_b" not in found["without"], found
