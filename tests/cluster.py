@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -186,3 +187,26 @@ def wait_ready(servers: list[Server], timeout: float = 180) -> None:
 def client(server: Server, token: str | None = CLIENT_TOKEN, timeout: float = 60) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=server.url, headers=headers, timeout=timeout)
+
+
+def peak_kib(server: Server) -> int:
+    """The server process's peak resident memory (VmHWM), in KiB."""
+    assert server.process is not None
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+
+
+@contextlib.contextmanager
+def fake_behind_router(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Iterator[tuple[Any, Server]]:
+    """A fake node (tests/fakenode.py: honest until a test says otherwise) and a router in front of it, started
+    with ``env`` and ``args``; both stopped after."""
+    from .fakenode import FakeNode
+
+    fake = FakeNode(token=NODE_TOKEN).start()
+    front = router_at([fake.url], env=env, args=args).start()
+    try:
+        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
+        yield fake, front
+    finally:
+        stop(front)
+        fake.close()

@@ -22,10 +22,7 @@ from .test_server import TOKEN_A, TOKEN_B, Running, running
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=2)
-    with running(settings) as service:
+    with e2bsdk.door() as service:
         yield service
 
 

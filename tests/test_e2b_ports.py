@@ -17,7 +17,7 @@ from nbexec.service.settings import ServerSettings
 
 from . import e2bsdk
 from .conftest import IMAGE, wait_until
-from .test_server import TOKEN_A, TOKEN_B, Running, running
+from .test_server import TOKEN_A, Running, running
 
 SERVER = """import http.server, sys
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -47,10 +47,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=2, e2b_ports=True)
-    with running(settings) as service:
+    with e2bsdk.door(e2b_ports=True) as service:
         yield service
 
 

@@ -24,6 +24,7 @@ import pytest
 import nbexec
 from nbexec.service.settings import ServerSettings
 
+from .. import e2bsdk
 from ..conftest import IMAGE, settle, wait_until
 from ..test_server import TOKEN_A, TOKEN_B, Running, running
 
@@ -33,11 +34,8 @@ STREAM_THREAD = "nbexec-e2b-stream"  # the door's per-stream reader thread (nbex
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=20, interrupt_grace=2,
-                                  max_output="64k", max_display="64k")
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=2, max_body=256 * 1024, e2b_max_timeout=120, keepalive=2.0)
-    with running(settings) as service:
+    with e2bsdk.door({"timeout": 20, "max_output": "64k", "max_display": "64k"}, max_body=256 * 1024,
+                     e2b_max_timeout=120, keepalive=2.0) as service:
         yield service
 
 

@@ -18,14 +18,11 @@ import pytest
 from e2b import SandboxException
 from e2b_code_interpreter import Sandbox
 
-import nbexec
 from nbexec.files.folders import work_root
 from nbexec.service.e2b.contexts import MAX_CONTEXTS
-from nbexec.service.settings import ServerSettings
 
 from .. import e2bsdk
-from ..conftest import IMAGE
-from ..test_server import TOKEN_A, TOKEN_B, Running, running
+from ..test_server import TOKEN_A, TOKEN_B, Running
 
 COUNT_KERNELS = ("import os\nprint(sum(b'/run/nbexec/c' in open(f'/proc/{p}/cmdline', 'rb').read() "
                  "for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()))")
@@ -33,11 +30,7 @@ COUNT_KERNELS = ("import os\nprint(sum(b'/run/nbexec/c' in open(f'/proc/{p}/cmdl
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=0, warm_imports=(), timeout=30, interrupt_grace=2,
-                                  startup_timeout=20)
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=3)
-    with running(settings) as service:
+    with e2bsdk.door({"pool_size": 0, "startup_timeout": 20}, max_running_per_token=3) as service:
         yield service
 
 

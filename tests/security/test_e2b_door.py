@@ -13,22 +13,17 @@ from typing import Any
 import httpx
 import pytest
 
-import nbexec
-from nbexec.service.settings import ServerSettings
-
-from ..conftest import IMAGE, wait_until
-from ..test_server import TOKEN_A, TOKEN_B, Running, running
+from .. import e2bsdk
+from ..conftest import wait_until
+from ..test_server import TOKEN_A, TOKEN_B, Running
 
 INTERPRETER = "49999"
 
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=20, interrupt_grace=2,
-                                  max_output="64k", max_data="8m")
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=2, max_body=256 * 1024, e2b_max_timeout=120)
-    with running(settings) as service:
+    with e2bsdk.door({"timeout": 20, "max_output": "64k", "max_data": "8m"}, max_body=256 * 1024,
+                     e2b_max_timeout=120) as service:
         yield service
 
 

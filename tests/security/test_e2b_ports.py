@@ -24,7 +24,7 @@ from nbexec.service.settings import ServerSettings
 
 from .. import e2bsdk
 from ..conftest import IMAGE, wait_until
-from ..test_server import TOKEN_A, TOKEN_B, Running, running
+from ..test_server import TOKEN_A, TOKEN_B, Running
 from .test_e2b_attacks import rss_bytes
 
 HOSTILE = """import socket, sys, threading, time
@@ -57,22 +57,13 @@ def serve(c):
     elif mode == "ok":
         c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 11\\r\\nConnection: close\\r\\n\\r\\nSECRET-PAGE")
         c.close()
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen(128)
-while True:
-    threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
-"""
+""" + e2bsdk.SERVE_FOREVER
 MODES = {"ok": 8000, "silent": 8001, "loris": 8002, "headers": 8003, "endless": 8004, "drip": 8005, "stall": 8006}
 
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=2, max_body=256 * 1024, e2b_ports=True)
-    with running(settings) as service:
+    with e2bsdk.door(max_body=256 * 1024, e2b_ports=True) as service:
         yield service
 
 

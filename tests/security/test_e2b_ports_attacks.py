@@ -17,12 +17,11 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-import nbexec
 from nbexec.service.e2b import ports
-from nbexec.service.settings import ServerSettings
 
-from ..conftest import IMAGE, wait_until
-from ..test_server import TOKEN_A, TOKEN_B, Running, running
+from .. import e2bsdk
+from ..conftest import wait_until
+from ..test_server import TOKEN_A, TOKEN_B, Running
 from .test_e2b_ports import connections_to, headers, use
 
 HOSTILE = """import socket, sys, threading, time
@@ -70,23 +69,14 @@ def serve(c):
             time.sleep(1.0)
         c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
     c.close()
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen(128)
-while True:
-    threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
-"""
+""" + e2bsdk.SERVE_FOREVER
 MODES = {"tiny": 8100, "both": 8101, "echo": 8102, "trickle": 8103, "switch": 8104, "extra": 8105}
 BIG = 48 * 1024**2  # a request body past the sandbox's socket buffers and the relay's window
 
 
 @pytest.fixture(scope="module")
 def door(docker_ready: None) -> Iterator[Running]:
-    config = nbexec.SandboxConfig(image=IMAGE, pool_size=1, warm_imports=(), timeout=30, interrupt_grace=2)
-    settings = ServerSettings(config=config, tokens=(TOKEN_A, TOKEN_B), max_sessions_per_token=3,
-                              max_running_per_token=2, max_body=BIG + 1024, e2b_ports=True)
-    with running(settings) as service:
+    with e2bsdk.door(max_body=BIG + 1024, e2b_ports=True) as service:
         yield service
 
 

@@ -33,8 +33,10 @@ from ..cluster import (
     OTHER_TOKEN,
     Server,
     client,
+    fake_behind_router,
     node,
     nodes_up,
+    peak_kib,
     router,
     router_at,
     stop,
@@ -425,23 +427,11 @@ def test_a_node_cannot_take_another_nodes_sessions_by_its_name(pair: tuple[Serve
 
 # -- a hostile node cannot grow the router's memory ---------------------------------------------------------------
 
-def _peak_kib(server: Server) -> int:
-    assert server.process is not None
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
-
-
 @pytest.fixture
 def hostile() -> Iterator[tuple[FakeNode, Server]]:
     """A fake node (honest until a test says otherwise) and a router in front of it, with small caps."""
-    fake = FakeNode(token=NODE_TOKEN).start()
-    front = router_at([fake.url], env=CAPS).start()
-    try:
-        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
-        yield fake, front
-    finally:
-        stop(front)
-        fake.close()
+    with fake_behind_router(CAPS) as pair:
+        yield pair
 
 
 def _take(response: httpx.Response, limit: int = 64 * MiB) -> int:
@@ -483,10 +473,10 @@ def test_a_hostile_node_cannot_grow_the_routers_memory(hostile: tuple[FakeNode, 
     behaviour, call = HOSTILE[shape]
     with client(front, timeout=120) as http:
         sid = _warm_up(http)
-        before = _peak_kib(front)
+        before = peak_kib(front)
         fake.behaviour = behaviour
         received = _hostile_call(http, fake, call, sid)
-    grown = (_peak_kib(front) - before) * 1024
+    grown = (peak_kib(front) - before) * 1024
     print(f"\n{shape}: the router's peak RSS grew {grown / MiB:.1f} MiB; the client received {received / MiB:.1f} MiB")
     assert grown < GROWTH_LIMIT, f"{shape}: the router's peak memory grew by {grown / MiB:.0f} MiB"
     limit = {"download": 4 * MiB, "session": 4 * MiB}.get(call, EVENT_CAP)

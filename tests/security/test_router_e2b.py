@@ -26,7 +26,19 @@ from nbexec.service import e2b_ids, identity
 
 from .. import e2bsdk
 from ..azurite import free_port
-from ..cluster import CLIENT_TOKEN, NODE_TOKEN, OTHER_TOKEN, Server, node, nodes_up, router_at, stop, wait_ready
+from ..cluster import (
+    CLIENT_TOKEN,
+    NODE_TOKEN,
+    OTHER_TOKEN,
+    Server,
+    fake_behind_router,
+    node,
+    nodes_up,
+    peak_kib,
+    router_at,
+    stop,
+    wait_ready,
+)
 from ..conftest import wait_until
 from ..fakenode import Behaviour, FakeNode, MiB
 
@@ -347,21 +359,9 @@ HOSTILE = {  # the node's behaviour: (route, the router's policy, what the clien
 @pytest.fixture
 def hostile(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Server]]:
     """A fake node (honest until a test says otherwise) and a router in front of it, with small caps."""
-    fake = FakeNode(token=NODE_TOKEN).start()
     args = ("--max-body", "512k") if request.param == "body-cap" else ()
-    front = router_at([fake.url], env=HOSTILE[request.param][1], args=args).start()
-    try:
-        wait_until(lambda: nodes_up(front) == 1, 60, "the router never saw the fake node", interval=0.2)
-        yield fake, front
-    finally:
-        stop(front)
-        fake.close()
-
-
-def _peak_kib(server: Server) -> int:
-    assert server.process is not None
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+    with fake_behind_router(HOSTILE[request.param][1], args) as pair:
+        yield pair
 
 
 def _last_envelope(stream: bytes) -> tuple[int, bytes]:
@@ -382,7 +382,7 @@ def test_a_node_streaming_without_end_is_cut_by_the_router(hostile: tuple[FakeNo
     shape = request.node.callspec.params["hostile"]
     route, _, most = HOSTILE[shape]
     made = _create(front, CLIENT_TOKEN)
-    before = _peak_kib(front)
+    before = peak_kib(front)
     fake.behaviour = Behaviour(e2b=shape)
     port = INTERPRETER if route == "execute" else ENVD
     began, received = time.monotonic(), bytearray()
@@ -393,7 +393,7 @@ def test_a_node_streaming_without_end_is_cut_by_the_router(hostile: tuple[FakeNo
                 received += chunk
         except httpx.HTTPError:
             pass  # cut off: what the router does to a stream that is not Connect's
-    grown = (_peak_kib(front) - before) * 1024
+    grown = (peak_kib(front) - before) * 1024
     wait_until(lambda: fake.sent.get("e2b"), 30, "the node was never stopped: the router read it to its end")
     print(f"\n{shape}: {len(received) / MiB:.1f} MiB reached the client in {time.monotonic() - began:.1f} s; the "
           f"node sent {sum(fake.sent.get('e2b', [0])) / MiB:.0f} MiB; the router's peak RSS grew {grown / MiB:.1f} MiB")
@@ -410,11 +410,11 @@ def test_a_nodes_list_flood_is_bounded(hostile: tuple[FakeNode, Server]) -> None
     """A node answering every list page with half a MiB of tiny objects and "one more page", forever."""
     fake, front = hostile
     fake.behaviour = Behaviour(e2b="list-flood")
-    before = _peak_kib(front)
+    before = peak_kib(front)
     began = time.monotonic()
     with _control(front, CLIENT_TOKEN) as control:
         answer = control.get("/v2/sandboxes")
-    grown = (_peak_kib(front) - before) * 1024
+    grown = (peak_kib(front) - before) * 1024
     pages = fake.sent.get("e2b-list", [])
     print(f"\nlist-flood: {len(pages)} pages ({sum(pages) / MiB:.1f} MiB) read in {time.monotonic() - began:.1f} s; "
           f"the router's peak RSS grew {grown / MiB:.1f} MiB")

@@ -15,22 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..cluster import CLIENT_TOKEN, NODE_TOKEN, Server, nodes_up, router_at, stop
-from ..conftest import wait_until
+from ..cluster import CLIENT_TOKEN, Server, fake_behind_router
 from ..fakenode import Behaviour, FakeNode
 
 
 @pytest.fixture
 def front() -> Iterator[tuple[FakeNode, Server]]:
     """A fake node and a router in front of it."""
-    fake = FakeNode(token=NODE_TOKEN).start()
-    router = router_at([fake.url]).start()
-    try:
-        wait_until(lambda: nodes_up(router) == 1, 60, "the router never saw the fake node", interval=0.2)
-        yield fake, router
-    finally:
-        stop(router)
-        fake.close()
+    with fake_behind_router() as pair:
+        yield pair
 
 
 def _cpu(server: Server) -> float:
