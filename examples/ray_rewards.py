@@ -7,7 +7,7 @@ tool calls share state. Nothing here starts a sandbox on the trainer's own machi
     RAY_ADDRESS=head:6379 python examples/ray_rewards.py
 
 Every node needs nbexec with its ``ray`` extra, Docker and the runtime image (docs/ray.md). NBEXEC_* settings of
-this process reach the actors through Ray's runtime environment.
+this process (never its tokens or keys) reach the actors through Ray's runtime environment.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ class CodeReward:
         rewards = [0.0] * len(programs)
         items = [{"program": p, "tests": tests} for p in programs]
         for item in nbexec.judge_many(items, reuse="batch", concurrency=2, config=self.config):
+            if item.error is not None:  # nbexec failed (a full cluster, a lost node): no reward to give
+                raise item.error
             if item.result is not None:
                 rewards[item.index] = item.result.passed / len(item.result.tests)
         return rewards
@@ -61,7 +63,9 @@ class CodeReward:
 
 
 def main() -> dict[str, Any]:
-    settings = {k: v for k, v in os.environ.items() if k.startswith("NBEXEC_")}
+    # Settings, not secrets: anyone on the cluster can read a job's runtime environment.
+    settings = {k: v for k, v in os.environ.items()
+                if k.startswith("NBEXEC_") and not any(word in k for word in ("TOKEN", "KEY", "SECRET", "PASSWORD"))}
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": settings}, log_to_driver=False)
     actors = [CodeReward.remote() for _ in range(ACTORS)]  # type: ignore[attr-defined]

@@ -2,6 +2,7 @@
 one scenario per call, its findings printed as one JSON line. It judges nothing itself; the test asserts.
 
     raydriver.py oneshot | session | batch | hostile | full | judge | tools | stop | rewards | kill VICTIM | back NODE
+    raydriver.py bench ITEMS PROGRAMS CONCURRENCY      (benchmarks/ray.py)
 """
 
 from __future__ import annotations
@@ -264,6 +265,29 @@ def rewards(tmp: Path) -> dict[str, Any]:
     return ray_rewards.main()
 
 
+def bench(tmp: Path, items: int, programs: int, concurrency: int) -> dict[str, Any]:
+    """Seconds for the same batch on the cluster and on this one host: ``items`` one-shots (execute_many) and
+    ``programs`` programs of ten tests (judge_many, reuse="batch"), ``concurrency`` at a time."""
+    sources = [f"print({i} * {i})" for i in range(items)]
+    judged = [{"program": f"print(int(input()) + {k})", "tests": [{"stdin": str(n), "expected": str(n + k)}
+                                                                   for n in range(10)]} for k in range(programs)]
+    found: dict[str, Any] = {}
+    for where in ("ray", "local"):
+        config = CONFIG.replace(source=where)
+        if where == "ray":
+            list(nbexec.execute_many(["1"] * concurrency, concurrency=concurrency, config=config))  # agents up
+        started = time.monotonic()
+        ran = list(nbexec.execute_many(sources, concurrency=concurrency, config=config))
+        spent = time.monotonic() - started
+        started = time.monotonic()
+        verdicts = list(nbexec.judge_many(judged, concurrency=concurrency, reuse="batch", config=config))
+        found[where] = {"execute_s": spent, "executed": sum(1 for r in ran if r.ok),
+                        "nodes": sorted({str(r.result.node) for r in ran if r.result}),
+                        "judge_s": time.monotonic() - started,
+                        "accepted": sum(1 for v in verdicts if v.result and v.result.verdict == "accepted")}
+    return found
+
+
 def back(tmp: Path, node: str) -> dict[str, Any]:
     """A node that dies and joins again is used again by a driver that knew it before: ``node``'s raylet is
     killed (once the driver has an agent there), Ray starts a new node with its name, and sessions held open
@@ -330,8 +354,11 @@ def main() -> None:
     tmp = Path(os.environ.get("NBEXEC_RAY_TMP", "/tmp"))
     scenarios = {"oneshot": oneshot, "session": session, "batch": batch, "hostile": hostile, "full": full,
                  "judge": judge, "tools": tools, "stop": stop, "rewards": rewards}
-    found = kill(tmp, args[0]) if scenario == "kill" else back(tmp, args[0]) if scenario == "back" \
-        else scenarios[scenario](tmp)
+    if scenario == "bench":
+        found = bench(tmp, *(int(a) for a in args))
+    else:
+        found = kill(tmp, args[0]) if scenario == "kill" else back(tmp, args[0]) if scenario == "back" \
+            else scenarios[scenario](tmp)
     RaySource.from_env().close()
     print(json.dumps(found, default=str))
 

@@ -172,13 +172,30 @@ def test_a_session_on_a_backend_without_checkpoints_sleeps_by_replay(fake: Recor
 # -- judging needs hidden code -------------------------------------------------------------------------------------
 
 def test_judging_is_refused_where_hidden_code_is_not_run(fake: Recording, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A remote node's hidden route takes named requests only: judging there says so, before any file is sent."""
+    """A remote node's hidden route takes named requests only: judging there says so, before any file is sent. A
+    backend offers hidden code by saying so (fails closed): here, the fake, which does not."""
+    from nbexec.sandbox.docker.container import Sandbox
     from nbexec.sandbox.fake import FakeSandbox
+    from nbexec.sandbox.ray.handle import RayHandle
     from nbexec.sandbox.remote.handle import RemoteHandle
-    from nbexec.sandbox.source import SandboxHandle
 
-    assert RemoteHandle.hidden_code is False and SandboxHandle.hidden_code is True
-    monkeypatch.setattr(FakeSandbox, "hidden_code", False)
+    assert (RemoteHandle.hidden_code, FakeSandbox.hidden_code, Sandbox.hidden_code, RayHandle.hidden_code) == \
+        (False, False, True, True)
     monkeypatch.setattr(FakeSandbox, "put_file", lambda *a, **k: pytest.fail("a file was sent"))
     with pytest.raises(nbexec.ConfigError, match="not on a remote node"):
         nbexec.judge("print(1)", [nbexec.Test(expected="1")], config=cfg())
+
+
+def test_a_node_lost_during_a_reset_closes_the_sandbox_and_leaves_the_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reset's own call (judge_many, reuse="batch") that loses its node answers "not clean" (the sandbox is
+    closed) instead of raising, which would turn the item's finished verdicts into an error."""
+    from types import SimpleNamespace
+
+    from nbexec.engine import judgemany
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        raise nbexec.SessionLostError("node node_x is lost (ActorDiedError)")
+
+    monkeypatch.setattr(judgemany, "ask", lost)
+    session = SimpleNamespace(_started_handle=lambda: object())
+    assert judgemany._in_kernel(session, "[]") is None  # type: ignore[arg-type]

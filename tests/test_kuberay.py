@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import nbexec
 from nbexec.sandbox.ray import source as raysource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +83,28 @@ def test_every_ray_pod_declares_its_sandbox_limit_and_runs_its_own_engine(group:
     assert all(not c.get("securityContext", {}).get("privileged") for c in pod["containers"])
     assert ray["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod["automountServiceAccountToken"] is False
+
+
+def _gib(quantity: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(Gi|Mi)", quantity).groups()  # type: ignore[union-attr]
+    return float(number) / (1024 if unit == "Mi" else 1)
+
+
+@pytest.mark.parametrize("group", [name for name, _ in _groups()])
+def test_every_ray_pod_is_sized_for_its_sandbox_limit(group: str) -> None:
+    """The sandboxes are charged to the docker sidecar's cgroup, and /mnt/data (the unprivileged fallback) to the
+    work folder: both hold the group's limit of sandboxes of the default config, so one cannot get another
+    OOM-killed or the pod evicted."""
+    spec = dict(_groups())[group]
+    limit = json.loads(json.loads(spec["rayStartParams"]["resources"]))[raysource.LIMIT_RESOURCE]
+    defaults = nbexec.SandboxConfig()
+    memory, data = _gib(defaults.memory.replace("g", "Gi")), _gib(defaults.max_data.replace("g", "Gi"))
+    pod = spec["template"]["spec"]
+    engine = pod["initContainers"][0]["resources"]
+    assert _gib(engine["limits"]["memory"]) >= limit * memory + 1, engine
+    assert engine["requests"]["memory"] == engine["limits"]["memory"]  # placed where it fits
+    work = next(v for v in pod["volumes"] if v["name"] == "work")
+    assert _gib(work["emptyDir"]["sizeLimit"]) >= limit * 2 * data, work
 
 
 def test_only_the_clusters_pods_and_labelled_trainers_reach_it() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from nbexec import judgelangs
 from nbexec.config import SandboxConfig
-from nbexec.errors import ConfigError, ProtocolError, SandboxError
+from nbexec.errors import ConfigError, NbexecError
 from nbexec.sandbox.source import DATA_MOUNT, PACKAGES_MOUNT
 
 from .judge import NOT_RUN, Job, ask, judged, judged_alone, new_session, setup_code, shipped
@@ -151,12 +151,13 @@ PLACES = [DATA_MOUNT, PACKAGES_MOUNT, "/tmp", "/dev/shm", "/dev/mqueue"]  # wher
 
 
 def _in_kernel(session: Session, code: str, prefix: str = "") -> Any:
-    """What a `judgereset` call answered in the session's kernel (None: no answer, or out of protocol)."""
+    """What a `judgereset` call answered in the session's kernel (None: no answer, out of protocol, or a node lost
+    on the way: the sandbox is then closed, and the verdicts already made stand)."""
     sandbox = session._started_handle()
     try:
         return ask(sandbox, f"__nbexec_report = __nbexec_judge_ns['_encode']({code})", prefix,
                     time.monotonic() + RESET_SECONDS)
-    except (ProtocolError, SandboxError):
+    except NbexecError:
         return None
 
 

@@ -113,9 +113,9 @@ class SandboxHandle(abc.ABC):
     config: SandboxConfig
     language_info: dict[str, Any]
     node: str | None = None  # where it runs: a node's name, or None for this host
-    # Whether run_hidden runs any code out of the notebook. A remote node takes named requests only (its hidden
-    # route takes no code), so what needs more (judging) is refused there.
-    hidden_code: ClassVar[bool] = True
+    # Whether run_hidden runs any code out of the notebook: judging needs it. A backend says so itself (a remote
+    # node takes named requests only), so a new one is refused until it does.
+    hidden_code: ClassVar[bool] = False
     input_links: frozenset[str] = frozenset()  # names in /mnt/data nbexec linked to /mnt/input (never the code's)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

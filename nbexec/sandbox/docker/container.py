@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 class Sandbox(Sleeper, SandboxHandle):
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
 
+    hidden_code = True  # run_hidden runs any code in the kernel (judging needs it)
+
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
         self.config = config
         self.language = languages.get(config.language)

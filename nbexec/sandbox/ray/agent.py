@@ -13,13 +13,16 @@ a sandbox or an open file names its owner (the source's random token): another o
 one that does not exist, and `held` lists only the caller's.
 
 Back-pressure: an agent holds at most ``limit`` sandboxes (the driver's cap on this node, `source.node_limit`).
-Past it, `acquire` answers SessionLimitError before any sandbox is made, and the driver asks the next node.
+Past it, `acquire` answers SessionLimitError before any sandbox is made, and the driver asks the next node. The
+driver names each new sandbox, so it can release one whose answer it never read (it gave up waiting, or was
+interrupted): a sandbox released while it is made is removed as soon as it exists, and its slot comes back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import threading
 import time
@@ -35,6 +38,7 @@ from nbexec.sandbox.remote import frames
 from nbexec.sandbox.source import SandboxHandle, SandboxSource
 
 CHUNK = 1 << 20  # bytes of a file sent in one answer
+_ID = re.compile(r"[0-9a-f]{32}")  # a sandbox's name, as the driver makes them
 MAX_DETAIL = 4096  # characters of an error's text
 MAX_HEADERS = 4 * 1024 * 1024  # bytes of message headers kept for the messages past a run's allowance
 FRAMES_SLACK = 32 * 1024  # bytes of a run's frames past twice its allowance (their headers); the rest is folded
@@ -81,7 +85,8 @@ class NodeAgent:
     def __init__(self, name: str, limit: int = 1 << 30) -> None:
         self.name, self.limit = name, max(1, int(limit))
         self.source: SandboxSource = LocalSource()
-        self.making = 0  # sandboxes being made: counted against the limit before they exist
+        self.making: dict[str, str] = {}  # sandboxes being made (id -> owner): counted against the limit already
+        self.abandoned: set[str] = set()  # ids among them their driver released before they existed
         self.handles: dict[str, SandboxHandle] = {}
         self.owners: dict[str, str] = {}  # sandbox id -> the driver's source that made it (`close` is per owner)
         self.streams: dict[str, transfer.FileChunks] = {}
@@ -128,29 +133,47 @@ class NodeAgent:
             return {"ok": sorted(s for s, made_by in self.owners.items()
                                  if isinstance(owner, str) and secrets.compare_digest(made_by, owner))}
 
-    def acquire(self, config: SandboxConfig, purpose: str, owner: str) -> dict[str, Any]:
+    def acquire(self, config: SandboxConfig, purpose: str, owner: str, sandbox: str = "") -> dict[str, Any]:
+        """A new sandbox for ``owner``, named ``sandbox`` by the driver (32 hex digits; made up when empty)."""
         def work() -> dict[str, Any]:
             if not isinstance(owner, str) or not owner:
                 raise SandboxError("a sandbox needs its owner")
+            name = sandbox or secrets.token_hex(16)
+            if not isinstance(name, str) or not _ID.fullmatch(name):
+                raise SandboxError("a sandbox's name is 32 hex digits")
             with self.lock:
-                if len(self.handles) + self.making >= self.limit:
+                if name in self.handles or name in self.making:
+                    raise SandboxError("a sandbox of that name exists")
+                if len(self.handles) + len(self.making) >= self.limit:
                     raise SessionLimitError(f"node {self.name} holds {self.limit} sandboxes, its limit")
-                self.making += 1
+                self.making[name] = owner
+            handle: SandboxHandle | None = None
             try:
                 handle = self.source.acquire(_local(config), purpose=purpose)
             finally:
-                with self.lock:
-                    self.making -= 1
-            sandbox = secrets.token_hex(16)
-            with self.lock:
-                self.handles[sandbox] = handle
-                self.owners[sandbox] = owner
-            return {"id": sandbox, "language_info": handle.language_info, "memory": handle.config.memory,
+                with self.lock:  # one step: no acquire sees neither the slot being made nor the sandbox
+                    del self.making[name]
+                    given_up = name in self.abandoned
+                    self.abandoned.discard(name)
+                    if handle is not None and not given_up:
+                        self.handles[name] = handle
+                        self.owners[name] = owner
+            if handle is None:
+                raise SandboxError("no sandbox was made")  # not reached: the source raised
+            if given_up:
+                self.source.release(handle, wait=True)
+                raise SandboxError("its driver gave the sandbox up while it was made")
+            return {"id": name, "language_info": handle.language_info, "memory": handle.config.memory,
                     "interrupt_grace": handle.config.interrupt_grace}
         return self._answer(work)
 
     def release(self, owner: str, sandbox: str) -> dict[str, Any]:
         def work() -> None:
+            with self.lock:  # still being made: removed as soon as it exists
+                made_by = self.making.get(sandbox) if isinstance(sandbox, str) else None
+                if made_by is not None and isinstance(owner, str) and secrets.compare_digest(made_by, owner):
+                    self.abandoned.add(sandbox)
+                    return
             if not self._mine(owner, sandbox):
                 return
             with self.lock:

@@ -48,6 +48,7 @@ class RayHandle(OnNode, SandboxHandle):
 
     backend = "ray"
     losing, where = (NodeLostError,), "Ray node"
+    hidden_code = True  # the agent runs the driver's code in the kernel, as this host does
 
     def __init__(self, agent: Agent, answer: Any, config: SandboxConfig, purpose: str, *, owner: str) -> None:
         if not isinstance(answer, dict) or not isinstance(answer.get("id"), str) or len(answer["id"]) != 32 \

@@ -12,7 +12,9 @@ is mounted on a node (``mounts_host_folders`` is False: a config with ``input_di
 
 Back-pressure: this source holds at most `node_limit` sandboxes on a node (the node's ``nbexec_sandboxes`` Ray
 resource, else four per CPU it declares; ``per_node`` overrides both). When every node is at its limit, `acquire`
-raises ClusterFullError, a NodeUnavailableError: nothing ran, and a retry later may succeed.
+raises ClusterFullError, a NodeUnavailableError: nothing ran, and a retry later may succeed. It counts what it
+holds itself too, so an agent replaced after a timeout (the old one keeps its sandboxes) does not double it.
+network=True is refused: Docker's bridge on a node reaches the node's Ray ports, and through them the cluster.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from nbexec.errors import (
     NodeLostError,
     NodeUnavailableError,
     NotOfferedError,
+    ProtocolError,
     SessionLimitError,
 )
 from nbexec.sandbox.remote.nodes import Capacity as NodeCapacity
@@ -174,6 +177,15 @@ class RaySource(SandboxSource):
         with self._lock:
             self.inflight[node_id] = max(0, self.inflight.get(node_id, 0) + change)
 
+    def _take(self, node_id: str) -> bool:
+        """Count one more sandbox on the node, unless this source holds its limit there already."""
+        with self._lock:
+            held = self.inflight.get(node_id, 0)
+            if held >= self.limits.get(node_id, held + 1):
+                return False
+            self.inflight[node_id] = held + 1
+            return True
+
     def _failed(self, node_id: str, reason: str, drop: bool = False) -> None:
         """The node rests a backoff; ``drop``: its agent is gone too (a new one is made once the rest is over)."""
         with self._lock:
@@ -202,21 +214,25 @@ class RaySource(SandboxSource):
 
     def acquire(self, config: SandboxConfig, *, purpose: str, claim: str = "") -> SandboxHandle:
         """A sandbox on the freest node."""
-        if config.input_dir:
-            raise ConfigError("input_dir (--mount-input) is a folder of this host, which Ray nodes cannot mount: "
-                              "pass the files with files={name: bytes} or upload() instead")
+        _refuse(config)
         last: NbexecError | None = None
         tried = self.candidates(config)
         full: list[str] = []
         for node_id, agent in tried:
-            self._count(node_id, 1)  # counted while it is made: acquires at the same time spread over the nodes
-            made = False
+            if not self._take(node_id):  # this source's own count: an agent replaced meanwhile starts at zero
+                full.append(agent.name)
+                continue
+            made = refused = False
+            name = secrets.token_hex(16)  # named here, so a sandbox whose answer never came can be released
             try:
-                answer = agent.call("acquire", config, purpose, self.owner, cap=SMALL, what="make a sandbox",
+                answer = agent.call("acquire", config, purpose, self.owner, name, cap=SMALL, what="make a sandbox",
                                     timeout=config.startup_timeout + ACQUIRE_SLACK)
+                if not isinstance(answer, dict) or answer.get("id") != name:
+                    raise ProtocolError(f"node {agent.name} answered a new sandbox with another one's name")
                 handle = RayHandle(agent, answer, config, purpose, owner=self.owner)
                 made = True
             except (SessionLimitError, NotOfferedError) as exc:  # at its cap, or not offering it: the next is asked
+                refused = True
                 if isinstance(exc, SessionLimitError):
                     full.append(agent.name)
                 last = exc
@@ -228,14 +244,11 @@ class RaySource(SandboxSource):
             finally:
                 if not made:
                     self._count(node_id, -1)
+                    if not refused:  # it may exist, or come to: its slot on the node comes back either way
+                        agent.send("release", self.owner, name)
             handle.ray_node = node_id
             return handle
-        if full and len(full) == len(tried):
-            raise ClusterFullError(f"every node of the Ray cluster holds as many of this driver's sandboxes as it "
-                                   f"takes ({', '.join(full[:8])}); nothing ran: retry after {FULL_RETRY:g} s or "
-                                   "once a sandbox is released", FULL_RETRY)
-        assert last is not None
-        raise last
+        raise _nothing_made(full, len(tried), last)
 
     def release(self, sandbox: SandboxHandle, *, wait: bool) -> None:
         """Remove the sandbox from its node (a one-shot's in the background unless ``wait``)."""
@@ -278,6 +291,28 @@ def node_name(node: dict[str, Any]) -> str:
     if custom:
         return str(custom[0])[:64]
     return f"{node.get('NodeManagerAddress', '?')}/{str(node.get('NodeID', ''))[:8]}"[:64]
+
+
+def _refuse(config: SandboxConfig) -> None:
+    """What a Ray node cannot give a sandbox, refused before a node is asked."""
+    if config.input_dir:
+        raise ConfigError("input_dir (--mount-input) is a folder of this host, which Ray nodes cannot mount: "
+                          "pass the files with files={name: bytes} or upload() instead")
+    if config.network is True:
+        raise ConfigError("network=True is not offered on Ray: Docker's bridge on a node reaches that node's "
+                          "Ray ports, and through them every node. Use network='allowlist' or no network")
+
+
+def _nothing_made(full: list[str], tried: int, last: NbexecError | None) -> NbexecError:
+    """Why no node made a sandbox. A full node may free a slot: retryable, and its name goes to the log alone
+    (a node's name may be its address)."""
+    if full:
+        log.info("Ray nodes full for this driver: %s", ", ".join(full))
+        others = "" if len(full) == tried else "; the others could not make one"
+        return ClusterFullError(f"{len(full)} of the {tried} Ray nodes that answer hold as many of this driver's "
+                                f"sandboxes as they take{others}; nothing ran: retry after {FULL_RETRY:g} s or once "
+                                "a sandbox is released", FULL_RETRY)
+    return last or NodeUnavailableError("no node of the Ray cluster could make a sandbox")
 
 
 def node_limit(node: dict[str, Any], per_node: int | None = None) -> int:

@@ -56,7 +56,6 @@ class RemoteHandle(OnNode, SandboxHandle):
     """One sandbox on one node (see the module docstring); made by `source.RemoteSource.acquire`."""
 
     losing = (NodeUnavailableError, NodeLostError, SessionLostError)  # unreachable, lost mid-call, the sandbox gone
-    hidden_code = False  # a node's hidden route takes named requests, never code
 
     def __init__(self, client: NodeClient, answer: Any, config: SandboxConfig, purpose: str) -> None:
         if not isinstance(answer, dict) or not isinstance(answer.get("id"), str) or not answer["id"] \
