@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 class Sandbox(Sleeper, SandboxHandle):
     """A started container and a connected kernel client. Made by `Sandbox.start`; used for one owner at a time."""
-
     hidden_code = True  # run_hidden runs any code in the kernel (judging needs it)
 
     def __init__(self, config: SandboxConfig, sandbox_id: str, workdir: Path) -> None:
@@ -231,10 +230,9 @@ class Sandbox(Sleeper, SandboxHandle):
             logs = self._logs()
             raise SandboxError(f"The sandbox's kernel exited while starting (exit code {state.exit_code}).{logs}")
         if time.monotonic() > deadline:
-            raise SandboxError(
-                f"The sandbox's kernel did not start within {self.config.startup_timeout:g} s. "
-                "Is the machine overloaded? Raise startup_timeout (NBEXEC_STARTUP_TIMEOUT) if it is just slow."
-            )
+            raise SandboxError(f"The sandbox's kernel did not start within {self.config.startup_timeout:g} s. Is "
+                               "the machine overloaded? Raise startup_timeout (NBEXEC_STARTUP_TIMEOUT) if it is "
+                               "just slow.")
 
     def _logs(self) -> str:
         with contextlib.suppress(Exception):
