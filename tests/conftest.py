@@ -433,9 +433,10 @@ def cleanup_ledger(docker_ready: None) -> Iterator[None]:
     yield
     pool.wait_for_teardown()
     settle(lambda: not pools_starting(), 90)
-    settle(lambda: not unaccounted_containers(), 10)
+    # A one-shot's sandbox is removed in the background: a loaded engine (CI) has taken over 10 s to remove one.
+    settle(lambda: not unaccounted_containers(), 30)
     # A pool sandbox being started has its folder before its container: give it time to show up as one.
-    settle(lambda: not _leaked_workdirs(), 20)
+    settle(lambda: not _leaked_workdirs(), 30)
     settle(lambda: not set(own_children()) - children_before - LONG_LIVED_CHILDREN, 10)
     containers, workdirs = unaccounted_containers(), _leaked_workdirs()
     outputs = _empty_new_outputs(outputs_before)

@@ -156,7 +156,7 @@ def test_floods_sleeps_and_bombs_are_stopped_at_their_limits(config: nbexec.Sand
     took = time.monotonic() - started
     assert _verdicts(result) == [verdict, verdict]
     assert took < 40 + 2 * seconds  # two tests, and the sandbox's start
-    assert all(t.time < seconds + 2 for t in result.tests)
+    assert all(t.time < seconds + 10 for t in result.tests)  # the limit held: far from the bomb's 30 s sleep
     assert not unaccounted_containers()
 
 

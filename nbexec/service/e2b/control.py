@@ -102,8 +102,9 @@ class Control:
         offered = ", ".join((*DEFAULT_TEMPLATES, *self.folders.config.images))
         raise E2bError(404, f"template {template!r} not found; this server offers {offered} and your snapshots")
 
-    def make(self, owner: str, template: str, envs: dict[str, str], end: float) -> Box:
-        """A started session in a new box (blocking: on the token's I/O threads)."""
+    def make(self, owner: str, template: str, envs: dict[str, str], end: float, lifetime: float) -> Box:
+        """A started session in a new box (blocking: on the token's I/O threads). ``lifetime``: the seconds the
+        client asked for, given again whenever the box resumes (not what its start left of them)."""
         config = self.config(owner, template)
         with self.folders.making(owner, self.settings.max_sessions_per_token) as place:
             if config is None:
@@ -118,7 +119,7 @@ class Control:
             except BaseException:
                 self.folders.delete_session(session.id)
                 raise
-        box = Box(session.id, owner, session, template, {}, envs, end, lifetime=max(1.0, end - time.time()))
+        box = Box(session.id, owner, session, template, {}, envs, end, lifetime=lifetime)
         self.boxes.add(box)
         return box
 
@@ -237,8 +238,8 @@ def _life(app: FastAPI, control: Control) -> None:
     async def create(request: Request) -> JSONResponse:
         owner, body = who(request), wire.parse_json(await request.body())
         template, metadata, envs, internet = check_create(control, body)
-        end = time.time() + control.timeout(body.get("timeout"))
-        box = await control.io(owner, control.make, owner, template, envs, end)
+        lifetime = control.timeout(body.get("timeout"))
+        box = await control.io(owner, control.make, owner, template, envs, time.time() + lifetime, lifetime)
         box.metadata, box.internet = metadata, internet
         box.on_timeout = "pause" if body.get("autoPause") is True else "kill"
         box.auto_resume = body.get("autoResume") is True
@@ -347,13 +348,14 @@ def _copies(app: FastAPI, control: Control) -> None:
         count = body.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
             raise E2bError(400, f"count must be between 1 and {MAX_FORKS}")
-        end = time.time() + control.timeout(body.get("timeout"))
+        lifetime = control.timeout(body.get("timeout"))
+        end = time.time() + lifetime
         made = await control.io(box.owner, box.session.snapshot)
         answers: list[dict[str, Any]] = []
         try:
             for _ in range(count):
                 try:
-                    copy = await control.io(box.owner, control.make, box.owner, made, box.envs, end)
+                    copy = await control.io(box.owner, control.make, box.owner, made, box.envs, end, lifetime)
                 except E2bError as exc:
                     answers.append({"error": {"code": exc.status, "message": exc.message}})
                     continue
