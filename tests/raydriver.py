@@ -2,7 +2,7 @@
 one scenario per call, its findings printed as one JSON line. It judges nothing itself; the test asserts.
 
     raydriver.py oneshot | session | batch | hostile | full | judge | tools | stop | rewards | kill VICTIM | back NODE
-    raydriver.py bench ITEMS PROGRAMS CONCURRENCY      (benchmarks/ray.py)
+    raydriver.py bench ITEMS PROGRAMS CONCURRENCY      (benchmarks/raycluster.py)
 """
 
 from __future__ import annotations

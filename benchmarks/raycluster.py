@@ -1,8 +1,8 @@
 """The same batch on a Ray cluster and on one host (#39 item 5): a head and two workers in a network namespace
 of their own on this machine (as tests/test_ray.py starts them), the driver inside it.
 
-    .venv/bin/python benchmarks/ray.py                       # 60 one-shots, 20 programs x 10 tests, 3 at a time
-    .venv/bin/python benchmarks/ray.py --items 120 --programs 40 --concurrency 3
+    .venv/bin/python benchmarks/raycluster.py                       # 60 one-shots, 20 programs x 10 tests, 3 at a time
+    .venv/bin/python benchmarks/raycluster.py --items 120 --programs 40 --concurrency 3
 
 Every Ray node shares this machine's cores and Docker engine: the figures say what Ray's placement and calls
 cost, not what more machines gain.
