@@ -12,8 +12,9 @@ is mounted on a node (``mounts_host_folders`` is False: a config with ``input_di
 
 Back-pressure: this source holds at most `node_limit` sandboxes on a node (the node's ``nbexec_sandboxes`` Ray
 resource, else four per CPU it declares; ``per_node`` overrides both). When no node made the sandbox and one was
-at its limit, `acquire` raises ClusterFullError, a NodeUnavailableError: nothing ran, and a retry may succeed. It counts what it
-holds itself too, so an agent replaced after a timeout (the old one keeps its sandboxes) does not double it.
+at its limit, `acquire` raises ClusterFullError, a NodeUnavailableError: nothing ran, and a retry may succeed.
+It counts what it holds itself too, so an agent replaced after a timeout (the old one keeps its sandboxes) does
+not double it.
 network=True is refused: Docker's bridge on a node reaches the node's Ray ports, and through them the cluster.
 """
 
