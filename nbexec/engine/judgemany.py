@@ -90,10 +90,11 @@ class Kept:
     """The sandboxes one judge_many(reuse="batch") call holds between its items. Each is reset after an item
     (`judgereset`) and handed to the next only if the reset left it clean; all close when the call ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, end: Callable[[Session], None] = Session.close) -> None:
         self._idle: list[Session] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._end = end  # what closes a sandbox it does not keep (nbexec serve also expires its folder)
 
     def take(self) -> Session | None:
         with self._lock:
@@ -111,14 +112,14 @@ class Kept:
                 _reset(session) if after is NOT_RUN else after == [] or (
                     after == [FORK_TO_START] and _in_kernel(session, _prepared(session)) == []))
         except BaseException:
-            session.close()
+            self._end(session)
             raise
         with self._lock:
             keep = clean and not self._closed
             if keep:
                 self._idle.append(session)
         if not keep:
-            session.close()
+            self._end(session)
         return dataclasses.replace(result, mode="batch" if reusable else "fresh")
 
     def closing(self, items: Generator[JudgeItem, None, None]) -> Generator[JudgeItem, None, None]:
@@ -126,7 +127,7 @@ class Kept:
         try:
             yield from items  # closing this closes ``items``, whose runner waits for every item to end
         finally:
-            self._close()
+            self.close()
 
     async def closing_async(self, items: AsyncGenerator[JudgeItem, None]) -> AsyncGenerator[JudgeItem, None]:
         """closing() for asyncio code: ``items`` closed first (its runner waits for every item to end)."""
@@ -137,14 +138,15 @@ class Kept:
             try:
                 await items.aclose()
             finally:
-                await asyncio.to_thread(self._close)
+                await asyncio.to_thread(self.close)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close every kept sandbox; one that ends its item after this is closed then."""
         with self._lock:
             self._closed, idle, self._idle = True, self._idle, []
         for session in idle:
             with contextlib.suppress(Exception):  # one that fails to close never keeps the others open
-                session.close()
+                self._end(session)
 
 
 PLACES = [DATA_MOUNT, PACKAGES_MOUNT, "/tmp", "/dev/shm", "/dev/mqueue"]  # where a test can write, and the home

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import json
 import logging
 import math
 import os
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,82 +28,20 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Res
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from nbexec.errors import ConfigError
-
-from . import batchrecord, judgeitems, streaming
+from . import batchbody, batchrecord, judgeitems, streaming
+from .batchbody import Item
 from .batchrecord import FINAL, Batch
+from .batchreuse import MODES, Reuse
 from .identity import View
 from .judgeitems import JudgeBody
 from .runs import Runs, Shown, chosen, owner
 from .runs import execute as run_body
-from .schemas import ExecuteBody
 from .tenants import Tenants, public
 
 log = logging.getLogger(__name__)
-_SPACE = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
-Item = ExecuteBody | JudgeBody  # what a batch runs: an execution, or a program judged against tests
+REUSE_HELP = ("batch: the batch's judge items share a few sandboxes, reset between two (docs/judging.md says what a "
+              "reset does not undo); absent: a sandbox per item")
 CANCEL_WAIT = 60.0  # seconds DELETE waits for interrupted items beyond the sandbox's interrupt grace
-
-
-def parse(raw: bytes, most: int) -> list[Item]:
-    """The items of a batch body (a JSON array of /v1/execute bodies), read one item at a time: 413 past ``most``
-    items, 400 for what is not JSON (too deep a nesting too), 422 for an item that is not a valid body."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HTTPException(400, "the body is not UTF-8 JSON") from None
-    at = _skip(text, 0)
-    if text[at:at + 1] != "[":
-        raise HTTPException(422, "a batch is a JSON array of items, each a POST /v1/execute body")
-    at = _skip(text, at + 1)
-    items: list[Item] = []
-    while text[at:at + 1] != "]" or items:
-        if len(items) >= most:
-            raise HTTPException(413, f"a batch holds at most {most} items")
-        try:
-            value, at = _DECODER.raw_decode(text, at)
-        except (ValueError, RecursionError):
-            raise HTTPException(400, f"item {len(items)} is not JSON (or nests too deep)") from None
-        items.append(_item(value, len(items)))
-        at = _skip(text, at)
-        if text[at:at + 1] == "]":
-            break
-        if text[at:at + 1] != ",":
-            raise HTTPException(400, f"expected , or ] after item {len(items) - 1}")
-        at = _skip(text, at + 1)
-    if not items:
-        raise HTTPException(422, "a batch needs at least one item")
-    if _skip(text, at + 1) != len(text):
-        raise HTTPException(400, "the body goes on after the array")
-    return items
-
-
-def _skip(text: str, at: int) -> int:
-    found = _SPACE.match(text, at)
-    return found.end() if found else at
-
-
-def _item(value: Any, index: int) -> Item:
-    if not isinstance(value, dict):
-        raise HTTPException(422, f"item {index} is not an object")
-    try:
-        if judgeitems.is_judge(value):  # a judge item (judgeitems): checked as judge() checks it
-            judged = JudgeBody.model_validate(value)
-            judgeitems.check(judged, 86_400)
-            return judged
-        item = ExecuteBody.model_validate(value)
-    except ConfigError as exc:
-        raise HTTPException(422, {"item": index, "errors": [{"loc": [], "msg": str(exc)[:300]}]}) from None
-    except ValidationError as exc:
-        problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
-        raise HTTPException(422, {"item": index, "errors": problems}) from None
-    try:
-        for content in (item.files or {}).values():
-            base64.b64decode(content, validate=True)
-    except (binascii.Error, ValueError):
-        raise HTTPException(422, f"item {index}: files must map names to base64 content") from None
-    return item
 
 
 class Batches:
@@ -177,34 +113,26 @@ class Batches:
         batchrecord.remove(batch.folder)
 
     def start(self, batch: Batch) -> None:
+        if batch.reuse is not None:
+            batch.pool = Reuse(self.folders)
         batch.task = asyncio.create_task(self._drive(batch))
 
     async def _drive(self, batch: Batch) -> None:
-        """Start each item when one of the token's run slots is free; end once every started one has ended."""
+        """Start each item when one of the token's run slots is free (with ``reuse``, workers that keep their slot
+        and sandbox run them); end once every started one has ended."""
         running: set[asyncio.Task[None]] = set()
         try:
-            index, offset = 0, 0
-            while True:
-                try:
-                    line, offset = await asyncio.to_thread(batch.item, offset)
-                    body = None if line is None or index in batch.finished else _body(line)
-                except (batchrecord.TooLong, ValidationError) as exc:  # a record tampered with: this item's error
-                    offset = exc.next if isinstance(exc, batchrecord.TooLong) else offset
-                    if index not in batch.finished:
-                        await self._record(batch, {"index": index, "error": {
-                            "status": 422, "detail": "the item kept for this batch is not a /v1/execute body"}})
-                    index += 1
-                    continue
-                if line is None:
-                    break
-                if body is None:  # done before the node restarted
-                    index += 1
-                    continue
-                await self._slot(batch.owner)
-                task = asyncio.create_task(self._run_item(batch, index, body))
-                running.add(task)
-                task.add_done_callback(running.discard)
-                index += 1
+            items = self._items(batch)
+            if batch.pool is None:
+                async for index, body in items:
+                    await self._slot(batch.owner)
+                    task = asyncio.create_task(self._run_item(batch, index, body))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+            else:
+                turn = asyncio.Lock()
+                running.update(asyncio.create_task(self._worker(batch, items, turn))
+                               for _ in range(self.settings.max_running_per_token))
             if running:
                 await asyncio.wait(running)
             batch.status = "done"
@@ -223,6 +151,51 @@ class Batches:
         finally:
             batch.expires = time.monotonic() + self.folders.result_ttl
             batch.notify()
+            if batch.pool is not None:  # what is left (a stop, a cancel): items that end after close theirs
+                await asyncio.to_thread(batch.pool.close)
+
+    async def _items(self, batch: Batch) -> AsyncIterator[tuple[int, Item]]:
+        """The batch's items not yet finished, read from its record one at a time; a line tampered with is that
+        item's error."""
+        index, offset = 0, 0
+        while True:
+            try:
+                line, offset = await asyncio.to_thread(batch.item, offset)
+                body = None if line is None or index in batch.finished else batchbody.load(line)
+            except (batchrecord.TooLong, ValidationError) as exc:
+                offset = exc.next if isinstance(exc, batchrecord.TooLong) else offset
+                if index not in batch.finished:
+                    await self._record(batch, {"index": index, "error": {
+                        "status": 422, "detail": "the item kept for this batch is not a /v1/execute body"}})
+                index += 1
+                continue
+            if line is None:
+                return
+            if body is not None:  # None: done before the node restarted
+                yield index, body
+            index += 1
+
+    async def _worker(self, batch: Batch, items: AsyncIterator[tuple[int, Item]], turn: asyncio.Lock) -> None:
+        """With ``reuse``: run items one after another in a slot held from the first to the last, so the sandbox
+        kept between them is counted in the token's caps; at the end, close one kept sandbox, then free the slot."""
+        held = False
+        try:
+            while batch.status == "running" and not self.closing:
+                async with turn:
+                    found = await anext(items, None)
+                if found is None:
+                    return
+                if not held:
+                    await self._slot(batch.owner)
+                    held = True
+                await self._run_item(batch, *found, keeps_slot=True)
+        finally:
+            if held:
+                try:
+                    if batch.pool is not None:
+                        await asyncio.to_thread(batch.pool.close_one)
+                finally:
+                    self.runs.free_slot(batch.owner)
 
     async def _slot(self, who: str) -> None:
         """Wait for one of ``who``'s run slots and take it (its /v1/execute calls share them)."""
@@ -230,12 +203,13 @@ class Batches:
             await asyncio.sleep(0.05)
         self.runs.take_slot(who)
 
-    async def _run_item(self, batch: Batch, index: int, body: Item) -> None:
+    async def _run_item(self, batch: Batch, index: int, body: Item, keeps_slot: bool = False) -> None:
         execution_id = uuid.uuid4().hex[:16]
         batch.executions.append(execution_id)
         line: dict[str, Any] = {"index": index}
         try:
-            line["result"] = await self.runs.run(batch.owner, self._work(batch, execution_id, body), slot_taken=True)
+            line["result"] = await self.runs.run(batch.owner, self._work(batch, execution_id, body), slot_taken=True,
+                                                 frees_slot=not keeps_slot)
         except HTTPException as exc:  # nbexec could not run this item: its error, the others go on
             line["error"] = {"status": exc.status_code, "detail": exc.detail}
         except Exception:
@@ -302,10 +276,15 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
     app.router.lifespan_context = lifespan
 
     @app.post("/v1/batches", status_code=202, responses={202: {}, 413: {}, 429: {}})
-    async def create_batch(request: Request, shown: Shown, who: str = Depends(owner)) -> Response:
-        """Run a JSON array of /v1/execute bodies, each in a fresh sandbox, on this token's run slots."""
-        body = await request.body()  # parsed on the token's own threads: a body of a million tiny values is not
-        items, lines = await runs.io(who, _parsed, body, runs.settings.max_batch_items)  # the loop's to check
+    async def create_batch(request: Request, shown: Shown, who: str = Depends(owner),
+                           reuse: str | None = Query(None, max_length=20, description=REUSE_HELP)) -> Response:
+        """Run a JSON array of /v1/execute bodies and judge items, each in a fresh sandbox (or with
+        ``reuse=batch``, the judge items in a few sandboxes reset between two), on this token's run slots."""
+        if reuse not in (None, *MODES):
+            raise HTTPException(422, f"reuse is absent (a sandbox per item) or one of {', '.join(MODES)}")
+        body = await request.body()
+        # Parsed on the token's own threads: a body of a million tiny values is not the loop's to check.
+        items, lines = await runs.io(who, batchbody.parsed, body, runs.settings.max_batch_items)
         del body
         for item in items:  # 400 before anything runs
             chosen(runs.settings.config, item.image, None if isinstance(item, JudgeBody) else item.language)
@@ -313,7 +292,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
         batches.admit(who, len(items))
         batch_id = uuid.uuid4().hex[:16]
         assert folders.root is not None
-        batch = Batch(batch_id, who, len(items), folders.root / f"batch-{batch_id}", shown)
+        batch = Batch(batch_id, who, len(items), folders.root / f"batch-{batch_id}", shown, reuse=reuse)
         batches.kept[batch_id] = batch  # with the check, before any await: concurrent posts count it
         try:
             await runs.io(who, batch.write_items, lines)
@@ -352,17 +331,6 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
         """Cancel the batch: running items are interrupted, and it is deleted with its results and files."""
         await batches.cancel(batches.owned(who, batch_id, shown))
         return Response(status_code=204)
-
-
-def _body(line: bytes) -> Item:
-    """The item a batch kept as ``line`` (ValidationError for a record tampered with)."""
-    return judgeitems.load(line) or ExecuteBody.model_validate_json(line)
-
-
-def _parsed(body: bytes, most: int) -> tuple[list[Item], list[bytes]]:
-    """The body's items, and each as the line kept for it (on a worker thread: the checks cost CPU)."""
-    items = parse(body, most)
-    return items, [item.model_dump_json().encode() for item in items]
 
 
 def _page(batch: Batch, cursor: str, limit: int) -> tuple[list[bytes], int]:

@@ -28,6 +28,7 @@ from typing import Any
 from nbexec.engine.session import Session
 from nbexec.files.workdir import remove_tree
 
+from .batchreuse import Reuse
 from .identity import View
 
 PAGE_BYTES = 4 * 1024**2  # a page of results stops once it holds this much (one result more at most)
@@ -73,6 +74,8 @@ class Batch:
     executions: list[str] = field(default_factory=list)  # every item's execution id (its files' folder)
     task: asyncio.Task[None] | None = None
     finished: set[int] = field(default_factory=set)  # indices with a result before a restart (not run again)
+    reuse: str | None = None  # "batch": its judge items share a few sandboxes (batchreuse), kept in the record
+    pool: Reuse | None = None  # those sandboxes, while the batch runs
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -83,7 +86,8 @@ class Batch:
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.shown.id(self.id), "status": self.status, "total": self.total, "done": self.done,
-                "ok": self.ok, "failed": self.failed, "errors": self.errors, "created": round(self.created, 3)}
+                "ok": self.ok, "failed": self.failed, "errors": self.errors,
+                "created": round(self.created, 3), "reuse": self.reuse}
 
     def changed(self) -> asyncio.Event:
         """An event set at the next change (take it before looking at the state)."""
@@ -104,7 +108,8 @@ class Batch:
 
     def write_items(self, lines: list[bytes]) -> None:
         os.mkdir(self.folder, 0o700)
-        meta = {"id": self.id, "owner": self.owner, "total": self.total, "created": self.created}
+        meta = {"id": self.id, "owner": self.owner, "total": self.total, "created": self.created,
+                "reuse": self.reuse}
         with _open(self.folder / META, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "w") as out:
             json.dump(meta, out)
         with _open(self.folder / "items.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb") as out:
@@ -179,7 +184,7 @@ def load(folder: Path, shown: View, most: int) -> Batch | None:
         with _open(folder / META, os.O_RDONLY, "rb") as source:
             meta = json.loads(source.read(4096))
         batch = Batch(str(meta["id"]), str(meta["owner"]), int(meta["total"]), folder, shown,
-                      created=float(meta["created"]))
+                      created=float(meta["created"]), reuse="batch" if meta.get("reuse") == "batch" else None)
         if folder.name != f"batch-{batch.id}" or not _ID.fullmatch(batch.id) or not 1 <= batch.total <= most \
                 or not batch.owner or not math.isfinite(batch.created):
             return None

@@ -86,17 +86,24 @@ def check(body: JudgeBody, most: float) -> None:
 
 def work(folders: Tenants, policy: SandboxConfig, store: ArtifactStore | None, batch: Batch, execution_id: str,
          body: JudgeBody) -> Callable[[Any], dict[str, Any]]:
-    """What judges ``body`` on the token's thread, in a one-shot session of the batch's (interrupted with it)."""
+    """What judges ``body`` on the token's thread, in a one-shot session of the batch's (interrupted with it), or
+    in one its pool keeps (``?reuse=batch``: batchreuse)."""
     try:
         job = body.job(folders.capped(None))
     except ConfigError as exc:  # checked at the post; a record changed since: this item's error
         raise HTTPException(422, str(exc)[:300]) from None
+    kept = None if batch.pool is None else batch.pool.kept(body.image)
+    reused = None if kept is None else kept.take()
     config = chosen(policy, body.image).replace(language="python")
-    session = folders.one_shot(execution_id, store, batch.shown.id, config)
+    session = reused or folders.one_shot(execution_id, store, batch.shown.id, config)
     batch.sessions[execution_id] = session
 
     def render(_: Any) -> dict[str, Any]:
-        folders.keep(batch.owner, execution_id, session)
+        if reused is None:  # a kept one was recorded by its first item, under that item's id (its folder's)
+            folders.keep(batch.owner, execution_id, session)
+        if kept is not None:  # reset and kept after, or closed (and its folder's clock started)
+            judged = kept.judged(session, job, fresh=reused is None)
+            return {"ok": judged.ok, "judge": judged.to_dict()}
         try:  # an image without the language's compiler: a ConfigError, the item's 400 (Runs.run maps it)
             judged = judge.run(session, job)
             return {"ok": judged.ok, "judge": judged.to_dict()}

@@ -103,22 +103,26 @@ class Runs:
             raise too_many(f"{self.settings.max_running_per_token} executions already running for this token")
         self.running[who] = self.running.get(who, 0) + 1
 
-    def _free_slot(self, who: str) -> None:
+    def free_slot(self, who: str) -> None:
         self.running[who] -= 1
 
-    async def run(self, who: str, render: Render, on_output: Any = None, *, slot_taken: bool = False) -> Any:
+    async def run(self, who: str, render: Render, on_output: Any = None, *, slot_taken: bool = False,
+                  frees_slot: bool = True) -> Any:
         """Run ``render`` on the token's own run threads inside its slot, mapping nbexec errors to HTTP ones.
 
-        The slot is held until the thread is done, even when the client leaves earlier."""
+        The slot is held until the thread is done, even when the client leaves earlier. ``frees_slot`` False: the
+        caller holds it on after (a batch's worker, for the sandbox it keeps)."""
         if not slot_taken:
             self.take_slot(who)
         loop = asyncio.get_running_loop()
         try:
             future = self.folders.lanes(who).runs.submit(render, on_output)
         except RuntimeError:
-            self._free_slot(who)
+            if frees_slot:
+                self.free_slot(who)
             raise HTTPException(503, "the server is shutting down") from None
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._free_slot, who))
+        if frees_slot:
+            future.add_done_callback(lambda _: loop.call_soon_threadsafe(self.free_slot, who))
         try:
             return await asyncio.wrap_future(future)
         except NbexecError as exc:

@@ -373,3 +373,21 @@ def test_a_batch_whose_loop_fails_ends_its_stream_and_its_sandboxes(docker_ready
     finally:
         stop(server)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kept", ["batch", None, "every-token", 7, ["batch"]])
+def test_a_batch_record_keeps_its_reuse_mode_and_reads_no_other(tmp_path: Path, kept: object) -> None:
+    """After a restart, a batch asked with reuse=batch still shares sandboxes; a record tampered with to say
+    anything else runs its items a sandbox each (the safe mode), never a mode nbexec does not have."""
+    from nbexec.service import batchrecord
+    from nbexec.service.identity import View
+
+    batch = batchrecord.Batch("0123456789abcdef", "owner", 1, tmp_path / "batch-0123456789abcdef", View(None, "i"),
+                              reuse="batch")
+    batch.write_items([b'{"code": "1"}'])
+    meta = json.loads((batch.folder / batchrecord.META).read_text())
+    assert meta["reuse"] == "batch"
+    (batch.folder / batchrecord.META).write_text(json.dumps({**meta, "reuse": kept}))
+    loaded = batchrecord.load(batch.folder, View(None, "i"), 10)
+    assert loaded is not None and loaded.reuse == ("batch" if kept == "batch" else None)
+    assert loaded.summary()["reuse"] == loaded.reuse

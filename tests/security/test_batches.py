@@ -4,6 +4,7 @@ deep bodies (the node's peak memory and the call's wall time), a stream nobody r
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -190,3 +191,65 @@ def test_a_batch_survives_a_restart_of_a_node_with_a_state_folder(docker_ready: 
             server.kill(signal.SIGTERM)
         wait_until(lambda: not server.containers(), 60, "containers were left behind")
         remove_tree(tmp)
+
+
+# -- reuse=batch: judge items in a few sandboxes of the batch's own --------------------------------------------
+
+# Which sandbox ran it: the container's own folder, from the source of its /etc/hostname mount.
+HOST = {"program": "import sys\nsys.stderr.write([line.split()[3] for line in open('/proc/self/mountinfo') "
+                   "if line.split()[4] == '/etc/hostname'][0])", "tests": [{"expected": None}]}
+
+
+def _hosts(seen: list[tuple[str, dict]]) -> list[tuple[str, str]]:
+    """Each judge item's (mode, the sandbox it ran in), as HOST reports it."""
+    judged = [data["result"]["judge"] for kind, data in seen if kind == "item" and "judge" in data.get("result", {})]
+    return [(j["mode"], j["tests"][0]["stderr"]) for j in judged]
+
+
+def _three_at_once(http: httpx.Client) -> list[object]:
+    """Three executions at once, as many as the token's run cap: each is ok only if no slot is still held."""
+    with concurrent.futures.ThreadPoolExecutor(3) as threads:
+        answers = list(threads.map(lambda _: http.post("/v1/execute", json={"code": "import time; time.sleep(2)"}),
+                                   range(3)))
+    return [answer.json().get("ok") for answer in answers]
+
+
+def test_reuse_shares_a_few_sandboxes_within_a_batch_and_never_across_batches(node: Server) -> None:
+    """The batch's judge items run in at most as many sandboxes as the token's run cap (3), and no sandbox serves
+    two batches (nor two tokens)."""
+    with client(node, NODE_TOKEN) as http, client(node, OTHER_TOKEN) as other:
+        assert http.post("/v1/batches", params={"reuse": "all"}, json=[HOST]).status_code == 422
+        made = http.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 9 + [{"code": "print(1)"}])
+        theirs = other.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 3)
+        assert made.status_code == theirs.status_code == 202 and made.json()["reuse"] == "batch"
+        seen = events(http, made.json()["id"])
+        mine = _hosts(seen)
+        their = _hosts(events(other, theirs.json()["id"]))
+        assert [data["result"]["ok"] for kind, data in seen if kind == "item" and data["index"] == 9] == [True]
+        assert len(mine) == 9 and {mode for mode, _ in mine} == {"batch"}, mine
+        assert len({host for _, host in mine}) <= 3, mine  # the cap: sandboxes kept, not one per item
+        assert not {host for _, host in mine} & {host for _, host in their}
+        assert http.get(f"/v1/batches/{made.json()['id']}").json()["reuse"] == "batch"
+        assert http.delete(f"/v1/batches/{made.json()['id']}").status_code == 204
+        assert other.delete(f"/v1/batches/{theirs.json()['id']}").status_code == 204
+        wait_until(lambda: not node.containers(), 30, "containers were left behind")
+        wait_until(lambda: not results_folders(node), 60, "folders were left behind")
+        assert _three_at_once(http) == [True] * 3  # the batch's slots were given back
+
+
+def test_cancelling_a_reuse_batch_closes_its_kept_sandboxes_and_frees_its_slots(node: Server) -> None:
+    quick = {"program": "print(1)", "tests": [{"expected": "1"}]}
+    sleeper = {"program": "import time\ntime.sleep(600)", "tests": [{"expected": None}],
+               "limits": {"time": 600, "program": 600}}
+    earlier = set(results_folders(node))  # the results of executions kept for their time (not this batch's)
+    with client(node, NODE_TOKEN) as http:
+        batch_id = http.post("/v1/batches", params={"reuse": "batch"}, json=[quick] * 3 + [sleeper] * 6).json()["id"]
+        wait_until(lambda: http.get(f"/v1/batches/{batch_id}").json()["done"] >= 3, 120, "the quick items never ran")
+        time.sleep(2)  # the sleepers are under way in the kept sandboxes
+        started = time.monotonic()
+        assert http.delete(f"/v1/batches/{batch_id}").status_code == 204
+        took = time.monotonic() - started
+        wait_until(lambda: not node.containers(), 30, "containers were left behind")
+        assert took < 30, f"cancelling took {took:.1f} s: the running items were not interrupted"
+        wait_until(lambda: not set(results_folders(node)) - earlier, 60, "folders were left behind")
+        assert _three_at_once(http) == [True] * 3  # its slots were given back
