@@ -31,7 +31,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from . import batchbody, batchrecord, judgeitems, streaming
 from .batchbody import Item
 from .batchrecord import FINAL, Batch
-from .batchreuse import MODES, Reuse
+from .batchreuse import MODES, Held
 from .identity import View
 from .judgeitems import JudgeBody
 from .runs import Runs, Shown, chosen, owner
@@ -113,28 +113,30 @@ class Batches:
         batchrecord.remove(batch.folder)
 
     def start(self, batch: Batch) -> None:
-        if batch.reuse is not None:
-            batch.pool = Reuse(self.folders)
         batch.task = asyncio.create_task(self._drive(batch))
 
     async def _drive(self, batch: Batch) -> None:
         """Start each item when one of the token's run slots is free (with ``reuse``, workers that keep their slot
-        and sandbox run them); end once every started one has ended."""
+        and a sandbox run them); end once every started one has ended."""
         running: set[asyncio.Task[None]] = set()
         try:
             items = self._items(batch)
-            if batch.pool is None:
+            if batch.reuse is None:
                 async for index, body in items:
                     await self._slot(batch.owner)
                     task = asyncio.create_task(self._run_item(batch, index, body))
                     running.add(task)
                     task.add_done_callback(running.discard)
             else:
-                turn = asyncio.Lock()
-                running.update(asyncio.create_task(self._worker(batch, items, turn))
-                               for _ in range(self.settings.max_running_per_token))
+                turns = asyncio.Lock(), asyncio.Lock()  # one worker reads the next item, one waits for a slot
+                workers = min(self.settings.max_running_per_token, batch.total - len(batch.finished))
+                running.update(asyncio.create_task(self._worker(batch, items, *turns)) for _ in range(workers))
             if running:
                 await asyncio.wait(running)
+                ended = [t.exception() for t in running if not t.cancelled()]
+                failed = next((exc for exc in ended if exc is not None), None)
+                if failed is not None:  # a worker's own fault (reading the record...): the batch failed, not done
+                    raise failed
             batch.status = "done"
         except asyncio.CancelledError:
             if self.closing:  # the node stops: with a state folder, the next start runs the rest
@@ -151,8 +153,6 @@ class Batches:
         finally:
             batch.expires = time.monotonic() + self.folders.result_ttl
             batch.notify()
-            if batch.pool is not None:  # what is left (a stop, a cancel): items that end after close theirs
-                await asyncio.to_thread(batch.pool.close)
 
     async def _items(self, batch: Batch) -> AsyncIterator[tuple[int, Item]]:
         """The batch's items not yet finished, read from its record one at a time; a line tampered with is that
@@ -175,41 +175,46 @@ class Batches:
                 yield index, body
             index += 1
 
-    async def _worker(self, batch: Batch, items: AsyncIterator[tuple[int, Item]], turn: asyncio.Lock) -> None:
-        """With ``reuse``: run items one after another in a slot held from the first to the last, so the sandbox
-        kept between them is counted in the token's caps; at the end, close one kept sandbox, then free the slot."""
-        held = False
+    async def _worker(self, batch: Batch, items: AsyncIterator[tuple[int, Item]], reading: asyncio.Lock,
+                      waiting: asyncio.Lock) -> None:
+        """With ``reuse``: take a slot, then run items one after another in it with the sandbox kept between them
+        (batchreuse.Held); at the end, close that sandbox, then free the slot. Never waits past the batch's end."""
+        async with waiting:  # one worker of the batch waits for a slot at a time
+            if not await self._slot(batch.owner, batch):
+                return
+        held = Held(self.folders)
         try:
             while batch.status == "running" and not self.closing:
-                async with turn:
+                async with reading:
                     found = await anext(items, None)
                 if found is None:
                     return
-                if not held:
-                    await self._slot(batch.owner)
-                    held = True
-                await self._run_item(batch, *found, keeps_slot=True)
+                if not isinstance(found[1], JudgeBody):  # an execution makes a sandbox of its own: one at a time
+                    await asyncio.to_thread(held.drop)
+                await self._run_item(batch, *found, held=held)
         finally:
-            if held:
-                try:
-                    if batch.pool is not None:
-                        await asyncio.to_thread(batch.pool.close_one)
-                finally:
-                    self.runs.free_slot(batch.owner)
+            try:
+                await asyncio.to_thread(held.close)
+            finally:
+                self.runs.free_slot(batch.owner)
 
-    async def _slot(self, who: str) -> None:
-        """Wait for one of ``who``'s run slots and take it (its /v1/execute calls share them)."""
+    async def _slot(self, who: str, batch: Batch | None = None) -> bool:
+        """Wait for one of ``who``'s run slots and take it (its /v1/execute calls share them); with ``batch``, stop
+        waiting (False) once it is no longer running or the node stops."""
         while self.runs.running.get(who, 0) >= self.settings.max_running_per_token:
+            if batch is not None and (batch.status != "running" or self.closing):
+                return False
             await asyncio.sleep(0.05)
         self.runs.take_slot(who)
+        return True
 
-    async def _run_item(self, batch: Batch, index: int, body: Item, keeps_slot: bool = False) -> None:
+    async def _run_item(self, batch: Batch, index: int, body: Item, held: Held | None = None) -> None:
         execution_id = uuid.uuid4().hex[:16]
         batch.executions.append(execution_id)
         line: dict[str, Any] = {"index": index}
         try:
-            line["result"] = await self.runs.run(batch.owner, self._work(batch, execution_id, body), slot_taken=True,
-                                                 frees_slot=not keeps_slot)
+            line["result"] = await self.runs.run(batch.owner, self._work(batch, execution_id, body, held),
+                                                 slot_taken=True, frees_slot=held is None)
         except HTTPException as exc:  # nbexec could not run this item: its error, the others go on
             line["error"] = {"status": exc.status_code, "detail": exc.detail}
         except Exception:
@@ -221,10 +226,11 @@ class Batches:
             return  # stopped by the node's shutdown: with a state folder, the next start runs it again
         await self._record(batch, line)
 
-    def _work(self, batch: Batch, execution_id: str, body: Item) -> Callable[[Any], dict[str, Any]]:
+    def _work(self, batch: Batch, execution_id: str, body: Item, held: Held | None) -> Callable[[Any], dict[str, Any]]:
         """What runs the item on the token's thread: a judgement (judgeitems) or an execution."""
         if isinstance(body, JudgeBody):
-            return judgeitems.work(self.folders, self.settings.config, self.settings.store, batch, execution_id, body)
+            return judgeitems.work(self.folders, self.settings.config, self.settings.store, batch, execution_id, body,
+                                   held)
         config = chosen(self.settings.config, body.image, body.language)
         session = self.folders.one_shot(execution_id, self.settings.store, batch.shown.id, config)
         batch.sessions[execution_id] = session

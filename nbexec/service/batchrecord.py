@@ -28,7 +28,6 @@ from typing import Any
 from nbexec.engine.session import Session
 from nbexec.files.workdir import remove_tree
 
-from .batchreuse import Reuse
 from .identity import View
 
 PAGE_BYTES = 4 * 1024**2  # a page of results stops once it holds this much (one result more at most)
@@ -74,8 +73,7 @@ class Batch:
     executions: list[str] = field(default_factory=list)  # every item's execution id (its files' folder)
     task: asyncio.Task[None] | None = None
     finished: set[int] = field(default_factory=set)  # indices with a result before a restart (not run again)
-    reuse: str | None = None  # "batch": its judge items share a few sandboxes (batchreuse), kept in the record
-    pool: Reuse | None = None  # those sandboxes, while the batch runs
+    reuse: str | None = None  # "batch": its judge items share a few sandboxes (batchreuse); kept in the record
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -1,16 +1,17 @@
 """``POST /v1/batches?reuse=batch``: the judge items of one batch share a few sandboxes, reset between two items
 (`judgemany.Kept`, as judge_many(reuse="batch") does; docs/judging.md says what a reset does not undo).
 
-A batch's sandboxes are its own: never handed to another batch, and so never to another token. Each is held by
-one of the batch's workers (`Batches._worker`), and the worker holds one of the token's run slots for as long as
-it runs items: the sandboxes a batch keeps are counted in the token's caps, idle or not. A worker that ends closes
-one idle sandbox before it frees its slot, so a batch never keeps more sandboxes than it holds slots.
+The batch runs its items with workers (`Batches._worker`). A worker takes one of the token's run slots before its
+first item and frees it after its last, and keeps at most one sandbox between items: a batch never has more
+sandboxes than it holds slots, idle or not. A sandbox is its worker's, so it never serves another batch, and so
+never another token.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
 
+from nbexec.config import SandboxConfig
 from nbexec.engine.judgemany import Kept
 from nbexec.engine.session import Session
 
@@ -19,48 +20,34 @@ from .tenants import Tenants
 MODES = ("batch",)  # what ``reuse`` may say (absent: a sandbox per item)
 
 
-class Reuse:
-    """The sandboxes one batch keeps between its judge items: a Kept per image (a sandbox of one image is never
-    handed to an item that asked for another). A sandbox that closes goes as a one-shot's does: its folder's
-    clock starts."""
+class Held:
+    """The sandbox one worker keeps between its judge items. It closes as a one-shot's does: its folder's clock
+    starts (at once when its batch was deleted)."""
 
     def __init__(self, folders: Tenants) -> None:
         self._folders = folders
-        self._kept: dict[str | None, Kept] = {}
-        self._lock = threading.Lock()
-        self._closed = False
+        self.kept = Kept(self._end)
 
-    def kept(self, image: str | None) -> Kept:
-        with self._lock:
-            found = self._kept.get(image)
-            if found is None:
-                found = self._kept[image] = Kept(self._end)
-                if self._closed:
-                    found.close()
-            return found
+    def take(self, config: SandboxConfig) -> Session | None:
+        """The kept sandbox when it runs ``config``'s image; one of another image is closed first (a worker has one
+        sandbox at most)."""
+        session = self.kept.take()
+        if session is not None and session.config.image != config.image:
+            self._end(session)
+            return None
+        return session
 
-    def take(self, image: str | None) -> Session | None:
-        """An idle sandbox of ``image``'s (reset and clean), or None."""
-        return self.kept(image).take()
-
-    def close_one(self) -> None:
-        """Close one idle sandbox, of whichever image (a worker that ends: what it kept goes with its slot)."""
-        with self._lock:
-            kepts = list(self._kept.values())
-        for kept in kepts:
-            session = kept.take()
-            if session is not None:
-                self._end(session)
-                return
+    def drop(self) -> None:
+        """Close the kept sandbox, before an item that makes one of its own (an execution)."""
+        session = self.kept.take()
+        if session is not None:
+            self._end(session)
 
     def close(self) -> None:
-        """Close every idle sandbox; one that ends its item after this is closed then."""
-        with self._lock:
-            self._closed = True
-            kepts = list(self._kept.values())
-        for kept in kepts:
-            kept.close()
+        """At the worker's end: close the kept sandbox; one whose item ends after this is closed then."""
+        self.kept.close()
 
     def _end(self, session: Session) -> None:
-        self._folders.finish_one_shot(session.id)  # one_shot sessions are named by their first item's execution
+        with contextlib.suppress(Exception):  # a close that fails never keeps the slot, nor the folder's clock
+            self._folders.finish_one_shot(session.id)  # its id is its first item's execution id (its folder's)
         session.close()  # one that never started a run was never recorded: closed all the same

@@ -21,6 +21,7 @@ from nbexec.errors import ConfigError
 from nbexec.stores.storage import ArtifactStore
 
 from .batchrecord import Batch
+from .batchreuse import Held
 from .runs import chosen
 from .schemas import IMAGE_FIELD
 from .tenants import Tenants
@@ -85,25 +86,21 @@ def check(body: JudgeBody, most: float) -> None:
 
 
 def work(folders: Tenants, policy: SandboxConfig, store: ArtifactStore | None, batch: Batch, execution_id: str,
-         body: JudgeBody) -> Callable[[Any], dict[str, Any]]:
+         body: JudgeBody, held: Held | None = None) -> Callable[[Any], dict[str, Any]]:
     """What judges ``body`` on the token's thread, in a one-shot session of the batch's (interrupted with it), or
-    in one its pool keeps (``?reuse=batch``: batchreuse)."""
+    with ``reuse=batch`` in the sandbox its worker keeps (``held``: batchreuse)."""
     try:
         job = body.job(folders.capped(None))
     except ConfigError as exc:  # checked at the post; a record changed since: this item's error
         raise HTTPException(422, str(exc)[:300]) from None
-    kept = None if batch.pool is None else batch.pool.kept(body.image)
-    reused = None if kept is None else kept.take()
     config = chosen(policy, body.image).replace(language="python")
-    session = reused or folders.one_shot(execution_id, store, batch.shown.id, config)
+    if held is not None:
+        return lambda _: _reused(folders, store, batch, execution_id, job, config, held)
+    session = folders.one_shot(execution_id, store, batch.shown.id, config)
     batch.sessions[execution_id] = session
 
     def render(_: Any) -> dict[str, Any]:
-        if reused is None:  # a kept one was recorded by its first item, under that item's id (its folder's)
-            folders.keep(batch.owner, execution_id, session)
-        if kept is not None:  # reset and kept after, or closed (and its folder's clock started)
-            judged = kept.judged(session, job, fresh=reused is None)
-            return {"ok": judged.ok, "judge": judged.to_dict()}
+        folders.keep(batch.owner, execution_id, session)
         try:  # an image without the language's compiler: a ConfigError, the item's 400 (Runs.run maps it)
             judged = judge.run(session, job)
             return {"ok": judged.ok, "judge": judged.to_dict()}
@@ -111,3 +108,17 @@ def work(folders: Tenants, policy: SandboxConfig, store: ArtifactStore | None, b
             folders.finish_one_shot(execution_id)
 
     return render
+
+
+def _reused(folders: Tenants, store: ArtifactStore | None, batch: Batch, execution_id: str, job: judge.Job,
+            config: SandboxConfig, held: Held) -> dict[str, Any]:
+    """``job`` judged in the worker's kept sandbox, or in a new one recorded under this item's id (its folder's);
+    after it, the sandbox is reset and kept, or closed."""
+    session = held.take(config)
+    fresh = session is None
+    if session is None:
+        session = folders.one_shot(execution_id, store, batch.shown.id, config)
+        folders.keep(batch.owner, execution_id, session)
+    batch.sessions[execution_id] = session
+    judged = held.kept.judged(session, job, fresh=fresh)
+    return {"ok": judged.ok, "judge": judged.to_dict()}

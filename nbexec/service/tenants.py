@@ -104,6 +104,7 @@ class _Kept:
     folder: Path
     session: Session
     expires: float = math.inf  # time.monotonic() after which the folder is deleted
+    doomed: bool = False  # deleted with its batch while it ran: its folder goes at its end
 
 
 @dataclass
@@ -285,14 +286,17 @@ class Tenants:
             return
         self.source.warm_up(kept.session.config)  # the throwaway session took a pooled sandbox: start its replacement
         kept.session.close()
-        kept.expires = time.monotonic() + self.result_ttl
+        with self._lock:  # with expire_result's check: a batch deleted now is never missed
+            kept.expires = 0.0 if kept.doomed else time.monotonic() + self.result_ttl
 
     def expire_result(self, execution_id: str) -> None:
-        """Let the next sweep delete a finished run's folder now (a deleted batch's items)."""
+        """Let the next sweep delete a run's folder now, or once it finishes (a deleted batch's items)."""
         with self._lock:
             kept = self._results.get(execution_id)
             if kept is not None and kept.expires != math.inf:
                 kept.expires = 0.0
+            elif kept is not None:  # still running (a cancel that waited no longer)
+                kept.doomed = True
 
     def interrupt_run(self, who: str, execution_id: str) -> str:
         """Interrupt ``who``'s one-shot run ``execution_id``: "interrupted", "finished" (nothing left to stop), or

@@ -345,10 +345,11 @@ def test_cancelling_the_async_batch_twice_still_waits_for_its_sandboxes(config: 
     assert unaccounted_containers() == []
 
 
-def test_a_batch_whose_loop_fails_ends_its_stream_and_its_sandboxes(docker_ready: None) -> None:
+@pytest.mark.parametrize("reuse", [None, "batch"])
+def test_a_batch_whose_loop_fails_ends_its_stream_and_its_sandboxes(docker_ready: None, reuse: str | None) -> None:
     """nbexec's own fault mid-batch (here its items file removed under it) ends the batch as failed: the stream
     ends, the running items are stopped, nothing is left. Before, the status stayed running and the stream waited
-    for as long as its client did."""
+    for as long as its client did. With reuse, the fault ends a worker, and the batch is failed too, not done."""
     tmp = Path(tempfile.mkdtemp(prefix="bfail-", dir="/tmp"))
     tmp.chmod(0o755)
     server = cluster_node(0, tmp, running=1, tag="bfail")
@@ -360,7 +361,7 @@ def test_a_batch_whose_loop_fails_ends_its_stream_and_its_sandboxes(docker_ready
         with client(server, NODE_TOKEN, timeout=120) as http:
             # one slot: the loop waits for it holding the second item, and reads the third once the first ends
             first = {"code": "import time\ntime.sleep(4)"}
-            batch_id = http.post("/v1/batches", json=[first, SLEEP, SLEEP]).json()["id"]
+            batch_id = http.post("/v1/batches", json=[first, SLEEP, SLEEP], params={"reuse": reuse}).json()["id"]
             folder = next((tmp / "state").rglob(f"batch-{batch_id}"))
             wait_until(lambda: server.containers(), 60, "the first item never started")
             (folder / "items.jsonl").unlink()

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from nbexec.files.workdir import remove_tree
+from nbexec.sandbox.docker import daemon
 
 from ..cluster import NODE_TOKEN, OTHER_TOKEN, Server, client, running_node, wait_ready
 from ..cluster import node as cluster_node
@@ -198,6 +199,8 @@ def test_a_batch_survives_a_restart_of_a_node_with_a_state_folder(docker_ready: 
 # Which sandbox ran it: the container's own folder, from the source of its /etc/hostname mount.
 HOST = {"program": "import sys\nsys.stderr.write([line.split()[3] for line in open('/proc/self/mountinfo') "
                    "if line.split()[4] == '/etc/hostname'][0])", "tests": [{"expected": None}]}
+SLEEPER = {"program": "import time\ntime.sleep(600)", "tests": [{"expected": None}],
+           "limits": {"time": 600, "program": 600}}
 
 
 def _hosts(seen: list[tuple[str, dict]]) -> list[tuple[str, str]]:
@@ -215,16 +218,18 @@ def _three_at_once(http: httpx.Client) -> list[object]:
 
 
 def test_reuse_shares_a_few_sandboxes_within_a_batch_and_never_across_batches(node: Server) -> None:
-    """The batch's judge items run in at most as many sandboxes as the token's run cap (3), and no sandbox serves
-    two batches (nor two tokens)."""
+    """A batch's judge items run in at most as many sandboxes as the token's run cap (3), and no sandbox serves
+    two batches (nor two tokens): the next batch has sandboxes of its own."""
+    earlier = set(results_folders(node))  # the results of executions kept for their time (not a batch's)
     with client(node, NODE_TOKEN) as http, client(node, OTHER_TOKEN) as other:
         assert http.post("/v1/batches", params={"reuse": "all"}, json=[HOST]).status_code == 422
         made = http.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 9 + [{"code": "print(1)"}])
-        theirs = other.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 3)
-        assert made.status_code == theirs.status_code == 202 and made.json()["reuse"] == "batch"
+        assert made.status_code == 202 and made.json()["reuse"] == "batch"
         seen = events(http, made.json()["id"])
         mine = _hosts(seen)
-        their = _hosts(events(other, theirs.json()["id"]))
+        theirs = other.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 6)  # after: a pool of mine
+        their = _hosts(events(other, theirs.json()["id"]))  # it was handed would be closed, one sandbox an item
+        assert len({host for _, host in their}) <= 3, their
         assert [data["result"]["ok"] for kind, data in seen if kind == "item" and data["index"] == 9] == [True]
         assert len(mine) == 9 and {mode for mode, _ in mine} == {"batch"}, mine
         assert len({host for _, host in mine}) <= 3, mine  # the cap: sandboxes kept, not one per item
@@ -233,17 +238,15 @@ def test_reuse_shares_a_few_sandboxes_within_a_batch_and_never_across_batches(no
         assert http.delete(f"/v1/batches/{made.json()['id']}").status_code == 204
         assert other.delete(f"/v1/batches/{theirs.json()['id']}").status_code == 204
         wait_until(lambda: not node.containers(), 30, "containers were left behind")
-        wait_until(lambda: not results_folders(node), 60, "folders were left behind")
+        wait_until(lambda: not set(results_folders(node)) - earlier, 60, "folders were left behind")
         assert _three_at_once(http) == [True] * 3  # the batch's slots were given back
 
 
 def test_cancelling_a_reuse_batch_closes_its_kept_sandboxes_and_frees_its_slots(node: Server) -> None:
     quick = {"program": "print(1)", "tests": [{"expected": "1"}]}
-    sleeper = {"program": "import time\ntime.sleep(600)", "tests": [{"expected": None}],
-               "limits": {"time": 600, "program": 600}}
     earlier = set(results_folders(node))  # the results of executions kept for their time (not this batch's)
     with client(node, NODE_TOKEN) as http:
-        batch_id = http.post("/v1/batches", params={"reuse": "batch"}, json=[quick] * 3 + [sleeper] * 6).json()["id"]
+        batch_id = http.post("/v1/batches", params={"reuse": "batch"}, json=[quick] * 3 + [SLEEPER] * 6).json()["id"]
         wait_until(lambda: http.get(f"/v1/batches/{batch_id}").json()["done"] >= 3, 120, "the quick items never ran")
         time.sleep(2)  # the sleepers are under way in the kept sandboxes
         started = time.monotonic()
@@ -253,3 +256,37 @@ def test_cancelling_a_reuse_batch_closes_its_kept_sandboxes_and_frees_its_slots(
         assert took < 30, f"cancelling took {took:.1f} s: the running items were not interrupted"
         wait_until(lambda: not set(results_folders(node)) - earlier, 60, "folders were left behind")
         assert _three_at_once(http) == [True] * 3  # its slots were given back
+
+
+
+def test_deleting_a_reuse_batch_that_waits_for_slots_stops_it_at_once(node: Server) -> None:
+    """Its workers wait for slots another batch holds: DELETE ends them at once, and none runs an item later."""
+    with client(node, NODE_TOKEN) as http:
+        holding = http.post("/v1/batches", params={"reuse": "batch"}, json=[SLEEPER] * 3).json()["id"]
+        wait_until(lambda: len(node.containers()) >= 3, 120, "the sleepers never started")
+        waiting = http.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 3).json()["id"]
+        time.sleep(1)
+        started = time.monotonic()
+        assert http.delete(f"/v1/batches/{waiting}").status_code == 204
+        took = time.monotonic() - started
+        assert http.delete(f"/v1/batches/{holding}").status_code == 204
+        wait_until(lambda: not node.containers(), 30, "containers were left behind")
+        time.sleep(3)  # a worker of the deleted batch left waiting would take the freed slots now
+        assert not node.containers(), "a deleted batch ran an item"
+        assert _three_at_once(http) == [True] * 3
+    assert took < 10, f"deleting a batch that waited for slots took {took:.1f} s"
+
+
+def test_a_reuse_worker_has_one_sandbox_at_most(node: Server) -> None:
+    """An execution after judge items: the worker closes the sandbox it kept before the execution makes its own,
+    so the token's 3 slots never hold more than 3 sandboxes."""
+    nap = {"code": "import time\ntime.sleep(8)"}
+    with client(node, NODE_TOKEN) as http:
+        batch_id = http.post("/v1/batches", params={"reuse": "batch"}, json=[HOST] * 3 + [nap] * 3).json()["id"]
+        wait_until(lambda: http.get(f"/v1/batches/{batch_id}").json()["done"] >= 3, 120, "the judge items never ran")
+        time.sleep(4)  # the naps run; a kept sandbox closed before them is gone by now
+        alive = daemon.connect().containers.list(filters={"label": f"{daemon.LABEL_NODE}={node.name}",
+                                                          "status": "running"})
+        assert len(alive) <= 3, f"{len(alive)} sandboxes running on 3 slots"
+        assert http.delete(f"/v1/batches/{batch_id}").status_code == 204
+    wait_until(lambda: not node.containers(), 30, "containers were left behind")
