@@ -172,8 +172,9 @@ def test_a_session_on_a_backend_without_checkpoints_sleeps_by_replay(fake: Recor
 # -- judging needs hidden code -------------------------------------------------------------------------------------
 
 def test_judging_is_refused_where_hidden_code_is_not_run(fake: Recording, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A remote node's hidden route takes named requests only: judging there says so, before any file is sent. A
-    backend offers hidden code by saying so (fails closed): here, the fake, which does not."""
+    """A backend offers hidden code by saying so (fails closed), else judges by name (a remote node) or refuses,
+    naming itself and the capability, before any file is sent: here, the fake, which does neither."""
+    from nbexec.sandbox.capabilities import Capability
     from nbexec.sandbox.docker.container import Sandbox
     from nbexec.sandbox.fake import FakeSandbox
     from nbexec.sandbox.ray.handle import RayHandle
@@ -182,7 +183,8 @@ def test_judging_is_refused_where_hidden_code_is_not_run(fake: Recording, monkey
     assert (RemoteHandle.hidden_code, FakeSandbox.hidden_code, Sandbox.hidden_code, RayHandle.hidden_code) == \
         (False, False, True, True)
     monkeypatch.setattr(FakeSandbox, "put_file", lambda *a, **k: pytest.fail("a file was sent"))
-    with pytest.raises(nbexec.ConfigError, match="not on a remote node"):
+    assert RemoteHandle.capabilities >= {Capability.JUDGE} and Capability.JUDGE not in FakeSandbox.capabilities
+    with pytest.raises(nbexec.NotOfferedError, match="fake sandbox backend does not offer judging by name"):
         nbexec.judge("print(1)", [nbexec.Test(expected="1")], config=cfg())
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import nbexec
-from nbexec.engine import sources
+from nbexec.engine import judge, sources
 from nbexec.errors import ConfigError, FileTransferError, NotOfferedError, SandboxError
 from nbexec.files import artifacts
 from nbexec.files.folders import OutputFolder, make_output_dir
@@ -214,6 +214,7 @@ def test_what_a_backend_does_not_offer_says_so_by_name(backend: Backend, sandbox
         "hibernate": lambda: backend.source.hibernate(sandbox, tmp_path),
         "wake": lambda: backend.source.wake(backend.config, {}, tmp_path),
         "discard": lambda: backend.source.discard({}, tmp_path),
+        "judge": lambda: sandbox.judge({}, 1.0),
     }
     refused = 0
     for capability, (on_handle, on_source) in CAPABILITIES.items():
@@ -226,6 +227,19 @@ def test_what_a_backend_does_not_offer_says_so_by_name(backend: Backend, sandbox
             assert capability.value in str(caught.value) and backend.source.backend in str(caught.value)
             refused += 1
     assert refused or backend.name != "fake", "the fake offers less than the real backends: something must refuse"
+
+
+def test_a_program_is_judged_by_hidden_code_or_by_name(backend: Backend, sandbox: SandboxHandle) -> None:
+    """Judging goes through the seam: by the runner's code where run_hidden takes code (this host, Ray), as data
+    where the backend judges by name (a remote node), else refused by name before any file is sent."""
+    job = judge.Job.of("print(int(input()) + 1)", [nbexec.Test("1", expected="2"), nbexec.Test("1", expected="3")],
+                       "python", "whitespace", None)
+    if not (sandbox.hidden_code or sandbox.offers(Capability.JUDGE)):
+        with pytest.raises(NotOfferedError, match=Capability.JUDGE.value):
+            judge.judged_in(sandbox, backend.config, job)
+        return
+    judged, _ = judge.judged_in(sandbox, backend.config, job)
+    assert [test.verdict for test in judged.tests] == ["accepted", "wrong_answer"], judged.to_dict()
 
 
 def test_sleep_keeps_the_files_and_drops_the_memory(backend: Backend, sandbox: SandboxHandle) -> None:

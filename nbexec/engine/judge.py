@@ -24,9 +24,11 @@ from typing import Any
 from nbexec import judgelangs
 from nbexec.config import SandboxConfig, from_env, parse_size
 from nbexec.errors import ConfigError, NotOfferedError, ProtocolError, SandboxError
+from nbexec.sandbox.capabilities import Capability
 from nbexec.sandbox.messages import MAX_CONTROL
 from nbexec.sandbox.source import SandboxHandle
 
+from . import judgenamed
 from .judgevalues import (
     JUDGE_IMAGE_HINT,
     MAX_PROGRAM,
@@ -48,6 +50,7 @@ AFTER_SECONDS = 10.0  # what a request with judged()'s ``after`` may take more (
 # of the reset): a stopped kernel holds the host that much longer
 CHECKER_LIMITS = {"time": 10.0, "memory": 1024**3, "output": 1024**2}
 COMPILE_FILES = 256 * 1024**2  # the largest file a compile may write (RLIMIT_FSIZE): a binary past it is refused
+NAMED_SLACK = 30.0  # seconds a node may take to start the judge and send the files, beyond the program's time
 HEAP_ONLY = ("java", "go")  # runtimes that reserve far more address space than they use: no RLIMIT_AS
 
 
@@ -108,11 +111,15 @@ def judged(session: Session, job: Job, batch: bool = False, after: str = "") -> 
     kernel already, and Python tests are forked from it. ``after``: code for a callable the kernel calls once every
     test is judged, in the same request as the last tests (the reset of reuse="batch"; AFTER_SECONDS more are
     waited for it)."""
-    config = session.config
+    return judged_in(session._started_handle(), session.config, job, batch, after)
+
+
+def judged_in(sandbox: SandboxHandle, config: SandboxConfig, job: Job, batch: bool = False,
+              after: str = "") -> tuple[JudgeResult, Any]:
+    """judged() in ``sandbox`` (started, of ``config``): what a node runs for a judging sent by name too."""
     seconds = job.limits.program if job.limits.program is not None else config.timeout
-    sandbox = session._started_handle()
-    if not sandbox.hidden_code:
-        raise ConfigError("judging runs in sandboxes of this host or of a Ray cluster for now, not on a remote node")
+    if not sandbox.hidden_code:  # its hidden route takes no code (a remote node): the job goes as data, by name
+        return _by_name(sandbox, job, seconds), NOT_RUN
     folder = f".nbexec-judge-{secrets.token_hex(8)}"
     _upload(sandbox, folder, job)
     deadline = time.monotonic() + seconds  # the program's own time: a slow start or upload is not charged to it
@@ -143,6 +150,15 @@ def judged(session: Session, job: Job, batch: bool = False, after: str = "") -> 
                                                     for i in range(len(job.tests))), compile_log=log), NOT_RUN
     tests = tuple(chunks.results(answer))
     return JudgeResult(job.language.name, tests, compile_log=log), chunks.after
+
+
+def _by_name(sandbox: SandboxHandle, job: Job, seconds: float) -> JudgeResult:
+    """judged() where the backend judges by name (`judgenamed`), within the program's time and the same slack a
+    local judging has; NotOfferedError, before any file is sent, where it does not."""
+    if not sandbox.offers(Capability.JUDGE):
+        raise sandbox.refusal(Capability.JUDGE)
+    late = CHECKER_LIMITS["time"] + GRACE + NAMED_SLACK
+    return judgenamed.result(sandbox.judge(judgenamed.body(job), seconds + late), job)
 
 
 class _Chunks:

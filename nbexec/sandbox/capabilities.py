@@ -23,6 +23,7 @@ class Capability(enum.Enum):
     WHEELS = "wheels"  # put wheels the host resolved into /mnt/wheels (packages=)
     DURABLE = "durable sessions"  # find a sandbox again from another process (describe, adopt, abandon)
     CHECKPOINT = "checkpoint"  # keep a sandbox's memory across a sleep (hibernate, wake, discard)
+    JUDGE = "judging by name"  # judge a program sent as data (where run_hidden takes no code: a remote node)
 
 
 # The methods each capability needs: (on the handle, on the source).
@@ -33,6 +34,7 @@ CAPABILITIES: dict[Capability, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Capability.WHEELS: (("provide_wheels",), ()),
     Capability.DURABLE: (("describe",), ("adopt", "abandon")),
     Capability.CHECKPOINT: ((), ("hibernate", "wake", "discard")),
+    Capability.JUDGE: (("judge",), ()),
 }
 
 

@@ -208,6 +208,11 @@ class SandboxHandle(abc.ABC):
         """FREEZE: stop every process where it is, so /mnt/data can be collected as one moment."""
         raise self.refusal(Capability.FREEZE)
 
+    def judge(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """JUDGE: judge ``job`` (a batch's judge item, as JSON data) in this sandbox with the runner of the side
+        that runs it, within ``timeout`` seconds; its JudgeResult as a dict (the caller checks every field)."""
+        raise self.refusal(Capability.JUDGE)
+
     def provide_wheels(self, wheels: Sequence[WheelFile]) -> None:
         """WHEELS: put ``wheels`` (checked against their sha256 here) into /mnt/wheels; PackageError when one
         does not match or does not fit."""

@@ -30,8 +30,8 @@ from fastapi.responses import StreamingResponse
 
 from nbexec import packages
 from nbexec.config import parse_size
-from nbexec.engine import collect
-from nbexec.errors import NbexecError, PackageError, ProtocolError, SessionError
+from nbexec.engine import collect, judge, judgenamed
+from nbexec.errors import ConfigError, NbexecError, PackageError, ProtocolError, SessionError
 from nbexec.hostconfig import host_from_env
 from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.remote import frames
@@ -39,6 +39,7 @@ from nbexec.sandbox.source import SandboxHandle, WheelFile
 
 from . import files, sleeping, streaming
 from .held import Entry, Held, Owned
+from .judgeitems import JudgeBody
 from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
 from .schemas import EgressBody, HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
@@ -142,6 +143,22 @@ def _run_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings
                 return handle.run_hidden(code, limit, expressions=expressions, named=named)
 
         return {"sandbox": shown.id(sandbox_id), "reply": await runs.run(who, work)}
+
+    @app.post("/v1/sandboxes/{sandbox_id}/judge", include_in_schema=False)
+    async def judge_named(sandbox_id: str, body: JudgeBody, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
+        """Judge a program in the sandbox with this node's own runner (judging by name: the client sends the job as
+        data, never code), its program limit within the node's timeout; the JudgeResult as JSON (judgenamed.fit)."""
+        entry = owned(who, sandbox_id)
+        try:
+            job = body.job(folders.capped(None))
+        except (ConfigError, TypeError) as exc:  # what judge() refuses
+            raise HTTPException(422, str(exc)[:300]) from None
+
+        def work(_: Any) -> dict[str, Any]:
+            with held.using(entry) as handle:
+                return judgenamed.fit(judge.judged_in(handle, handle.config, job)[0].to_dict())
+
+        return {"sandbox": shown.id(sandbox_id), "judge": await runs.run(who, work)}
 
 
 def _life_routes(app: FastAPI, held: Held, runs: Runs, owned: Owned, call: Call) -> None:

@@ -47,6 +47,7 @@ from .nodes import NodeClient
 SMALL = 64 * 1024  # bytes of a small answer (state, notes)
 MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's answer
 MAX_CONNECTIONS = 4 * 1024 * 1024  # bytes of an egress log
+JUDGE_REPLY = 16 * 1024**2 + SMALL  # bytes of a judging's answer (a node drops the tests' texts to fit: judgenamed)
 SLACK = 30.0  # seconds past a run's time limit and grace after which a node that has not ended it is given up
 RELAYED = frames.RELAYED  # what a node may relay of a run
 WAKE_TIMEOUT = 300.0  # seconds a node may take to checkpoint, restore or restart a sandbox's kernel
@@ -162,6 +163,17 @@ class RemoteHandle(OnNode, SandboxHandle):
         if reply is not None and not isinstance(reply, dict):
             raise ProtocolError(f"node {self.node} answered a hidden run with something else")
         return reply
+
+    def judge(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The node judges ``job`` with its own runner (judging by name): its answer, sized here and checked field
+        by field by the caller (`nbexec.engine.judgenamed`)."""
+        with self._on_node():
+            data = self.client.json("POST", f"{self.route}/judge", "judge a program", JUDGE_REPLY, json=job,
+                                    timeout=timeout + SLACK)
+        judged = self._answer(data).get("judge")
+        if not isinstance(judged, dict):
+            raise ProtocolError(f"node {self.node} answered a judging with something else")
+        return judged
 
     def _as_cell(self, code: str, timeout: float) -> dict[str, Any] | None:
         """Run ``code`` as a cell; a reply's status and error as a silent run's, or None when it did not end."""

@@ -1,0 +1,150 @@
+"""Judging on a remote node, by name: the host sends the job as data to the sandbox's node
+(``POST /v1/sandboxes/{id}/judge``), the node judges with its own runner. Attacked from both sides: a client's
+hostile job (refused as a batch's judge item is, its time within the node's), another token's sandbox, and a
+node's hostile answer (every field checked on the host: never an ``accepted`` that was not judged)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import nbexec
+from nbexec import Test
+from nbexec.engine import judge, judgenamed
+from nbexec.engine.judgevalues import Limits
+from nbexec.sandbox.remote import source as remote
+
+from .. import cluster
+from ..conftest import IMAGE, wait_until
+
+SUM = "a, b = map(int, input().split())\nprint(a + b)"
+JOB = judge.Job.of(SUM, [Test("1 2", expected="3"), Test("2 2", expected="5")], "python", "whitespace", None)
+
+
+def _judged(**changes: Any) -> dict[str, Any]:
+    """What a node answers for JOB, with ``changes`` to it."""
+    answer = judge.JudgeResult("python", (judge.TestResult(0, "accepted"), judge.TestResult(1, "wrong_answer")))
+    return {**answer.to_dict(), **changes}
+
+
+@pytest.mark.parametrize(("reply", "why"), [
+    pytest.param(None, "not an object", id="null"),
+    pytest.param([], "not an object", id="a-list"),
+    pytest.param(_judged(tests=_judged()["tests"][:1]), "a test short", id="a-test-short"),
+    pytest.param(_judged(tests=_judged()["tests"] * 2), "tests more", id="tests-more"),
+    pytest.param(_judged(language="cpp"), "another language", id="another-language"),
+    pytest.param(_judged(tests="accepted"), "tests not a list", id="tests-a-string"),
+])
+def test_a_node_answer_that_is_not_this_judgement_is_judge_error(reply: Any, why: str) -> None:
+    judged = judgenamed.result(reply, JOB)
+    assert [t.verdict for t in judged.tests] == ["judge_error", "judge_error"], why
+    assert not judged.ok
+
+
+@pytest.mark.parametrize("record", [
+    {"index": 0, "verdict": "ACCEPTED"},
+    {"index": 1, "verdict": "accepted"},  # another test's record in this test's place
+    {"verdict": "accepted"},
+    "accepted",
+    {"index": 0, "verdict": ["accepted"]},
+])
+def test_a_node_record_that_is_malformed_is_that_tests_judge_error(record: Any) -> None:
+    reply = _judged()
+    reply["tests"][0] = record
+    judged = judgenamed.result(reply, JOB)
+    assert [t.verdict for t in judged.tests] == ["judge_error", "wrong_answer"]
+
+
+def test_a_node_records_fields_are_checked_and_capped() -> None:
+    reply = _judged()
+    reply["tests"][1].update(time=math.inf, cpu=-1, memory=1e300, exit_code=1 << 40, diff="d" * 10**6,
+                             stderr=["x"], message=7)
+    reply.update(compile_log="c" * 10**6, notes=["n" * 1000] * 100)
+    test = judgenamed.result(reply, JOB).tests[1]
+    assert (test.time, test.cpu, test.exit_code, len(test.diff), test.stderr, test.message) == (
+        0.0, 0.0, None, 2048, "", "")
+    assert test.memory <= 2**62
+    judged = judgenamed.result(reply, JOB)
+    assert len(judged.compile_log) == 4096 and len(judged.notes) == 8 and all(len(n) <= 300 for n in judged.notes)
+
+
+def test_what_json_text_cannot_carry_is_refused_by_name() -> None:
+    with pytest.raises(nbexec.NotOfferedError, match="not UTF-8"):
+        judgenamed.body(judge.Job.of(b"print('\xff')", [Test()], "python", "whitespace", None))
+    with pytest.raises(nbexec.NotOfferedError, match="not UTF-8"):
+        judgenamed.body(judge.Job.of(SUM, [Test(b"\xff")], "python", "whitespace", None))
+    with pytest.raises(nbexec.NotOfferedError, match="compile limits"):
+        judgenamed.body(judge.Job.of(SUM, [Test()], "c", "whitespace", Limits(compile_time=5)))
+
+
+def test_a_node_answer_past_its_budget_keeps_the_verdicts_and_drops_the_texts() -> None:
+    answer = _judged()
+    for test in answer["tests"]:
+        test["stderr"] = "é" * 2000
+    fitted = judgenamed.fit(answer, budget=2000)
+    assert [t["verdict"] for t in fitted["tests"]] == ["accepted", "wrong_answer"]
+    assert {t["stderr"] for t in fitted["tests"]} == {""} and "dropped" in fitted["notes"][-1]
+    assert judgenamed.fit(_judged()) == _judged()  # within the budget: as it was
+
+
+# -- on a real node ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def judge_node(docker_ready: None) -> Iterator[cluster.Server]:
+    env = {"NBEXEC_API_TOKENS": f"{cluster.NODE_TOKEN},{cluster.OTHER_TOKEN}", "NBEXEC_POOL_SIZE": "0",
+           "NBEXEC_TIMEOUT": "20"}
+    with cluster.running_node("jn", env, running=3) as server:
+        yield server
+
+
+@pytest.fixture
+def on_node(judge_node: cluster.Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[nbexec.SandboxConfig]:
+    monkeypatch.setenv("NBEXEC_NODES", judge_node.url)
+    monkeypatch.setenv("NBEXEC_NODE_TOKEN", cluster.NODE_TOKEN)
+    remote.forget_all()
+    yield nbexec.SandboxConfig(image=IMAGE, source="remote", pool_size=0, warm_imports=(), timeout=60)
+    remote.forget_all()
+
+
+def test_judge_and_judge_many_run_on_a_remote_node(on_node: nbexec.SandboxConfig,
+                                                   judge_node: cluster.Server) -> None:
+    """The same verdicts as on this host; with reuse="batch" each program is judged in a sandbox of its own there
+    (a node's hidden route takes no reset code), and the result says so."""
+    tests = [Test("1 2", expected="3"), Test("2 2", expected="5"), Test("x", expected="")]
+    judged = nbexec.judge(SUM, tests, config=on_node)
+    assert [t.verdict for t in judged.tests] == ["accepted", "wrong_answer", "runtime_error"], judged.to_dict()
+    assert "ValueError" in judged.tests[2].stderr and judged.mode == "fresh"
+    slow = nbexec.judge("while True: pass", [Test()], limits=Limits(time=1), config=on_node)
+    assert slow.verdict == "timeout"
+    items = list(nbexec.judge_many([{"program": SUM, "tests": tests[:1]}] * 3, reuse="batch", concurrency=2,
+                                   config=on_node))
+    assert sorted(i.index for i in items) == [0, 1, 2]
+    assert all(i.result is not None and i.result.ok and i.result.mode == "fresh" for i in items), items
+    wait_until(lambda: not judge_node.containers(), 60, "the node kept the judged sandboxes")
+
+
+def test_a_judging_sent_by_name_is_refused_as_a_batch_item_is(judge_node: cluster.Server) -> None:
+    """The node checks the job as it checks a batch's judge item, keeps another token's sandbox to itself, and
+    holds the program to its own timeout (a client asking for a day gets the node's 20 s)."""
+    with cluster.client(judge_node, cluster.NODE_TOKEN, timeout=120) as http, \
+            cluster.client(judge_node, cluster.OTHER_TOKEN) as other:
+        made = http.post("/v1/sandboxes", json={"purpose": "session"})
+        assert made.status_code == 201, made.text
+        route = f"/v1/sandboxes/{made.json()['id']}/judge"
+        try:
+            for hostile in ({"program": "1", "tests": []}, {"program": "1", "tests": [{}], "language": "cobol"},
+                            {"program": "1", "tests": [{"args": ["a\0"]}]}, {"program": "1", "tests": [{}], "x": 1},
+                            {"code": "import os"}):
+                assert http.post(route, json=hostile).status_code == 422, hostile
+            assert other.post(route, json={"program": "print(1)", "tests": [{}]}).status_code == 404
+            answer = http.post(route, json={"program": "import time\ntime.sleep(600)", "tests": [{}],
+                                            "limits": {"time": 86_400, "program": 86_400}})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["judge"]["tests"][0]["verdict"] == "timeout"
+            assert answer.elapsed.total_seconds() < 60, "the node's timeout did not bound the program"
+        finally:
+            http.delete(f"/v1/sandboxes/{made.json()['id']}")
+    wait_until(lambda: not judge_node.containers(), 60, "containers were left behind")
