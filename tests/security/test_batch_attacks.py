@@ -80,7 +80,10 @@ def test_a_body_of_many_tiny_files_never_stalls_another_tenant(node: Server) -> 
         stop.set()
         prober.join(60)
     assert answer.status_code == 422, answer.text[:300]
-    assert latencies and max(latencies) < 1.0, f"another token waited {max(latencies):.2f} s for /healthz"
+    # The node took about 0.7 s to parse it here: on the loop, one probe waited most of that (0.63 s).
+    took = answer.elapsed.total_seconds()
+    assert latencies and max(latencies) < max(0.25, took / 3), \
+        f"another token waited {max(latencies):.2f} s for /healthz while the node answered in {took:.2f} s"
 
 
 def _cursors(http: httpx.Client, batch_id: str) -> list[str]:
