@@ -158,7 +158,7 @@ def _by_name(sandbox: SandboxHandle, job: Job, seconds: float) -> JudgeResult:
     if not sandbox.offers(Capability.JUDGE):
         raise sandbox.refusal(Capability.JUDGE)
     late = CHECKER_LIMITS["time"] + GRACE + NAMED_SLACK
-    return judgenamed.result(sandbox.judge(judgenamed.body(job), seconds + late), job)
+    return judgenamed.result(sandbox.judge(judgenamed.body(job, seconds), seconds + late), job)
 
 
 class _Chunks:

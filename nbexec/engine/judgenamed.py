@@ -18,32 +18,39 @@ from .judgevalues import VERDICTS, JudgeResult, Limits, TestResult
 
 _DEFAULTS = Limits()
 ANSWER = 16 * 1024**2  # bytes of JSON a node answers for one judging at most (10,000 tests fit without texts)
+MAX_SENT = 15 * 1024**2  # bytes of JSON sent for one judging (a node takes bodies of 16 MiB by default)
 
 
-def body(job: Any) -> dict[str, Any]:
-    """The job (a `judge.Job`, which imports this module) as a judge item's JSON; NotOfferedError for what JSON
-    text cannot carry to a node."""
+def body(job: Any, seconds: float) -> dict[str, Any]:
+    """The job (a `judge.Job`, which imports this module) as a judge item's JSON, its program limit ``seconds``
+    (what this host would give it); NotOfferedError for what JSON text cannot carry to a node, before anything
+    is sent."""
     limits = job.limits
     if (limits.compile_time, limits.compile_memory) != (_DEFAULTS.compile_time, _DEFAULTS.compile_memory):
         raise NotOfferedError("a remote node judges with its own compile limits: leave compile_time and "
                               "compile_memory as they are")
-    tests = [{"stdin": _text(t.stdin, "a test's stdin"), "args": list(t.args),
+    tests = [{"stdin": _text(t.stdin, "a test's stdin"), "args": [_text(a, "a test's argument") for a in t.args],
               "expected": None if t.expected is None else _text(t.expected, "a test's expected output")}
              for t in job.tests]
-    return {"program": _text(job.program, "the program"), "tests": tests, "language": job.language.name,
+    checker = job.compare.checker_source() if job.compare.mode == "checker" else None
+    sent = {"program": _text(job.program, "the program"), "tests": tests, "language": job.language.name,
             "compare": job.compare.mode, "tolerance": job.compare.tolerance,
-            "checker": job.compare.checker_source() if job.compare.mode == "checker" else None,
-            "limits": {"time": limits.time, "memory": limits.memory, "output": limits.output,
-                       "program": limits.program}}
+            "checker": None if checker is None else _text(checker, "the checker"),
+            "limits": {"time": limits.time, "memory": str(limits.memory), "output": str(limits.output),
+                       "program": seconds}}
+    if len(json.dumps(sent)) > MAX_SENT:
+        raise NotOfferedError(f"a remote node takes a judging of at most {MAX_SENT // 1024**2} MiB of JSON")
+    return sent
 
 
 def _text(value: bytes | str, what: str) -> str:
-    if isinstance(value, str):
-        return value
+    """``value`` as text that encodes to UTF-8 (what JSON carries), else NotOfferedError."""
     try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
+        text = value if isinstance(value, str) else value.decode("utf-8")
+        text.encode("utf-8")  # a lone surrogate (surrogateescape's) has no UTF-8
+    except UnicodeError:
         raise NotOfferedError(f"{what} is not UTF-8 text: a remote node takes judge items as JSON text") from None
+    return text
 
 
 def result(reply: Any, job: Any) -> JudgeResult:
@@ -83,6 +90,11 @@ def _cut(value: Any, most: int) -> str:
 def fit(judged: dict[str, Any], budget: int = ANSWER) -> dict[str, Any]:
     """A node's answer (`JudgeResult.to_dict`) within ``budget`` bytes of JSON: past it, the tests' texts go (the
     verdicts and numbers stay), and a note says so."""
+    for test in judged["tests"]:  # a checker's message may hold a lone surrogate: JSON's encoder refuses it
+        for key in ("diff", "stderr", "message"):
+            test[key] = test[key].encode("utf-8", "replace").decode("utf-8")
+    judged["notes"] = [note.encode("utf-8", "replace").decode("utf-8") for note in judged["notes"]]
+    judged["compile_log"] = judged["compile_log"].encode("utf-8", "replace").decode("utf-8")
     if len(json.dumps(judged, ensure_ascii=False).encode()) <= budget:
         return judged
     for test in judged["tests"]:

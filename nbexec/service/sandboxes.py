@@ -153,10 +153,15 @@ def _run_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings
             job = body.job(folders.capped(None))
         except (ConfigError, TypeError) as exc:  # what judge() refuses
             raise HTTPException(422, str(exc)[:300]) from None
+        asked = body.limits.program
+        cut = f"the program's limit was cut to this node's {job.limits.program:g} s" \
+            if asked is not None and asked > (job.limits.program or 0) else ""
 
         def work(_: Any) -> dict[str, Any]:
             with held.using(entry) as handle:
-                return judgenamed.fit(judge.judged_in(handle, handle.config, job)[0].to_dict())
+                judged = judge.judged_in(handle, handle.config, job)[0].to_dict()
+            judged["notes"] += [cut] if cut else []
+            return judgenamed.fit(judged)
 
         return {"sandbox": shown.id(sandbox_id), "judge": await runs.run(who, work)}
 

@@ -5,8 +5,13 @@ node's hostile answer (every field checked on the host: never an ``accepted`` th
 
 from __future__ import annotations
 
+import contextlib
 import math
+import resource
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -16,6 +21,7 @@ from nbexec import Test
 from nbexec.engine import judge, judgenamed
 from nbexec.engine.judgevalues import Limits
 from nbexec.sandbox.remote import source as remote
+from nbexec.service.judgeitems import JudgeBody
 
 from .. import cluster
 from ..conftest import IMAGE, wait_until
@@ -71,13 +77,102 @@ def test_a_node_records_fields_are_checked_and_capped() -> None:
     assert len(judged.compile_log) == 4096 and len(judged.notes) == 8 and all(len(n) <= 300 for n in judged.notes)
 
 
-def test_what_json_text_cannot_carry_is_refused_by_name() -> None:
-    with pytest.raises(nbexec.NotOfferedError, match="not UTF-8"):
-        judgenamed.body(judge.Job.of(b"print('\xff')", [Test()], "python", "whitespace", None))
-    with pytest.raises(nbexec.NotOfferedError, match="not UTF-8"):
-        judgenamed.body(judge.Job.of(SUM, [Test(b"\xff")], "python", "whitespace", None))
-    with pytest.raises(nbexec.NotOfferedError, match="compile limits"):
-        judgenamed.body(judge.Job.of(SUM, [Test()], "c", "whitespace", Limits(compile_time=5)))
+@pytest.mark.parametrize(("program", "test", "limits", "why"), [
+    pytest.param(b"print('\xff')", Test(), None, "not UTF-8", id="program-bytes"),
+    pytest.param(SUM, Test(b"\xff"), None, "not UTF-8", id="stdin-bytes"),
+    pytest.param(SUM, Test("\udcff"), None, "not UTF-8", id="stdin-lone-surrogate"),
+    pytest.param(SUM, Test(args=("\udcff",)), None, "not UTF-8", id="argument-lone-surrogate"),
+    pytest.param(SUM, Test(expected="\ud800"), None, "not UTF-8", id="expected-lone-surrogate"),
+    pytest.param(SUM, Test(), Limits(compile_time=5), "compile limits", id="compile-limits"),
+    pytest.param("#" * (4 * 1024**2 - 1), Test("x" * (12 * 1024**2)), None, "MiB of JSON", id="past-a-body"),
+])
+def test_what_json_text_cannot_carry_is_refused_by_name(program: Any, test: Test, limits: Limits | None,
+                                                         why: str) -> None:
+    """Refused with NotOfferedError before anything is sent (a raw UnicodeEncodeError, a 413 or a 422 after)."""
+    with pytest.raises(nbexec.NotOfferedError, match=why):
+        judgenamed.body(judge.Job.of(program, [test], "python", "whitespace", limits), 30.0)
+
+
+def test_the_job_sent_says_the_program_limit_this_host_would_give_it() -> None:
+    sent = judgenamed.body(judge.Job.of(SUM, [Test()], "python", "whitespace", Limits(memory=512 * 1024**2)), 42.0)
+    assert sent["limits"]["program"] == 42.0 and sent["limits"]["memory"] == str(512 * 1024**2)
+    assert JudgeBody.model_validate(sent).job(600).limits.program == 42.0  # as the node reads it
+
+
+@pytest.fixture
+def hostile_node() -> Iterator[tuple[str, list[str]]]:
+    """A node that answers a judging the way a hostile one might (the mode the test puts in the list)."""
+    mode: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                if mode[0] == "tiny-objects":  # 8 MiB of {} (parsed whole: hundreds of MiB)
+                    self._chunk(b'{"sandbox": "s", "judge": {"tests": [')
+                    for _ in range(64):
+                        self._chunk(b"{}," * (128 * 1024 // 3))
+                    self._chunk(b"{}]}}")
+                else:  # a byte at a time, each well within the read timeout
+                    self._chunk(b'{"sandbox": "s", "judge": {"tests": [], "language": "')
+                    for _ in range(600):
+                        self._chunk(b"x")
+                        time.sleep(0.1)
+                self.wfile.write(b"0\r\n\r\n")
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", mode
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _remote(url: str) -> Any:
+    from nbexec.sandbox.remote.handle import RemoteHandle
+    from nbexec.sandbox.remote.nodes import NodeClient
+
+    return RemoteHandle(NodeClient(url, "t"), {"id": "s"}, nbexec.SandboxConfig(), "session")
+
+
+def test_a_node_answer_is_read_within_what_this_job_can_need(hostile_node: tuple[str, list[str]]) -> None:
+    """8 MiB of empty objects for a job of two tests: the read stops at this job's cap (two tests' records), so
+    nothing near the 16 MiB a node may answer for 10,000 tests is held or parsed."""
+    url, mode = hostile_node
+    mode.append("tiny-objects")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(nbexec.errors.FileTooLargeError):
+        _remote(url).judge(judgenamed.body(JOB, 5.0), 5.0)
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert grew < 32 * 1024**2, f"the client's peak memory grew by {grew / 1024**2:.0f} MiB"
+
+
+def test_a_node_that_trickles_its_answer_is_given_up_by_the_calls_deadline(
+        hostile_node: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A byte every 0.1 s keeps each read under the read timeout: the call still ends by its own deadline (here
+    its 1 s and a slack of 2 s), not after the minutes the trickle lasts."""
+    from nbexec.sandbox.remote import handle
+
+    url, mode = hostile_node
+    mode.append("trickle")
+    monkeypatch.setattr(handle, "SLACK", 2.0)
+    started = time.monotonic()
+    with pytest.raises(nbexec.errors.SessionLostError, match="did not finish its answer"):
+        _remote(url).judge(judgenamed.body(JOB, 1.0), 1.0)
+    assert time.monotonic() - started < 10
 
 
 def test_a_node_answer_past_its_budget_keeps_the_verdicts_and_drops_the_texts() -> None:
@@ -144,6 +239,7 @@ def test_a_judging_sent_by_name_is_refused_as_a_batch_item_is(judge_node: cluste
                                             "limits": {"time": 86_400, "program": 86_400}})
             assert answer.status_code == 200, answer.text
             assert answer.json()["judge"]["tests"][0]["verdict"] == "timeout"
+            assert "cut to this node's 20 s" in answer.json()["judge"]["notes"][-1]
             assert answer.elapsed.total_seconds() < 60, "the node's timeout did not bound the program"
         finally:
             http.delete(f"/v1/sandboxes/{made.json()['id']}")

@@ -42,12 +42,13 @@ from nbexec.sandbox.source import ContainerState, SandboxHandle, WheelFile
 
 from . import files, frames, paths
 from .lost import OnNode, texts
-from .nodes import NodeClient
+from .nodes import CONNECT_TIMEOUT, NodeClient
 
 SMALL = 64 * 1024  # bytes of a small answer (state, notes)
 MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's answer
 MAX_CONNECTIONS = 4 * 1024 * 1024  # bytes of an egress log
 JUDGE_REPLY = 16 * 1024**2 + SMALL  # bytes of a judging's answer (a node drops the tests' texts to fit: judgenamed)
+JUDGE_TEST = 32 * 1024  # bytes of one test's record at most (its capped texts, each character escaped)
 SLACK = 30.0  # seconds past a run's time limit and grace after which a node that has not ended it is given up
 RELAYED = frames.RELAYED  # what a node may relay of a run
 WAKE_TIMEOUT = 300.0  # seconds a node may take to checkpoint, restore or restart a sandbox's kernel
@@ -167,9 +168,18 @@ class RemoteHandle(OnNode, SandboxHandle):
     def judge(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The node judges ``job`` with its own runner (judging by name): its answer, sized here and checked field
         by field by the caller (`nbexec.engine.judgenamed`)."""
-        with self._on_node():
-            data = self.client.json("POST", f"{self.route}/judge", "judge a program", JUDGE_REPLY, json=job,
-                                    timeout=timeout + SLACK)
+        import httpx  # a remote handle exists only with the cluster extra
+
+        most = min(JUDGE_REPLY, SMALL + len(job.get("tests", ())) * JUDGE_TEST)  # what this job's answer may be
+        try:
+            with self._on_node():
+                data = self.client.json("POST", f"{self.route}/judge", "judge a program", most, json=job,
+                                        deadline=time.monotonic() + timeout + SLACK,
+                                        timeout=httpx.Timeout(timeout + SLACK, connect=CONNECT_TIMEOUT))
+        except FileTransferError as exc:  # 400: what the node's sandbox cannot judge (a compiler its image lacks)
+            if isinstance(exc, FileTooLargeError):
+                raise
+            raise NotOfferedError(f"node {self.node} cannot judge this: {exc}") from None
         judged = self._answer(data).get("judge")
         if not isinstance(judged, dict):
             raise ProtocolError(f"node {self.node} answered a judging with something else")

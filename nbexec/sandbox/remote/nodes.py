@@ -183,11 +183,13 @@ class NodeClient:
             detail = body[:300].decode("utf-8", "replace")
         raise http_error(response.status_code, detail, self.name)
 
-    def json(self, method: str, path: str, what: str, max_bytes: int, **options: Any) -> Any:
+    def json(self, method: str, path: str, what: str, max_bytes: int, *, deadline: float | None = None,
+             **options: Any) -> Any:
         """The JSON answer to one request, read within ``max_bytes`` (FileTooLargeError past them, nothing
-        parsed; NodeError when it is not JSON)."""
+        parsed; NodeError when it is not JSON) and, with ``deadline``, by that time.monotonic() (NodeLostError
+        after it: a node that trickles its answer keeps each read under the read timeout)."""
         with self.stream(method, path, what, **options) as response:
-            body = read(response, max_bytes, what=what, node=self.name)
+            body = read(response, max_bytes, what=what, node=self.name, deadline=deadline)
         try:
             return parse(body, f"answer to {what}")
         except ProtocolError as exc:
@@ -202,11 +204,16 @@ class NodeClient:
         self.http.close()
 
 
-def read(response: Any, max_bytes: int, *, what: str, node: str, truncate: bool = False) -> bytes:
+def read(response: Any, max_bytes: int, *, what: str, node: str, truncate: bool = False,
+         deadline: float | None = None) -> bytes:
     """At most ``max_bytes`` of ``response``'s body, read as it arrives: past them the rest is left unread and
-    FileTooLargeError raised (with ``truncate``, the first ``max_bytes`` returned instead)."""
+    FileTooLargeError raised (with ``truncate``, the first ``max_bytes`` returned instead); past ``deadline``,
+    NodeLostError."""
     chunks, total = [], 0
-    for chunk in response.iter_bytes(1 << 16):
+    # With a deadline, each chunk as it arrives: a chunk size would wait for that many bytes of a trickle.
+    for chunk in response.iter_bytes() if deadline is not None else response.iter_bytes(1 << 16):
+        if deadline is not None and time.monotonic() > deadline:
+            raise NodeLostError(f"node {node} did not finish its answer to {what} in time")
         total += len(chunk)
         if total > max_bytes:
             if truncate:
