@@ -5,6 +5,8 @@ against a `docker run` of the same image per test (the table in docs/judging.md)
     .venv/bin/python benchmarks/judging.py --programs 1000 --docker-runs 40
     .venv/bin/python benchmarks/judging.py --language cpp --programs 200   # the judge image's g++
 
+For Python, a row of execute_many (one execute_notebook per item, the default mode's yardstick) follows.
+
 For C++ the per-test `docker run` runs a binary compiled once, as judging does.
 """
 
@@ -44,6 +46,12 @@ def judged(config: nbexec.SandboxConfig, items: list[dict[str, object]], concurr
     return time.monotonic() - started, cpu() - used, passed
 
 
+def executed(config: nbexec.SandboxConfig, sources: list[str], concurrency: int) -> tuple[float, float, int]:
+    started, used = time.monotonic(), cpu()
+    passed = sum(item.ok for item in nbexec.execute_many(sources, concurrency=concurrency, config=config))
+    return time.monotonic() - started, cpu() - used, passed
+
+
 def docker_runs(image: str, runs: int, concurrency: int, language: str) -> float:
     """Seconds per test for `docker run --rm -i` of the image, ``concurrency`` at a time."""
     with tempfile.TemporaryDirectory() as folder:
@@ -75,6 +83,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--docker-runs", type=int, default=40)
     parser.add_argument("--language", choices=("python", "cpp"), default="python")
+    parser.add_argument("--executions", type=int, default=200, help="items of the execute_many row (Python)")
     args = parser.parse_args()
     image = nbexec.judgelangs.IMAGE if args.language == "cpp" else nbexec.SandboxConfig().image_tag
     config = nbexec.SandboxConfig(image=image, pool_size=args.concurrency, warm_imports=())
@@ -87,6 +96,12 @@ def main() -> None:
         name = 'reuse="batch"' if mode else "default"
         print(f"| judge_many, {name} | {args.programs} | {runs / wall:.1f} | "
               f"{args.programs / wall:.2f} | {used / args.programs * 1000:.0f} ms | {passed} |")
+    if args.language == "python":  # the default mode's yardstick: one execute_notebook per item
+        count = min(args.programs, args.executions)
+        wall, used, passed = executed(config, [PROGRAM.format(k=k).replace("int(input())", "9") for k in range(count)],
+                                      args.concurrency)
+        print(f"| execute_many (one execute_notebook per item) | {count} | | {count / wall:.2f} | "
+              f"{used / count * 1000:.0f} ms | {passed} |")
     per_test = docker_runs(config.image_tag, args.docker_runs, args.concurrency, args.language)
     print(f"| docker run per test | {args.docker_runs} runs | {1 / per_test:.1f} | "
           f"{1 / per_test / args.tests:.2f} | | |")
