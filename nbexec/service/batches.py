@@ -286,6 +286,7 @@ def add_routes(app: FastAPI, folders: Tenants, runs: Runs) -> None:
                            reuse: str | None = Query(None, max_length=20, description=REUSE_HELP)) -> Response:
         """Run a JSON array of /v1/execute bodies and judge items, each in a fresh sandbox (or with
         ``reuse=batch``, the judge items in a few sandboxes reset between two), on this token's run slots."""
+        reuse = reuse or None  # ?reuse= (empty): as absent
         if reuse not in (None, *MODES):
             raise HTTPException(422, f"reuse is absent (a sandbox per item) or one of {', '.join(MODES)}")
         body = await request.body()
