@@ -184,7 +184,9 @@ def test_turtle_draws(cold: nbexec.SandboxConfig, runtime: str) -> None:
 def test_matplotlib_draws_through_tkagg(cold: nbexec.SandboxConfig, runtime: str) -> None:
     code = ("import matplotlib\nmatplotlib.use('TkAgg')\nimport matplotlib.pyplot as plt\n"
             "fig, ax = plt.subplots()\nax.plot([0, 1], [0, 1], color='#00ff00', linewidth=12)\n"
-            "plt.show(block=False)\nplt.pause(0.3)\nprint(type(fig.canvas).__name__, matplotlib.get_backend())")
+            "plt.show(block=False)\nfig.canvas.draw()\nfig.canvas.flush_events()\n"
+            "plt.pause(1.0)\n"  # drawn before the cell ends: under gVisor on a loaded machine 0.3 s was not enough
+            "print(type(fig.canvas).__name__, matplotlib.get_backend())")
     result = execute_notebook(code, config=on(cold, runtime))
     assert result.ok, result.error
     assert "FigureCanvasTkAgg TkAgg" in result.stdout, result.stdout

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from nbexec import packages
 from nbexec.config import parse_size
@@ -144,13 +146,19 @@ def _run_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings
 
         return {"sandbox": shown.id(sandbox_id), "reply": await runs.run(who, work)}
 
-    @app.post("/v1/sandboxes/{sandbox_id}/judge", include_in_schema=False)
-    async def judge_named(sandbox_id: str, body: JudgeBody, shown: Shown, who: str = Depends(owner)) -> dict[str, Any]:
+    @app.post("/v1/sandboxes/{sandbox_id}/judge", response_class=StreamingResponse, include_in_schema=False)
+    async def judge_named(sandbox_id: str, request: Request, shown: Shown,
+                          who: str = Depends(owner)) -> StreamingResponse:
         """Judge a program in the sandbox with this node's own runner (judging by name: the client sends the job as
-        data, never code), its program limit within the node's timeout; the JudgeResult as JSON (judgenamed.fit)."""
+        data, never code), its program limit within the node's timeout; the JudgeResult as JSON (judgenamed.fit).
+        Whose sandbox it is is checked before the body: another client's is 404, whatever it sends."""
         entry = owned(who, sandbox_id)
         try:
+            body = JudgeBody.model_validate_json(await request.body())
             job = body.job(folders.capped(None))
+        except ValidationError as exc:
+            problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
+            raise HTTPException(422, problems) from None
         except (ConfigError, TypeError) as exc:  # what judge() refuses
             raise HTTPException(422, str(exc)[:300]) from None
         asked = body.limits.program
@@ -163,7 +171,25 @@ def _run_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings
             judged["notes"] += [cut] if cut else []
             return judgenamed.fit(judged)
 
-        return {"sandbox": shown.id(sandbox_id), "judge": await runs.run(who, work)}
+        runs.take_slot(who)  # before the answer starts, so a refusal is a real 429
+        task = asyncio.ensure_future(runs.run(who, work, slot_taken=True))
+        return StreamingResponse(_judging(task, shown.id(sandbox_id), settings.keepalive),
+                                 media_type="application/json")
+
+
+async def _judging(task: asyncio.Future[Any], shown_id: str, keepalive: float) -> AsyncIterator[bytes]:
+    """A judging's answer: a space every ``keepalive`` seconds while it runs (JSON allows them before a value, and
+    a router gives up on a node silent for a minute), then the JSON; an error once it has started is in the body
+    (``error``: its status and detail, which the client raises as the node's HTTP error)."""
+    while not task.done():
+        await asyncio.wait({task}, timeout=keepalive)
+        if not task.done():
+            yield b" "
+    try:
+        answer: dict[str, Any] = {"sandbox": shown_id, "judge": task.result()}
+    except HTTPException as exc:
+        answer = {"sandbox": shown_id, "error": {"status": exc.status_code, "detail": str(exc.detail)[:2000]}}
+    yield json.dumps(answer, ensure_ascii=False).encode()
 
 
 def _life_routes(app: FastAPI, held: Held, runs: Runs, owned: Owned, call: Call) -> None:

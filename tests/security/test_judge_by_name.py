@@ -5,7 +5,9 @@ node's hostile answer (every field checked on the host: never an ``accepted`` th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import math
 import resource
 import threading
@@ -112,7 +114,10 @@ def hostile_node() -> Iterator[tuple[str, list[str]]]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             with contextlib.suppress(OSError):
-                if mode[0] == "tiny-objects":  # 8 MiB of {} (parsed whole: hundreds of MiB)
+                if mode[0] == "error-after-start":  # keep-alive spaces, then the error the judging ended with
+                    self._chunk(b"  ")
+                    self._chunk(b'{"sandbox": "s", "error": {"status": 400, "detail": "no g++ in this image"}}')
+                elif mode[0] == "tiny-objects":  # 8 MiB of {} (parsed whole: hundreds of MiB)
                     self._chunk(b'{"sandbox": "s", "judge": {"tests": [')
                     for _ in range(64):
                         self._chunk(b"{}," * (128 * 1024 // 3))
@@ -244,3 +249,33 @@ def test_a_judging_sent_by_name_is_refused_as_a_batch_item_is(judge_node: cluste
         finally:
             http.delete(f"/v1/sandboxes/{made.json()['id']}")
     wait_until(lambda: not judge_node.containers(), 60, "containers were left behind")
+
+
+def test_an_error_after_the_answer_started_is_raised_as_the_nodes_http_error(
+        hostile_node: tuple[str, list[str]]) -> None:
+    url, mode = hostile_node
+    mode.append("error-after-start")
+    with pytest.raises(nbexec.NotOfferedError, match="no g\\+\\+ in this image"):
+        _remote(url).judge(judgenamed.body(JOB, 5.0), 5.0)
+
+
+def test_a_long_judging_sends_spaces_until_its_answer() -> None:
+    """A router gives up on a node silent for a minute: a judging answers spaces while it runs, then its JSON,
+    or the error it ended with in the body (the status was sent with the first space)."""
+    from fastapi import HTTPException
+
+    from nbexec.service.sandboxes import _judging
+
+    async def answered(outcome: Any) -> bytes:
+        async def work() -> Any:
+            await asyncio.sleep(0.35)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        return b"".join([part async for part in _judging(asyncio.ensure_future(work()), "s", 0.1)])
+
+    body = asyncio.run(answered({"tests": []}))
+    assert body.startswith(b"   ") and json.loads(body) == {"sandbox": "s", "judge": {"tests": []}}
+    failed = json.loads(asyncio.run(answered(HTTPException(400, "no g++"))))
+    assert failed == {"sandbox": "s", "error": {"status": 400, "detail": "no g++"}}

@@ -32,9 +32,12 @@ TEMPLATE_BOMB = ("template <int N, int M> struct T {\n"
                  "template <int M> struct T<0, M> { static const long v = 1; };\n"
                  "int main() { return T<26, 0>::v == 0; }\n")
 # Each loop stays under GCC's constexpr loop limit (262144); together 10^10 steps, minutes of one core.
-SLOW_CONSTEXPR = ("constexpr long spin() {\n  long s = 0;\n"
-                  "  for (long i = 0; i < 100000; ++i)\n    for (long j = 0; j < 100000; ++j) s += i ^ j;\n"
-                  "  return s;\n}\nconstexpr long value = spin();\nint main() { return value & 1; }\n")
+# Forty constant evaluations, each well under g++'s own limits (-fconstexpr-ops-limit, 2^33 operations, which one
+# long loop reached within 5 s on a fast machine and ended as a compile error): together, far past 5 s anywhere.
+SLOW_CONSTEXPR = ("constexpr long spin(long k) {\n  long s = 0;\n"
+                  "  for (long i = 0; i < 20000; ++i)\n    for (long j = 0; j < 20000; ++j) s += i ^ j ^ k;\n"
+                  "  return s;\n}\n" + "".join(f"constexpr long v{k} = spin({k});\n" for k in range(40))
+                  + "int main() { return (" + " + ".join(f"v{k}" for k in range(40)) + ") & 1; }\n")
 _PROCESSES = ("import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try:\n"
               "            print(open(f'/proc/{pid}/comm').read().strip())\n        except OSError:\n            pass")
 _COMPILERS = ("cc1", "cc1plus", "as", "ld", "collect2", "gcc", "g++", "go", "compile", "link", "rustc", "java")

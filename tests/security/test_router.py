@@ -572,6 +572,8 @@ def _options(method: str, path: str) -> dict[str, Any]:
         return {"json": {"deny": ["api.example.com"]}}
     if path.endswith("/run"):
         return {"json": {"code": "1", "timeout": 30}}
+    if path.endswith("/judge"):  # a program judged by name: a batch's judge item (the sandbox may be frozen by now)
+        return {"json": {"program": "print(1)", "tests": [{"expected": "1"}], "limits": {"time": 1, "program": 2}}}
     if path.endswith("/hidden"):  # nbexec's own requests, by name (the route takes no code)
         return {"json": {"operation": "packages.setup", "timeout": 30}}
     if path == "/v1/sandboxes":

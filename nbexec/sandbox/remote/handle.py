@@ -42,7 +42,7 @@ from nbexec.sandbox.source import ContainerState, SandboxHandle, WheelFile
 
 from . import files, frames, paths
 from .lost import OnNode, texts
-from .nodes import CONNECT_TIMEOUT, NodeClient
+from .nodes import CONNECT_TIMEOUT, NodeClient, http_error
 
 SMALL = 64 * 1024  # bytes of a small answer (state, notes)
 MAX_REPLY = kernel.MAX_REPLY + SMALL  # bytes of a hidden run's answer
@@ -176,6 +176,11 @@ class RemoteHandle(OnNode, SandboxHandle):
                 data = self.client.json("POST", f"{self.route}/judge", "judge a program", most, json=job,
                                         deadline=time.monotonic() + timeout + SLACK,
                                         timeout=httpx.Timeout(timeout + SLACK, connect=CONNECT_TIMEOUT))
+                failed = data.get("error") if isinstance(data, dict) else None
+                if isinstance(failed, dict):  # an error after the answer started (its keep-alive spaces)
+                    status = failed.get("status")
+                    raise http_error(status if isinstance(status, int) else 500, str(failed.get("detail"))[:2000],
+                                     str(self.node))
         except FileTransferError as exc:  # 400: what the node's sandbox cannot judge (a compiler its image lacks)
             if isinstance(exc, FileTooLargeError):
                 raise
