@@ -73,8 +73,7 @@ def _item(value: Any, index: int) -> Item:
     except ConfigError as exc:
         raise HTTPException(422, {"item": index, "errors": [{"loc": [], "msg": str(exc)[:300]}]}) from None
     except ValidationError as exc:
-        problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
-        raise HTTPException(422, {"item": index, "errors": problems}) from None
+        raise HTTPException(422, {"item": index, "errors": judgeitems.problems(exc)}) from None
     try:
         for content in (item.files or {}).values():
             base64.b64decode(content, validate=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nbexec.config import SandboxConfig
 from nbexec.engine import judge
@@ -77,12 +77,17 @@ def load(line: bytes) -> JudgeBody | None:
     return JudgeBody.model_validate(value) if is_judge(value) else None
 
 
-def check(body: JudgeBody, most: float) -> None:
-    """Raise ConfigError when judge() would refuse the item (before the batch is accepted)."""
+def check(body: JudgeBody, most: float) -> judge.Job:
+    """The item's job, its program limit within ``most`` seconds; ConfigError when judge() would refuse it."""
     try:
-        body.job(most)
+        return body.job(most)
     except TypeError as exc:  # a value pydantic let through that the values refuse by type
         raise ConfigError(str(exc)) from None
+
+
+def problems(exc: ValidationError) -> list[dict[str, Any]]:
+    """What a 422 says of a body pydantic refused: where and why, for its first ten problems."""
+    return [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
 
 
 def work(folders: Tenants, policy: SandboxConfig, store: ArtifactStore | None, batch: Batch, execution_id: str,

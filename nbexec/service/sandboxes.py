@@ -39,9 +39,8 @@ from nbexec.sandbox.hidden import Named
 from nbexec.sandbox.remote import frames
 from nbexec.sandbox.source import SandboxHandle, WheelFile
 
-from . import files, sleeping, streaming
+from . import files, judgeitems, sleeping, streaming
 from .held import Entry, Held, Owned
-from .judgeitems import JudgeBody
 from .runs import Runs, Shown, apply_egress, chosen, egress_change, owner, too_many
 from .schemas import EgressBody, HiddenBody, RunBody, SandboxBody, StoredModel
 from .settings import ServerSettings
@@ -154,12 +153,11 @@ def _run_routes(app: FastAPI, folders: Tenants, runs: Runs, held: Held, settings
         Whose sandbox it is is checked before the body: another client's is 404, whatever it sends."""
         entry = owned(who, sandbox_id)
         try:
-            body = JudgeBody.model_validate_json(await request.body())
-            job = body.job(folders.capped(None))
+            body = judgeitems.JudgeBody.model_validate_json(await request.body())
+            job = judgeitems.check(body, folders.capped(None))
         except ValidationError as exc:
-            problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
-            raise HTTPException(422, problems) from None
-        except (ConfigError, TypeError) as exc:  # what judge() refuses
+            raise HTTPException(422, judgeitems.problems(exc)) from None
+        except ConfigError as exc:  # what judge() refuses
             raise HTTPException(422, str(exc)[:300]) from None
         asked = body.limits.program
         cut = f"the program's limit was cut to this node's {job.limits.program:g} s" \
